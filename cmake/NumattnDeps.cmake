@@ -1,0 +1,34 @@
+# Third-party dependencies: all from Debian packages (scripts/setup.sh installs them).
+add_library(numattn_deps INTERFACE)
+
+find_package(fmt REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(Eigen3 3.4 REQUIRED NO_MODULE)
+find_package(ZLIB REQUIRED)
+find_package(Threads REQUIRED)
+target_link_libraries(numattn_deps INTERFACE fmt::fmt nlohmann_json::nlohmann_json Eigen3::Eigen
+                      ZLIB::ZLIB Threads::Threads)
+
+if(NUMATTN_OPENMP)
+  find_package(OpenMP REQUIRED)
+  target_link_libraries(numattn_deps INTERFACE OpenMP::OpenMP_CXX)
+  target_compile_definitions(numattn_deps INTERFACE NUMATTN_HAS_OPENMP=1)
+endif()
+
+if(NUMATTN_BLAS)
+  # Debian ships several BLAS behind alternatives; we want OpenBLAS itself (pthread build)
+  # so that openblas_set_num_threads() exists and GEMM speed is OpenBLAS's.
+  find_path(NUMATTN_CBLAS_INCLUDE cblas.h
+    PATHS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas
+          /usr/include/aarch64-linux-gnu/openblas-pthread
+    NO_DEFAULT_PATH)
+  find_library(NUMATTN_OPENBLAS_LIB NAMES openblas)
+  if(NOT NUMATTN_CBLAS_INCLUDE OR NOT NUMATTN_OPENBLAS_LIB)
+    message(FATAL_ERROR "OpenBLAS not found: run scripts/setup.sh (apt-get install libopenblas-dev)")
+  endif()
+  target_include_directories(numattn_deps INTERFACE ${NUMATTN_CBLAS_INCLUDE})
+  target_link_libraries(numattn_deps INTERFACE ${NUMATTN_OPENBLAS_LIB})
+  target_compile_definitions(numattn_deps INTERFACE NUMATTN_HAS_BLAS=1)
+else()
+  message(FATAL_ERROR "NUMATTN_BLAS=OFF is not supported yet: GEMM has no fallback")
+endif()

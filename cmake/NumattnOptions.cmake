@@ -1,0 +1,10 @@
+# Every numattn build option, in one place.
+option(NUMATTN_BUILD_TESTS "Build the GoogleTest suite and register it with CTest" ${PROJECT_IS_TOP_LEVEL})
+option(NUMATTN_BUILD_BENCHMARKS "Build the Google Benchmark programs in bench/" ${PROJECT_IS_TOP_LEVEL})
+option(NUMATTN_BUILD_CLI "Build the numattn command-line tool" ON)
+option(NUMATTN_NATIVE "Compile for the host CPU (-march=native)" ON)
+option(NUMATTN_OPENMP "Use OpenMP for numattn::parallel_for (serial fallback otherwise)" ON)
+option(NUMATTN_BLAS "Link OpenBLAS for GEMM (required by exact.naive and the sgemm baseline)" ON)
+option(NUMATTN_CUDA "Build the CUDA back-end (compiles without a GPU; tests skip without one)" OFF)
+option(NUMATTN_WERROR "Treat warnings as errors" OFF)
+set(NUMATTN_SANITIZE "" CACHE STRING "Sanitizers to enable, e.g. address;undefined or thread")

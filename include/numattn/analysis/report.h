@@ -1,0 +1,30 @@
+/// @file report.h
+/// Tables of results printed as Markdown, CSV or JSON with one schema.
+///
+/// A row is an ordered JSON object; the column set is the union of keys in first-seen order.
+/// Numbers are printed with fixed rules (`%.6g`-style in md/csv, full precision in JSON), so
+/// tests can match output lines.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace numattn {
+
+enum class Format { kMarkdown, kCsv, kJson };
+
+/// "md" | "csv" | "json"; throws on anything else.
+Format parse_format(const std::string& s);
+
+using Row = nlohmann::ordered_json;
+
+/// Prints `rows`. JSON: one array of objects (or the single object when `single`).
+void print_table(std::ostream& os, const std::vector<Row>& rows, Format f, bool single = false);
+
+/// One cell as text (md/csv): numbers `%.6g`, strings as is, null as "".
+std::string cell_text(const Row& v);
+
+}  // namespace numattn

@@ -1,0 +1,93 @@
+/// @file problem.h
+/// The attention problem every method solves.
+///
+/// Shapes (strided views, so BHND and BNHD buffers both work without copies):
+/// - q   `[B, Hq,  Nq, Dk]`
+/// - k   `[B, Hkv, Nk, Dk]`
+/// - v   `[B, Hkv, Nk, Dv]`
+/// - out `[B, Hq,  Nq, Dv]`, lse (optional) `[B, Hq, Nq, 1]`
+///
+/// GQA/MQA: `Hq % Hkv == 0`; query head `h` reads kv head `h / (Hq / Hkv)`.
+///
+/// Semantics (one definition, shared by every method and the float64 reference):
+/// - logits `s_ij = scale · q_i·k_j (+ additive_mask_ij)`; scale defaults to `1/sqrt(Dk)`.
+/// - key `j` is visible from query `i` iff all of: the causal rule, the sliding window and the
+///   boolean mask allow it, and the additive mask is not `-inf`.
+/// - causal, with diagonal offset `off = 0` (`kTopLeft`) or `off = Nk - Nq` (`kBottomRight`,
+///   what a KV-cache decode needs): `j <= i + off`. The two agree when `Nq == Nk`.
+/// - sliding window (`window_left`, `window_right`, -1 = unbounded), about the same diagonal
+///   (offset 0 when causal is `kNone`): `i + off - window_left <= j <= i + off + window_right`.
+/// - `out_i = Σ_j softmax(s_i)_j v_j`; `lse_i = log Σ_j exp(s_ij)` (natural log).
+/// - a row with no visible key gives `out_i = 0` and `lse_i = -inf`, never NaN.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "numattn/core/tensor.h"
+
+namespace numattn {
+
+/// Alignment of the causal mask when Nq != Nk.
+enum class Causal { kNone, kTopLeft, kBottomRight };
+
+/// "none", "top-left", "bottom-right".
+const char* to_string(Causal c);
+/// Parses the names above (also accepts "top_left", "bottom_right"); throws on anything else.
+Causal parse_causal(const std::string& s);
+
+enum class MaskKind { kNone, kBool, kAdditive };
+
+/// Optional `[Nq, Nk]` mask shared by all batches and heads, row stride `ld` (elements).
+struct Mask {
+  MaskKind kind = MaskKind::kNone;
+  const std::uint8_t* allowed = nullptr;  ///< kBool: nonzero = the key is visible
+  const float* additive = nullptr;        ///< kAdditive: added to the logit; -inf hides the key
+  index_t ld = 0;
+};
+
+/// Half-open range of key indices.
+struct KeyRange {
+  index_t begin = 0, end = 0;
+  bool empty() const { return end <= begin; }
+};
+
+struct AttentionProblem {
+  TensorView<const float> q, k, v;
+  TensorView<float> out;
+  TensorView<float> lse;  ///< optional; empty view = not requested
+  std::optional<double> scale;
+  Causal causal = Causal::kNone;
+  Mask mask;
+  index_t window_left = -1, window_right = -1;
+
+  index_t batch() const { return q.shape[0]; }
+  index_t heads() const { return q.shape[1]; }
+  index_t kv_heads() const { return k.shape[1]; }
+  index_t n_q() const { return q.shape[2]; }
+  index_t n_kv() const { return k.shape[2]; }
+  index_t d_qk() const { return q.shape[3]; }
+  index_t d_v() const { return v.shape[3]; }
+  index_t group() const { return heads() / kv_heads(); }
+  double effective_scale() const {
+    return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d_qk() > 0 ? d_qk() : 1));
+  }
+  /// Diagonal offset of the causal rule and the window.
+  index_t diag_offset() const { return causal == Causal::kBottomRight ? n_kv() - n_q() : 0; }
+  bool has_window() const { return window_left >= 0 || window_right >= 0; }
+  /// Keys that the causal rule and the window leave visible to query row `i` (the mask may
+  /// hide more inside the range).
+  KeyRange key_range(index_t i) const;
+  /// Whether key `j` is visible from query `i` by causal rule, window and boolean mask
+  /// (an additive `-inf` is handled by the logit itself).
+  bool visible(index_t i, index_t j) const;
+  /// A short description for error messages: "B=1 Hq=8 Hkv=2 Nq=.. Nk=.. Dk=.. Dv=..".
+  std::string describe() const;
+};
+
+/// Throws `numattn::Error` naming the offending tensor when shapes are inconsistent.
+void validate(const AttentionProblem& p);
+
+}  // namespace numattn

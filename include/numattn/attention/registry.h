@@ -1,0 +1,45 @@
+/// @file registry.h
+/// The method registry and spec strings.
+///
+/// Grammar (whitespace ignored):
+///   spec   := name [ "(" [ param { "," param } ] ")" ]
+///   name   := family "." ident            e.g. exact.flash, lowrank.nystrom
+///   param  := ident "=" value             value: number, true/false, or identifier
+///
+/// Every registered method is listed once in `src/attention/methods.inc`; from there it reaches
+/// the CLI, the conformance tests and the benchmarks by itself.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "numattn/attention/method.h"
+
+namespace numattn {
+
+/// A spec split into name and raw `key=value` pairs (no schema check yet).
+struct ParsedSpec {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> params;
+};
+
+/// Syntax-only parse. Throws `Error` with the position of the problem.
+ParsedSpec parse_spec(std::string_view spec);
+
+/// Every registered method's description, in catalogue order.
+std::vector<const MethodInfo*> list_methods();
+/// The description of `name` ("family.name"), or nullptr.
+const MethodInfo* find_method(std::string_view name);
+
+/// Creates a method from a spec string. Unknown names list the registered ones; unknown keys,
+/// bad types and out-of-range values list the valid keys with their ranges.
+std::unique_ptr<AttentionMethod> create_method(std::string_view spec);
+
+/// Validates raw values against a schema and fills defaults (used by `create_method`).
+ParamValues bind_params(const MethodInfo& info,
+                        const std::vector<std::pair<std::string, std::string>>& raw);
+
+}  // namespace numattn

@@ -1,0 +1,34 @@
+/// @file blas.h
+/// Thin row-major GEMM wrapper over the linked BLAS (OpenBLAS).
+///
+/// `C = alpha · op(A) · op(B) + beta · C`, all matrices row-major with leading dimensions in
+/// elements. BLAS is kept single-threaded: numattn parallelises above it (see exec.h).
+#pragma once
+
+#include <cstdint>
+
+namespace numattn::blas {
+
+enum class Trans { kNo, kYes };
+
+/// float32 GEMM. A is m×k (k×m if transposed), B is k×n (n×k if transposed), C is m×n.
+void sgemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+           float* c, std::int64_t ldc);
+/// float64 GEMM, same conventions.
+void dgemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+           const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
+           double* c, std::int64_t ldc);
+
+/// Sets the BLAS library's own thread count (numattn uses 1 and parallelises itself).
+void set_threads(int n);
+
+/// Name and version of the linked BLAS, for reports.
+const char* library_name();
+
+/// Measures float32 GEMM throughput of the linked BLAS on `size³` (median of `reps` runs),
+/// with `threads` threads in BLAS. The baseline of every efficiency figure.
+/// @return GFLOP/s under the 2·m·n·k model.
+double measure_sgemm_gflops(std::int64_t size, int reps, int threads);
+
+}  // namespace numattn::blas

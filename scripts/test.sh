@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The README's test command: install dependencies, build, run the whole test suite, then the
+# suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh
+ctest --test-dir build --output-on-failure -j 2
+if [ "${NUMATTN_SKIP_SANITIZERS:-0}" != 1 ]; then
+  BUILD_DIR=build-asan scripts/build.sh -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DNUMATTN_SANITIZE="address;undefined" -DNUMATTN_BUILD_BENCHMARKS=OFF
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 NUMATTN_TEST_QUICK=1 \
+    ctest --test-dir build-asan --output-on-failure -j 2
+fi

@@ -1,0 +1,89 @@
+#include "attention/exact/naive.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention/exact/row_mask.h"
+#include "attention/method_def.h"
+#include "numattn/core/blas.h"
+#include "numattn/core/simd.h"
+
+namespace numattn {
+
+namespace {
+constexpr index_t kRowBlock = 256;
+}
+
+const MethodInfo& NaiveAttention::describe() {
+  static const MethodInfo info = [] {
+    MethodInfo m;
+    m.name = "exact.naive";
+    m.family = "exact";
+    m.summary = "float32 softmax attention with materialised scores (BLAS GEMMs)";
+    m.citation = "Vaswani et al., Attention Is All You Need, NeurIPS 2017";
+    m.time_complexity = "O(Nq·Nk·(Dk+Dv))";
+    m.memory_complexity = "O(threads·256·Nk)";
+    m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
+              .window = true, .lse = true, .decode = false};
+    return m;
+  }();
+  return info;
+}
+
+std::size_t NaiveAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
+  return static_cast<std::size_t>(ctx.num_threads()) * 4 *
+         static_cast<std::size_t>(std::min(kRowBlock, p.n_q()) * p.n_kv() + 2 * kRowBlock);
+}
+
+void NaiveAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
+  const index_t nq = p.n_q(), nk = p.n_kv(), dk = p.d_qk(), dv = p.d_v();
+  const index_t nblk = (nq + kRowBlock - 1) / kRowBlock;
+  const float scale = static_cast<float>(p.effective_scale());
+  const int nt = std::min<int>(ctx.num_threads(), static_cast<int>(p.batch() * p.heads() * nblk));
+  std::vector<std::vector<float>> ws(static_cast<std::size_t>(std::max(nt, 1)));
+  ExecContext inner{nt};
+  parallel_for(inner, p.batch() * p.heads() * nblk, [&](std::int64_t t) {
+    const index_t blk = t % nblk, bh = t / nblk, b = bh / p.heads(), h = bh % p.heads();
+    const index_t hk = h / p.group();
+    const index_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, nq - i0);
+    std::vector<float>& s = ws[static_cast<std::size_t>(thread_index())];
+    s.resize(static_cast<std::size_t>(rows * nk));
+    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, nk, dk, scale, p.q.row(b, h, i0),
+                p.q.stride[2], p.k.row(b, hk, 0), p.k.stride[2], 0.f, s.data(), nk);
+    std::vector<float> row_sum(static_cast<std::size_t>(rows)), row_max(static_cast<std::size_t>(rows));
+    for (index_t r = 0; r < rows; ++r) {
+      float* srow = s.data() + r * nk;
+      detail::mask_row(p, i0 + r, 0, nk, srow);
+      float m = -std::numeric_limits<float>::infinity();
+      for (index_t j = 0; j < nk; ++j) m = std::max(m, srow[j]);
+      row_max[r] = m;
+      if (m == -std::numeric_limits<float>::infinity()) {
+        std::fill(srow, srow + nk, 0.f);
+        row_sum[r] = 0;
+        continue;
+      }
+      for (index_t j = 0; j < nk; ++j) srow[j] -= m;
+      simd::exp_f32(srow, srow, nk);
+      float sum = 0;
+      for (index_t j = 0; j < nk; ++j) sum += srow[j];
+      row_sum[r] = sum;
+    }
+    float* o = p.out.row(b, h, i0);
+    blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, dv, nk, 1.f, s.data(), nk,
+                p.v.row(b, hk, 0), p.v.stride[2], 0.f, o, p.out.stride[2]);
+    for (index_t r = 0; r < rows; ++r) {
+      float* orow = o + r * p.out.stride[2];
+      const float inv = row_sum[r] > 0 ? 1.f / row_sum[r] : 0.f;
+      for (index_t d = 0; d < dv; ++d) orow[d] *= inv;
+      if (!p.lse.empty())
+        p.lse(b, h, i0 + r, 0) = row_sum[r] > 0 ? row_max[r] + std::log(row_sum[r])
+                                                : -std::numeric_limits<float>::infinity();
+    }
+  });
+}
+
+NUMATTN_DEFINE_METHOD(NaiveAttention)
+
+}  // namespace numattn

@@ -1,0 +1,95 @@
+#include "numattn/attention/problem.h"
+
+#include <algorithm>
+
+namespace numattn {
+
+const char* to_string(Causal c) {
+  switch (c) {
+    case Causal::kNone: return "none";
+    case Causal::kTopLeft: return "top-left";
+    case Causal::kBottomRight: return "bottom-right";
+  }
+  return "?";
+}
+
+Causal parse_causal(const std::string& s) {
+  if (s == "none") return Causal::kNone;
+  if (s == "top-left" || s == "top_left") return Causal::kTopLeft;
+  if (s == "bottom-right" || s == "bottom_right") return Causal::kBottomRight;
+  throw Error(fmt::format("unknown causal mode '{}' (valid: none, top-left, bottom-right)", s));
+}
+
+KeyRange AttentionProblem::key_range(index_t i) const {
+  const index_t nk = n_kv();
+  const index_t d = i + diag_offset();
+  index_t lo = 0, hi = nk;
+  if (causal != Causal::kNone) hi = std::min(hi, d + 1);
+  if (window_left >= 0) lo = std::max(lo, d - window_left);
+  if (window_right >= 0) hi = std::min(hi, d + window_right + 1);
+  lo = std::clamp<index_t>(lo, 0, nk);
+  hi = std::clamp<index_t>(hi, 0, nk);
+  return {lo, std::max(lo, hi)};
+}
+
+bool AttentionProblem::visible(index_t i, index_t j) const {
+  KeyRange r = key_range(i);
+  if (j < r.begin || j >= r.end) return false;
+  if (mask.kind == MaskKind::kBool) return mask.allowed[i * mask.ld + j] != 0;
+  return true;
+}
+
+std::string AttentionProblem::describe() const {
+  return fmt::format("B={} Hq={} Hkv={} Nq={} Nk={} Dk={} Dv={} causal={}", batch(), heads(),
+                     kv_heads(), n_q(), n_kv(), d_qk(), d_v(), to_string(causal));
+}
+
+namespace {
+void check_rank4(const char* name, const TensorView<const float>& t) {
+  NUMATTN_CHECK(t.data != nullptr || t.numel() == 0, "attention: tensor '{}' has no data", name);
+  for (int i = 0; i < 4; ++i)
+    NUMATTN_CHECK(t.shape[i] >= 0, "attention: tensor '{}' has a negative dimension", name);
+  NUMATTN_CHECK(t.stride[3] == 1,
+                "attention: the last dimension of '{}' must be contiguous (stride 1), got {}", name,
+                t.stride[3]);
+}
+}  // namespace
+
+void validate(const AttentionProblem& p) {
+  check_rank4("q", p.q);
+  check_rank4("k", p.k);
+  check_rank4("v", p.v);
+  check_rank4("out", p.out);
+  const index_t B = p.batch(), Hq = p.heads(), Hkv = p.kv_heads();
+  NUMATTN_CHECK(B >= 1 && Hq >= 1 && Hkv >= 1, "attention: batch and head counts must be >= 1 ({})",
+                p.describe());
+  NUMATTN_CHECK(p.n_q() >= 1 && p.n_kv() >= 1, "attention: Nq and Nk must be >= 1 ({})",
+                p.describe());
+  NUMATTN_CHECK(p.d_qk() >= 1 && p.d_v() >= 1, "attention: Dk and Dv must be >= 1 ({})",
+                p.describe());
+  NUMATTN_CHECK(p.k.shape[0] == B && p.v.shape[0] == B,
+                "attention: q, k, v must have the same batch ({})", p.describe());
+  NUMATTN_CHECK(Hq % Hkv == 0,
+                "attention: query heads ({}) must be a multiple of kv heads ({}) for GQA/MQA", Hq,
+                Hkv);
+  NUMATTN_CHECK(p.v.shape[1] == Hkv, "attention: k has {} heads but v has {}", Hkv, p.v.shape[1]);
+  NUMATTN_CHECK(p.v.shape[2] == p.n_kv(), "attention: k has {} keys but v has {}", p.n_kv(),
+                p.v.shape[2]);
+  NUMATTN_CHECK(p.k.shape[3] == p.d_qk(), "attention: q has Dk={} but k has Dk={}", p.d_qk(),
+                p.k.shape[3]);
+  NUMATTN_CHECK(p.out.shape == (std::array<index_t, 4>{B, Hq, p.n_q(), p.d_v()}),
+                "attention: out must be [B, Hq, Nq, Dv] = [{}, {}, {}, {}]", B, Hq, p.n_q(),
+                p.d_v());
+  if (!p.lse.empty()) {
+    NUMATTN_CHECK(p.lse.shape[0] == B && p.lse.shape[1] == Hq && p.lse.shape[2] == p.n_q(),
+                  "attention: lse must be [B, Hq, Nq, 1]");
+  }
+  if (p.mask.kind == MaskKind::kBool)
+    NUMATTN_CHECK(p.mask.allowed && p.mask.ld >= p.n_kv(), "attention: bool mask needs [Nq, Nk] data");
+  if (p.mask.kind == MaskKind::kAdditive)
+    NUMATTN_CHECK(p.mask.additive && p.mask.ld >= p.n_kv(),
+                  "attention: additive mask needs [Nq, Nk] data");
+  NUMATTN_CHECK(!p.scale || std::isfinite(*p.scale), "attention: scale must be finite");
+}
+
+}  // namespace numattn

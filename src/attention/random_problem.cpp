@@ -1,0 +1,116 @@
+#include "numattn/attention/random_problem.h"
+
+#include <cmath>
+
+#include "numattn/core/rng.h"
+
+namespace numattn {
+
+Dist parse_dist(const std::string& s) {
+  if (s == "gaussian") return Dist::kGaussian;
+  if (s == "uniform") return Dist::kUniform;
+  if (s == "spiky") return Dist::kSpiky;
+  throw Error(fmt::format("unknown distribution '{}' (valid: gaussian, spiky, uniform)", s));
+}
+
+const char* to_string(Dist d) {
+  switch (d) {
+    case Dist::kGaussian: return "gaussian";
+    case Dist::kUniform: return "uniform";
+    case Dist::kSpiky: return "spiky";
+  }
+  return "?";
+}
+
+namespace {
+TensorView<float> make_view(std::vector<float>& buf, Layout layout, index_t b, index_t h, index_t n,
+                            index_t d) {
+  return layout == Layout::kBHND ? TensorView<float>::contiguous(buf.data(), {b, h, n, d})
+                                 : TensorView<float>::bnhd(buf.data(), b, h, n, d);
+}
+
+void fill(std::vector<float>& v, Dist dist, std::uint64_t seed, std::uint64_t stream) {
+  if (dist == Dist::kUniform) fill_uniform(v, seed, stream, -1.0, 1.0);
+  else fill_normal(v, seed, stream);
+}
+}  // namespace
+
+RandomProblem::RandomProblem(const ProblemConfig& c) : cfg_(c) {
+  const index_t B = c.batch, H = c.heads, Hk = c.eff_kv_heads(), N = c.n, Nk = c.eff_n_kv(),
+                D = c.d, Dv = c.eff_dv();
+  NUMATTN_CHECK(B >= 1 && H >= 1 && Hk >= 1 && N >= 1 && Nk >= 1 && D >= 1 && Dv >= 1,
+                "problem sizes must be >= 1 (batch={} heads={} kv_heads={} n={} n_kv={} d={} dv={})",
+                B, H, Hk, N, Nk, D, Dv);
+  NUMATTN_CHECK(H % Hk == 0, "--heads ({}) must be a multiple of --kv-heads ({})", H, Hk);
+  const double total = static_cast<double>(B) * (H * N * (D + Dv) + Hk * Nk * (D + Dv));
+  NUMATTN_CHECK(total * 4 < 64e9, "problem needs {:.1f} GB, more than this tool allows", total * 4e-9);
+  q_.resize(static_cast<std::size_t>(B * H * N * D));
+  k_.resize(static_cast<std::size_t>(B * Hk * Nk * D));
+  v_.resize(static_cast<std::size_t>(B * Hk * Nk * Dv));
+  out_.assign(static_cast<std::size_t>(B * H * N * Dv), 0.f);
+  fill(q_, c.dist, c.seed, 1);
+  fill(k_, c.dist, c.seed, 2);
+  fill(v_, c.dist, c.seed, 3);
+  auto qv = make_view(q_, c.layout, B, H, N, D);
+  auto kv = make_view(k_, c.layout, B, Hk, Nk, D);
+  if (c.dist == Dist::kSpiky) {
+    // A shared direction w with |w| = d^{1/4}: ~2% of keys get +4w and every query +w, so the
+    // spiky keys gain about +4 logit units (at scale 1/sqrt(d)) and dominate their rows.
+    std::vector<double> u(static_cast<std::size_t>(D));
+    fill_normal(u, c.seed, 4);
+    double nrm = 0;
+    for (double x : u) nrm += x * x;
+    const double s = std::pow(static_cast<double>(D), 0.25) / std::sqrt(nrm);
+    CounterRng pick(c.seed, 5);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < Hk; ++h)
+        for (index_t j = 0; j < Nk; ++j)
+          if (pick.uniform(static_cast<std::uint64_t>((b * Hk + h) * Nk + j)) < 0.02)
+            for (index_t d = 0; d < D; ++d) kv(b, h, j, d) += static_cast<float>(4.0 * s * u[d]);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < H; ++h)
+        for (index_t i = 0; i < N; ++i)
+          for (index_t d = 0; d < D; ++d) qv(b, h, i, d) += static_cast<float>(s * u[d]);
+  }
+  if (c.logit_scale != 1.0)
+    for (float& x : q_) x = static_cast<float>(x * c.logit_scale);
+
+  problem_.q = qv;
+  problem_.k = kv;
+  problem_.v = make_view(v_, c.layout, B, Hk, Nk, Dv);
+  problem_.out = make_view(out_, c.layout, B, H, N, Dv);
+  set_lse(c.want_lse);
+  problem_.scale = c.scale;
+  problem_.causal = c.causal;
+  problem_.window_left = c.window_left;
+  problem_.window_right = c.window_right;
+}
+
+void RandomProblem::set_bool_mask(const std::vector<std::uint8_t>& allowed) {
+  NUMATTN_CHECK(static_cast<index_t>(allowed.size()) == cfg_.n * cfg_.eff_n_kv(),
+                "bool mask must have Nq*Nk = {} entries", cfg_.n * cfg_.eff_n_kv());
+  bool_mask_ = allowed;
+  problem_.mask = {MaskKind::kBool, bool_mask_.data(), nullptr, cfg_.eff_n_kv()};
+}
+
+void RandomProblem::set_additive_mask(const std::vector<float>& add) {
+  NUMATTN_CHECK(static_cast<index_t>(add.size()) == cfg_.n * cfg_.eff_n_kv(),
+                "additive mask must have Nq*Nk = {} entries", cfg_.n * cfg_.eff_n_kv());
+  add_mask_ = add;
+  problem_.mask = {MaskKind::kAdditive, nullptr, add_mask_.data(), cfg_.eff_n_kv()};
+}
+
+void RandomProblem::set_lse(bool on) {
+  if (!on) {
+    problem_.lse = {};
+    return;
+  }
+  lse_.assign(static_cast<std::size_t>(cfg_.batch * cfg_.heads * cfg_.n), 0.f);
+  problem_.lse = TensorView<float>::contiguous(lse_.data(), {cfg_.batch, cfg_.heads, cfg_.n, 1});
+}
+
+std::size_t RandomProblem::bytes() const {
+  return 4 * (q_.size() + k_.size() + v_.size() + out_.size() + lse_.size());
+}
+
+}  // namespace numattn

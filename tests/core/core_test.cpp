@@ -1,0 +1,137 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "numattn/core/blas.h"
+#include "numattn/core/exec.h"
+#include "numattn/core/npy.h"
+#include "numattn/core/rng.h"
+#include "numattn/core/simd.h"
+#include "numattn/core/tensor.h"
+
+namespace numattn {
+namespace {
+
+TEST(Rng, SameNumbersForAnyThreadCount) {
+  std::vector<float> serial(10007);
+  fill_normal(serial, 42, 3);
+  for (int threads : {1, 2, 3, 8}) {
+    std::vector<float> par(serial.size());
+    CounterRng rng(42, 3);
+    parallel_for(ExecContext{threads}, static_cast<std::int64_t>(par.size()),
+                 [&](std::int64_t i) { par[i] = static_cast<float>(rng.normal(static_cast<std::uint64_t>(i))); });
+    EXPECT_EQ(par, serial) << threads;
+  }
+}
+
+TEST(Rng, NormalMomentsAndStreamsDiffer) {
+  std::vector<double> a(200000), b(200000);
+  fill_normal(a, 1, 0);
+  fill_normal(b, 1, 1);
+  double m = 0, v = 0, cross = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m += a[i], v += a[i] * a[i], cross += a[i] * b[i];
+  m /= a.size();
+  v = v / a.size() - m * m;
+  EXPECT_NEAR(m, 0.0, 0.01);
+  EXPECT_NEAR(v, 1.0, 0.01);
+  EXPECT_NEAR(cross / a.size(), 0.0, 0.01);
+}
+
+TEST(Philox, KnownAnswer) {
+  // Random123 known-answer vector for philox4x32-10 with all-zero counter and key.
+  auto r = philox4x32({0, 0, 0, 0}, {0, 0});
+  EXPECT_EQ(r[0], 0x6627e8d5u);
+  EXPECT_EQ(r[1], 0xe169c58du);
+  EXPECT_EQ(r[2], 0xbc57ac4cu);
+  EXPECT_EQ(r[3], 0x9b00dbd8u);
+}
+
+TEST(ParallelFor, CoversEveryIndexOnceAndRethrows) {
+  std::vector<std::atomic<int>> hits(1000);
+  parallel_for(ExecContext{4}, 1000, [&](std::int64_t i) { hits[i]++; });
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  EXPECT_THROW(parallel_for(ExecContext{3}, 100,
+                            [&](std::int64_t i) {
+                              if (i == 57) throw Error("boom");
+                            }),
+               Error);
+}
+
+TEST(Simd, ExpMatchesStdExp) {
+  double worst = 0;
+  for (double x = -87.0; x <= 88.0; x += 0.0137) {
+    const float xf = static_cast<float>(x);
+    const double ref = std::exp(static_cast<double>(xf));
+    worst = std::max(worst, std::abs(simd::exp_f32(xf) - ref) / ref);
+  }
+  EXPECT_LT(worst, 4e-7);
+  EXPECT_EQ(simd::exp_f32(-INFINITY), 0.0f);
+  EXPECT_EQ(simd::exp_f32(-1000.f), 0.0f);
+  EXPECT_EQ(simd::exp_f32(0.f), 1.0f);
+}
+
+TEST(Tensor, BnhdViewIsAPermutation) {
+  std::vector<float> buf(2 * 3 * 4 * 5);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+  auto v = TensorView<float>::bnhd(buf.data(), 2, 4, 3, 5);  // memory [2, 3, 4, 5] = [b, n, h, d]
+  EXPECT_EQ(v(1, 2, 0, 3), buf[((1 * 3 + 0) * 4 + 2) * 5 + 3]);
+  EXPECT_FALSE(v.is_contiguous());
+  EXPECT_TRUE(TensorView<float>::contiguous(buf.data(), {2, 3, 4, 5}).is_contiguous());
+}
+
+TEST(Blas, SgemmMatchesLoops) {
+  const int m = 7, n = 5, k = 3;
+  std::vector<float> a(m * k), b(n * k), c(m * n);
+  fill_uniform(a, 1, 0, -1, 1);
+  fill_uniform(b, 1, 1, -1, 1);
+  blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, m, n, k, 2.f, a.data(), k, b.data(), k, 0.f, c.data(), n);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int t = 0; t < k; ++t) s += a[i * k + t] * b[j * k + t];
+      EXPECT_NEAR(c[i * n + j], 2 * s, 1e-5);
+    }
+}
+
+class NpyTest : public ::testing::Test {
+ protected:
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / "numattn_npy_test";
+  void SetUp() override { std::filesystem::create_directories(dir); }
+  void TearDown() override { std::filesystem::remove_all(dir); }
+};
+
+TEST_F(NpyTest, RoundTripsAllDtypes) {
+  std::vector<float> f = {1.5f, -2.f, 3.25f, 0.f, 1e-30f, -7.f};
+  std::vector<double> d = {1e300, -2.5, 3.0};
+  std::vector<std::int64_t> i = {-1, 0, 1ll << 40};
+  npy::write((dir / "f.npy").string(), {2, 3}, f.data());
+  npy::write((dir / "d.npy").string(), {3}, d.data());
+  npy::write((dir / "i.npy").string(), {1, 1, 3}, i.data());
+  auto af = npy::read((dir / "f.npy").string());
+  EXPECT_EQ(af.dtype, npy::DType::kFloat32);
+  EXPECT_EQ(af.shape, (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(af.f32, f);
+  auto ad = npy::read((dir / "d.npy").string());
+  EXPECT_EQ(ad.shape, (std::vector<std::int64_t>{3}));
+  EXPECT_EQ(ad.f64, d);
+  auto ai = npy::read((dir / "i.npy").string());
+  EXPECT_EQ(ai.shape, (std::vector<std::int64_t>{1, 1, 3}));
+  EXPECT_EQ(ai.i64, i);
+}
+
+TEST_F(NpyTest, RejectsBadFiles) {
+  auto p = (dir / "bad.npy").string();
+  { std::FILE* f = std::fopen(p.c_str(), "wb"); std::fputs("not numpy", f); std::fclose(f); }
+  EXPECT_THROW(npy::read(p), Error);
+  std::vector<float> x(100, 1.f);
+  npy::write(p, {10, 10}, x.data());
+  std::filesystem::resize_file(p, std::filesystem::file_size(p) - 8);
+  EXPECT_THROW(npy::read(p), Error);
+  EXPECT_THROW(npy::read((dir / "missing.npy").string()), Error);
+}
+
+}  // namespace
+}  // namespace numattn

@@ -1,0 +1,35 @@
+// Shared test support: seeds, tolerances (docs/numerics.md), problem helpers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "numattn/analysis/metrics.h"
+#include "numattn/attention/random_problem.h"
+#include "numattn/attention/reference.h"
+
+namespace numattn::test {
+
+/// Base seed of randomized tests; override with NUMATTN_TEST_SEED to reproduce a failure.
+inline std::uint64_t base_seed() {
+  const char* s = std::getenv("NUMATTN_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261129ull;
+}
+
+/// float32 unit roundoff.
+constexpr double kEpsF32 = 1.1920928955078125e-07;
+
+/// Tolerances of exact float32 methods against the float64 reference (docs/numerics.md):
+/// elementwise |y − y_ref| ≤ kExactElemC · eps · max(1, |y_ref|) and rel_fro ≤ kExactRelFro.
+constexpr double kExactElemC = 64.0;
+constexpr double kExactRelFro = 1e-5;
+/// LSE: |lse − lse_ref| ≤ kLseC · eps · max(1, |lse_ref|).
+constexpr double kLseC = 64.0;
+
+/// Runs a captured command, returns exit status; stdout into *out.
+int run_command(const std::string& cmd, std::string* out);
+
+}  // namespace numattn::test

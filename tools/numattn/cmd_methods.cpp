@@ -1,0 +1,54 @@
+#include <iostream>
+#include <memory>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "numattn/attention/registry.h"
+
+namespace numattn::cli {
+
+namespace {
+std::string caps_text(const Capabilities& c) {
+  std::string s;
+  auto add = [&](bool on, const char* name) {
+    if (on) s += (s.empty() ? "" : " ") + std::string(name);
+  };
+  add(c.exact, "exact");
+  add(c.causal, "causal");
+  add(c.gqa, "gqa");
+  add(c.bool_mask, "bool-mask");
+  add(c.additive_mask, "additive-mask");
+  add(c.window, "window");
+  add(c.lse, "lse");
+  add(c.decode, "decode");
+  add(c.randomized, "seeded");
+  return s;
+}
+}  // namespace
+
+void add_methods(CLI::App& app) {
+  auto* sub = app.add_subcommand("methods", "list the registered attention methods (the catalogue)");
+  auto format = std::make_shared<std::string>("md");
+  sub->add_option("--format", *format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
+  sub->callback([format] {
+    std::vector<Row> rows;
+    for (const MethodInfo* m : list_methods()) {
+      Row r;
+      r["spec"] = create_method(m->name)->spec();
+      r["family"] = m->family;
+      std::string params;
+      for (const ParamSpec& p : m->params)
+        params += (params.empty() ? "" : "; ") + p.name + "=" + p.default_value + ": " + p.doc;
+      r["parameters"] = params;
+      r["capabilities"] = caps_text(m->caps);
+      r["time"] = m->time_complexity;
+      r["memory"] = m->memory_complexity;
+      r["summary"] = m->summary;
+      r["citation"] = m->citation;
+      rows.push_back(r);
+    }
+    print_table(std::cout, rows, parse_format(*format));
+  });
+}
+
+}  // namespace numattn::cli

@@ -1,0 +1,168 @@
+#include <iostream>
+#include <memory>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "numattn/analysis/metrics.h"
+#include "numattn/attention/reference.h"
+#include "numattn/attention/registry.h"
+#include "numattn/core/blas.h"
+#include "numattn/core/npy.h"
+
+namespace numattn::cli {
+
+namespace {
+
+struct RunOptions {
+  std::string method = "exact.flash";
+  ProblemFlags pf;
+  int threads = 0;
+  std::string format = "json";
+  int reps = 1;
+  long long check_rows = -1;
+  std::string q, k, v, mask, out, lse_out;
+};
+
+// Reads a .npy as a [B, H, N, D] tensor (2-d and 3-d files get leading 1s).
+std::array<index_t, 4> shape4(const npy::Array& a, const std::string& what) {
+  NUMATTN_CHECK(a.shape.size() >= 2 && a.shape.size() <= 4,
+                "--{}: expected a 2-, 3- or 4-d array ([N,D], [H,N,D] or [B,H,N,D]), got {} dims",
+                what, a.shape.size());
+  std::array<index_t, 4> s{1, 1, 1, 1};
+  std::copy(a.shape.begin(), a.shape.end(), s.begin() + (4 - a.shape.size()));
+  return s;
+}
+
+void write_outputs(const RunOptions& o, const AttentionProblem& p, Layout layout) {
+  const auto& s = p.out.shape;
+  if (!o.out.empty()) {
+    std::vector<float> buf(static_cast<std::size_t>(p.out.numel()));
+    std::vector<std::int64_t> shape = layout == Layout::kBHND
+                                          ? std::vector<std::int64_t>{s[0], s[1], s[2], s[3]}
+                                          : std::vector<std::int64_t>{s[0], s[2], s[1], s[3]};
+    auto dst = layout == Layout::kBHND ? TensorView<float>::contiguous(buf.data(), s)
+                                       : TensorView<float>::bnhd(buf.data(), s[0], s[1], s[2], s[3]);
+    for (index_t b = 0; b < s[0]; ++b)
+      for (index_t h = 0; h < s[1]; ++h)
+        for (index_t i = 0; i < s[2]; ++i)
+          for (index_t d = 0; d < s[3]; ++d) dst(b, h, i, d) = p.out(b, h, i, d);
+    npy::write(o.out, shape, buf.data());
+  }
+  if (!o.lse_out.empty()) {
+    std::vector<float> buf(static_cast<std::size_t>(s[0] * s[1] * s[2]));
+    for (index_t b = 0; b < s[0]; ++b)
+      for (index_t h = 0; h < s[1]; ++h)
+        for (index_t i = 0; i < s[2]; ++i) buf[static_cast<std::size_t>((b * s[1] + h) * s[2] + i)] = p.lse(b, h, i, 0);
+    npy::write(o.lse_out, {s[0], s[1], s[2]}, buf.data());
+  }
+}
+
+void run_files(const RunOptions& o, const AttentionMethod& method, const ExecContext& ctx) {
+  NUMATTN_CHECK(!o.q.empty() && !o.k.empty() && !o.v.empty(), "--q, --k and --v must be given together");
+  const Layout layout = o.pf.layout == "bnhd" ? Layout::kBNHD : Layout::kBHND;
+  NUMATTN_CHECK(o.pf.layout == "bhnd" || o.pf.layout == "bnhd", "--layout must be bhnd or bnhd");
+  auto load = [&](const std::string& path, const char* what, std::vector<float>& buf) {
+    npy::Array a = npy::read(path);
+    auto s = shape4(a, what);
+    buf = a.as_f32();
+    // Files in BNHD order hold [B, N, H, D].
+    return layout == Layout::kBHND ? TensorView<const float>::contiguous(buf.data(), s)
+                                   : TensorView<const float>(TensorView<float>::bnhd(buf.data(), s[0], s[2], s[1], s[3]));
+  };
+  std::vector<float> qb, kb, vb, ob, lb, addm;
+  std::vector<std::uint8_t> boolm;
+  AttentionProblem p;
+  p.q = load(o.q, "q", qb);
+  p.k = load(o.k, "k", kb);
+  p.v = load(o.v, "v", vb);
+  const std::array<index_t, 4> os{p.q.shape[0], p.q.shape[1], p.q.shape[2], p.v.shape[3]};
+  ob.assign(static_cast<std::size_t>(os[0] * os[1] * os[2] * os[3]), 0.f);
+  lb.assign(static_cast<std::size_t>(os[0] * os[1] * os[2]), 0.f);
+  p.out = layout == Layout::kBHND ? TensorView<float>::contiguous(ob.data(), os)
+                                  : TensorView<float>::bnhd(ob.data(), os[0], os[1], os[2], os[3]);
+  if (method.info().caps.lse) p.lse = TensorView<float>::contiguous(lb.data(), {os[0], os[1], os[2], 1});
+  p.causal = parse_causal(o.pf.causal);
+  if (!o.pf.scale.empty()) p.scale = std::stod(o.pf.scale);
+  p.window_left = std::stoll(o.pf.window_left);
+  p.window_right = std::stoll(o.pf.window_right);
+  if (!o.mask.empty()) {
+    npy::Array m = npy::read(o.mask);
+    NUMATTN_CHECK(m.shape.size() == 2 && m.shape[0] == p.n_q() && m.shape[1] == p.n_kv(),
+                  "--mask must be a [Nq, Nk] = [{}, {}] array", p.n_q(), p.n_kv());
+    if (m.dtype == npy::DType::kInt64) {
+      boolm.resize(m.i64.size());
+      for (std::size_t i = 0; i < boolm.size(); ++i) boolm[i] = m.i64[i] != 0;
+      p.mask = {MaskKind::kBool, boolm.data(), nullptr, p.n_kv()};
+    } else {
+      addm = m.as_f32();
+      p.mask = {MaskKind::kAdditive, nullptr, addm.data(), p.n_kv()};
+    }
+  }
+  validate(p);
+  blas::set_threads(1);
+  const double ms = time_median_ms(o.reps, [&] { method.run(p, ctx); });
+  Row row;
+  row["method"] = method.spec();
+  row["batch"] = p.batch(); row["heads"] = p.heads(); row["kv_heads"] = p.kv_heads();
+  row["n"] = p.n_q(); row["n_kv"] = p.n_kv(); row["d"] = p.d_qk(); row["dv"] = p.d_v();
+  row["causal"] = to_string(p.causal);
+  row["seed"] = nullptr;
+  row["threads"] = ctx.num_threads();
+  row["time_ms"] = ms;
+  row["gflops"] = attention_flops(p) / (ms * 1e-3) * 1e-9;
+  const index_t k = rows_to_check(p, o.check_rows);
+  ErrorMetrics m;
+  if (k > 0) m = compare_with_reference(p, reference_sample(p, k, 12345, ctx));
+  row["rel_fro_error"] = k > 0 ? Row(m.rel_fro_error) : Row();
+  row["max_abs_error"] = k > 0 ? Row(m.max_abs_error) : Row();
+  row["lse_max_abs_error"] = k > 0 ? Row(m.lse_max_abs_error) : Row();
+  row["nmse"] = k > 0 ? Row(m.nmse) : Row();
+  row["rows_checked"] = k;
+  row["workspace_bytes"] = method.workspace_bytes(p, ctx);
+  row["status"] = "ok";
+  write_outputs(o, p, layout);
+  print_table(std::cout, {row}, parse_format(o.format), true);
+}
+
+}  // namespace
+
+void add_run(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  auto* sub = app.add_subcommand(
+      "run", "run one method on one problem (random, or --q/--k/--v .npy files) and check it "
+             "against the float64 reference");
+  sub->add_option("--method", o->method, "method spec, e.g. exact.flash or exact.flash(block_q=32)")
+      ->capture_default_str();
+  o->pf.add_to(*sub, false);
+  add_common(*sub, &o->threads, &o->format);
+  sub->add_option("--reps", o->reps, "timed repetitions (median reported)")->capture_default_str();
+  sub->add_option("--check-rows", o->check_rows,
+                  "query rows checked against the float64 reference (-1 = all up to 4096 rows, "
+                  "else a sample of 1024; 0 = no check)")
+      ->capture_default_str();
+  sub->add_option("--q", o->q, "query .npy ([N,D], [H,N,D] or [B,H,N,D]; [B,N,H,D] with --layout bnhd)");
+  sub->add_option("--k", o->k, "key .npy");
+  sub->add_option("--v", o->v, "value .npy");
+  sub->add_option("--mask", o->mask, "[Nq,Nk] mask .npy: float = additive, int64 = boolean (nonzero = visible)");
+  sub->add_option("--out", o->out, "write the output to this .npy (same layout as the inputs)");
+  sub->add_option("--lse-out", o->lse_out, "write the natural-log LSE [B,H,Nq] to this .npy");
+  sub->callback([o] {
+    ExecContext ctx{o->threads};
+    auto method = create_method(o->method);
+    if (!o->q.empty() || !o->k.empty() || !o->v.empty()) {
+      run_files(*o, *method, ctx);
+      return;
+    }
+    auto cfgs = o->pf.expand();
+    NUMATTN_CHECK(cfgs.size() == 1, "run takes one value per problem flag (use bench for lists)");
+    ProblemConfig cfg = cfgs[0];
+    cfg.want_lse = method->info().caps.lse;
+    RandomProblem prob(cfg);
+    Row row = run_method_row(*method, prob, ctx, o->reps, o->check_rows);
+    NUMATTN_CHECK(row["status"] == "ok", "{}", row["status"].get<std::string>());
+    write_outputs(*o, prob.problem(), cfg.layout);
+    print_table(std::cout, {row}, parse_format(o->format), true);
+  });
+}
+
+}  // namespace numattn::cli
