@@ -8,3 +8,4 @@ option(NUMATTN_BLAS "Link OpenBLAS for GEMM (required by exact.naive and the sge
 option(NUMATTN_CUDA "Build the CUDA back-end (compiles without a GPU; tests skip without one)" OFF)
 option(NUMATTN_WERROR "Treat warnings as errors" OFF)
 set(NUMATTN_SANITIZE "" CACHE STRING "Sanitizers to enable, e.g. address;undefined or thread")
+option(NUMATTN_FUZZ "Build libFuzzer targets in fuzz/ (needs clang: CXX=clang++)" OFF)

@@ -75,4 +75,6 @@ void add_bench(CLI::App& app) {
   });
 }
 
+NUMATTN_COMMAND(30, add_bench);
+
 }  // namespace numattn::cli

@@ -51,4 +51,6 @@ void add_methods(CLI::App& app) {
   });
 }
 
+NUMATTN_COMMAND(10, add_methods);
+
 }  // namespace numattn::cli

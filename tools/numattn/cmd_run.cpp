@@ -165,4 +165,6 @@ void add_run(CLI::App& app) {
   });
 }
 
+NUMATTN_COMMAND(20, add_run);
+
 }  // namespace numattn::cli

@@ -1,24 +1,29 @@
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
 #include "commands.h"
 #include "numattn/core/error.h"
 
+namespace numattn::cli {
+std::vector<CommandEntry>& command_table() {
+  static std::vector<CommandEntry> table;
+  return table;
+}
+}  // namespace numattn::cli
+
 int main(int argc, char** argv) {
   CLI::App app{"numattn: attention computed, approximated, transformed and studied numerically"};
   app.require_subcommand(1);
-  numattn::cli::add_methods(app);
-  numattn::cli::add_run(app);
-  numattn::cli::add_bench(app);
+  auto table = numattn::cli::command_table();
+  std::sort(table.begin(), table.end(), [](auto& a, auto& b) { return a.order < b.order; });
+  for (auto& e : table) e.add(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const numattn::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
