@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs numattn's build and test dependencies from Debian (idempotent; needs root or sudo).
 set -euo pipefail
-PKGS=(build-essential cmake ninja-build pkg-config python3 python3-numpy
+PKGS=(build-essential cmake ninja-build pkg-config python3 python3-numpy python3-pip
       libopenblas-dev libeigen3-dev libfftw3-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev time)
 missing=()

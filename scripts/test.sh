@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/fetch_data.sh || echo "test: scripts/fetch_data.sh failed; tests that need the "\
+  "default model/text will skip" >&2
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j 2
 if [ "${NUMATTN_SKIP_SANITIZERS:-0}" != 1 ]; then
