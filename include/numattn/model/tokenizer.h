@@ -1,0 +1,104 @@
+/// @file tokenizer.h
+/// GPT-2-style byte-level BPE tokenizer, built from GGUF tokenizer metadata.
+///
+/// Protocol (the one llama.cpp's `llama-vocab.cpp` and Hugging Face `tokenizers` implement for
+/// `tokenizer.ggml.model = "gpt2"`):
+/// 1. special tokens are cut out of the text as whole tokens: user-defined tokens (type 4)
+///    always, control tokens (type 3) only when `parse_special`; longer ones win;
+/// 2. the pre-tokenizer named by `tokenizer.ggml.pre` splits each remaining fragment with its
+///    regex list, applied in sequence (each regex splits the pieces of the previous one; the
+///    text between matches is kept as pieces too);
+/// 3. each piece's UTF-8 bytes are mapped to GPT-2's printable `bytes_to_unicode` alphabet
+///    (space → `Ġ`, newline → `Ċ`) and the adjacent pair with the lowest merge rank is merged
+///    until no ranked pair remains (ties: leftmost first);
+/// 4. the symbols are looked up in the vocabulary (a missing symbol falls back to its bytes,
+///    then to the unknown token).
+/// Decoding maps normal tokens back through the byte alphabet; control tokens render as their
+/// text when asked to (`render_special`), else as nothing.
+///
+/// Supported pre-tokenizers: `gpt-2` (and its aliases `default`, `mpt`, `olmo`) and `smollm`
+/// (also `starcoder`, `refact`, `command-r`, `codeshell`, which llama.cpp treats identically):
+/// `\p{N}` (every digit alone), then
+/// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
+/// Other `tokenizer.ggml.model` / `pre` values are refused by name.
+///
+/// Cost: encoding is O(piece_len²) per distinct pre-tokenized piece (pieces are memoised within
+/// one `encode` call), so long texts tokenize in about linear time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace numattn {
+
+class GgufFile;
+
+/// GGUF `tokenizer.ggml.token_type` values.
+enum class TokenType : std::int32_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
+};
+
+/// Everything a tokenizer is built from, as plain vectors (what the GGUF metadata holds).
+struct TokenizerConfig {
+  std::string model = "gpt2";  ///< tokenizer.ggml.model
+  std::string pre = "gpt-2";   ///< tokenizer.ggml.pre
+  std::vector<std::string> tokens;
+  std::vector<std::string> merges;          ///< "A B", rank = index
+  std::vector<std::int32_t> token_types;    ///< empty = all normal
+  std::int32_t bos_id = -1, eos_id = -1, unk_id = -1;
+  bool add_bos = false;                     ///< tokenizer.ggml.add_bos_token
+};
+
+class Tokenizer {
+ public:
+  /// Validates the config (model and pre-tokenizer supported, ids in range, merge syntax).
+  explicit Tokenizer(TokenizerConfig cfg);
+
+  /// Reads `tokenizer.ggml.*` from an opened GGUF file.
+  static Tokenizer from_gguf(const GgufFile& file);
+  /// Opens a GGUF file and reads its tokenizer only.
+  static Tokenizer from_gguf_path(const std::string& path);
+
+  /// Token ids of `text`. `add_bos` prepends BOS; `parse_special` recognises control tokens
+  /// (e.g. `<|im_start|>`) written in the text.
+  std::vector<std::int32_t> encode(std::string_view text, bool add_bos = false,
+                                   bool parse_special = true) const;
+  /// The text of `ids` (exact inverse of `encode` for text without special tokens).
+  std::string decode(const std::vector<std::int32_t>& ids, bool render_special = true) const;
+  /// The bytes one token stands for (empty for a control token unless `render_special`).
+  std::string token_to_piece(std::int32_t id, bool render_special = true) const;
+
+  /// The pre-tokenizer's split of `text` (step 2 only), for tests and debugging.
+  std::vector<std::string> pre_tokenize(std::string_view text) const;
+
+  std::int32_t vocab_size() const { return static_cast<std::int32_t>(cfg_.tokens.size()); }
+  std::int32_t bos_id() const { return cfg_.bos_id; }
+  std::int32_t eos_id() const { return cfg_.eos_id; }
+  bool add_bos() const { return cfg_.add_bos; }
+  const std::string& pre() const { return cfg_.pre; }
+  const std::string& token_text(std::int32_t id) const;
+  TokenType token_type(std::int32_t id) const;
+
+ private:
+  void encode_fragment(std::string_view text, std::vector<std::int32_t>& out,
+                       std::unordered_map<std::string, std::vector<std::int32_t>>& cache) const;
+  void bpe_piece(std::string_view piece, std::vector<std::int32_t>& out) const;
+
+  TokenizerConfig cfg_;
+  bool split_digits_ = false;  ///< the `\p{N}` pre-split of smollm & co
+  std::unordered_map<std::string, std::int32_t> token_to_id_;
+  std::unordered_map<std::string, std::int32_t> merge_rank_;  ///< key "A B"
+  std::vector<std::int32_t> specials_;  ///< control + user-defined ids, longest text first
+  std::int32_t byte_token_[256];        ///< id of each byte's one-symbol token, -1 if none
+};
+
+}  // namespace numattn

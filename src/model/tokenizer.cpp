@@ -1,0 +1,368 @@
+#include "numattn/model/tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <climits>
+
+#include "model/tokenizer_unicode.h"
+#include "numattn/core/error.h"
+
+namespace numattn {
+
+namespace {
+
+// ---- UTF-8 ----------------------------------------------------------------------------------
+
+void append_utf8(std::string& s, std::uint32_t cp) {
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// Decodes one code point at `s[i]`; returns its byte length. An invalid or truncated sequence
+// yields one byte with the sentinel code point below, which no character class contains, so
+// malformed input still round-trips byte for byte.
+constexpr std::uint32_t kInvalidCp = 0xFFFFFFFFu;
+std::size_t decode_utf8(std::string_view s, std::size_t i, std::uint32_t& cp) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  auto cont = [&](std::size_t k) {
+    return i + k < s.size() && (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+  };
+  auto c = [&](std::size_t k) { return static_cast<std::uint32_t>(s[i + k]) & 0x3F; };
+  if (b0 < 0x80) {
+    cp = b0;
+    return 1;
+  }
+  if ((b0 & 0xE0) == 0xC0 && cont(1)) {
+    cp = ((b0 & 0x1Fu) << 6) | c(1);
+    if (cp >= 0x80) return 2;
+  } else if ((b0 & 0xF0) == 0xE0 && cont(1) && cont(2)) {
+    cp = ((b0 & 0x0Fu) << 12) | (c(1) << 6) | c(2);
+    if (cp >= 0x800) return 3;
+  } else if ((b0 & 0xF8) == 0xF0 && cont(1) && cont(2) && cont(3)) {
+    cp = ((b0 & 0x07u) << 18) | (c(1) << 12) | (c(2) << 6) | c(3);
+    if (cp >= 0x10000 && cp <= 0x10FFFF) return 4;
+  }
+  cp = kInvalidCp;
+  return 1;
+}
+
+// ---- GPT-2 byte alphabet ---------------------------------------------------------------------
+
+// GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes
+// are shifted to U+0100.. in byte order, so every byte has a visible, non-space character.
+struct ByteAlphabet {
+  std::array<std::uint32_t, 256> to_cp{};
+  std::array<std::string, 256> to_utf8;
+  std::unordered_map<std::uint32_t, unsigned char> from_cp;
+  ByteAlphabet() {
+    std::uint32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+      to_cp[b] = printable ? static_cast<std::uint32_t>(b) : next++;
+      append_utf8(to_utf8[b], to_cp[b]);
+      from_cp[to_cp[b]] = static_cast<unsigned char>(b);
+    }
+  }
+};
+
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
+// ---- pre-tokenizer ---------------------------------------------------------------------------
+
+struct Cp {
+  std::uint32_t cp;
+  std::size_t byte;  // offset of its first byte in the fragment
+};
+
+bool letter(std::uint32_t cp) { return cp != kInvalidCp && is_letter(cp); }
+bool number(std::uint32_t cp) { return cp != kInvalidCp && is_number(cp); }
+bool space(std::uint32_t cp) { return cp != kInvalidCp && is_space(cp); }
+bool other(std::uint32_t cp) { return !space(cp) && !letter(cp) && !number(cp); }
+
+// One match of the GPT-2 pattern
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// starting at code point `i` of `c[0, n)`, with backtracking written out by hand: returns the
+// end of the match (always > i). The piece boundaries act as the end of text, as in both
+// llama.cpp and HF, which run the pattern on each piece of the previous split separately.
+std::size_t gpt2_match(const std::vector<Cp>& c, std::size_t i, std::size_t n) {
+  auto at = [&](std::size_t k) { return k < n ? c[k].cp : kInvalidCp - 1; };  // past end: none
+  const std::uint32_t c0 = at(i);
+  if (c0 == '\'' && i + 1 < n) {
+    const std::uint32_t c1 = at(i + 1);
+    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
+    if (i + 2 < n) {
+      const std::uint32_t c2 = at(i + 2);
+      if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
+        return i + 3;
+    }
+  }
+  // ` ?X+` for the three classes: the optional ASCII space, then a maximal run of the class.
+  const std::size_t j0 = (c0 == ' ' && i + 1 < n) ? i + 1 : i;
+  auto run = [&](bool (*cls)(std::uint32_t)) -> std::size_t {
+    if (j0 >= n || !cls(at(j0))) return 0;
+    std::size_t j = j0;
+    while (j < n && cls(at(j))) ++j;
+    return j;
+  };
+  if (std::size_t e = run(letter)) return e;
+  if (std::size_t e = run(number)) return e;
+  if (std::size_t e = run(other)) return e;
+  // Without the optional space (only matters when c0 is the space itself: a lone ' ' before
+  // another space is handled below as whitespace).
+  if (space(c0)) {
+    std::size_t j = i;
+    while (j < n && space(at(j))) ++j;
+    // \s+(?!\S): the whole run if it reaches the end, else all but its last character
+    // (which then starts the next word), provided that leaves at least one.
+    if (j == n) return j;
+    if (j - 1 > i) return j - 1;
+    return j;  // \s+
+  }
+  return i + 1;  // not reachable for valid classes; keeps progress guaranteed
+}
+
+}  // namespace
+
+// ---- Tokenizer -------------------------------------------------------------------------------
+
+Tokenizer::Tokenizer(TokenizerConfig cfg) : cfg_(std::move(cfg)) {
+  NUMATTN_CHECK(cfg_.model == "gpt2",
+                "tokenizer model '{}' is not supported: only byte-level BPE ('gpt2') is "
+                "implemented (SentencePiece 'llama', WordPiece 'bert', 'rwkv' and 't5' are not)",
+                cfg_.model);
+  static const char* kDigitSplit[] = {"smollm", "starcoder", "refact", "command-r", "codeshell"};
+  static const char* kPlain[] = {"gpt-2", "gpt2", "default", "mpt", "olmo"};
+  bool known = false;
+  for (const char* p : kDigitSplit)
+    if (cfg_.pre == p) known = split_digits_ = true;
+  for (const char* p : kPlain)
+    if (cfg_.pre == p) known = true;
+  NUMATTN_CHECK(known,
+                "pre-tokenizer '{}' is not supported; supported: smollm, starcoder, refact, "
+                "command-r, codeshell, gpt-2, default, mpt, olmo",
+                cfg_.pre);
+  const auto n = static_cast<std::int32_t>(cfg_.tokens.size());
+  NUMATTN_CHECK(n > 0, "tokenizer has an empty vocabulary");
+  NUMATTN_CHECK(cfg_.token_types.empty() || cfg_.token_types.size() == cfg_.tokens.size(),
+                "tokenizer.ggml.token_type has {} entries for {} tokens", cfg_.token_types.size(),
+                cfg_.tokens.size());
+  for (std::int32_t id : {cfg_.bos_id, cfg_.eos_id, cfg_.unk_id})
+    NUMATTN_CHECK(id >= -1 && id < n, "special token id {} is outside the vocabulary of {}", id,
+                  n);
+  token_to_id_.reserve(cfg_.tokens.size());
+  for (std::int32_t i = 0; i < n; ++i) token_to_id_.emplace(cfg_.tokens[i], i);  // first wins
+  merge_rank_.reserve(cfg_.merges.size());
+  for (std::size_t r = 0; r < cfg_.merges.size(); ++r) {
+    const std::string& m = cfg_.merges[r];
+    const auto sp = m.find(' ');
+    NUMATTN_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < m.size() &&
+                      m.find(' ', sp + 1) == std::string::npos,
+                  "merge {} ('{}') is not of the form 'A B'", r, m);
+    merge_rank_.emplace(m, static_cast<std::int32_t>(r));
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto it = token_to_id_.find(alphabet().to_utf8[b]);
+    byte_token_[b] = it == token_to_id_.end() ? -1 : it->second;
+  }
+  for (std::int32_t i = 0; i < n; ++i) {
+    const TokenType t = token_type(i);
+    if ((t == TokenType::kControl || t == TokenType::kUserDefined) && !cfg_.tokens[i].empty())
+      specials_.push_back(i);
+  }
+  std::stable_sort(specials_.begin(), specials_.end(), [&](std::int32_t a, std::int32_t b) {
+    return cfg_.tokens[a].size() > cfg_.tokens[b].size();
+  });
+}
+
+const std::string& Tokenizer::token_text(std::int32_t id) const {
+  NUMATTN_CHECK(id >= 0 && id < vocab_size(), "token id {} is outside the vocabulary of {}", id,
+                vocab_size());
+  return cfg_.tokens[static_cast<std::size_t>(id)];
+}
+
+TokenType Tokenizer::token_type(std::int32_t id) const {
+  if (cfg_.token_types.empty()) return TokenType::kNormal;
+  return static_cast<TokenType>(cfg_.token_types[static_cast<std::size_t>(id)]);
+}
+
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
+  std::vector<Cp> cps;
+  for (std::size_t i = 0; i < text.size();) {
+    std::uint32_t cp;
+    const std::size_t len = decode_utf8(text, i, cp);
+    cps.push_back({cp, i});
+    i += len;
+  }
+  // First split (digit-splitting pre-tokenizers): every \p{N} code point is its own piece.
+  std::vector<std::pair<std::size_t, std::size_t>> pieces;  // code point ranges
+  if (split_digits_) {
+    std::size_t start = 0;
+    for (std::size_t k = 0; k < cps.size(); ++k) {
+      if (number(cps[k].cp)) {
+        if (k > start) pieces.emplace_back(start, k);
+        pieces.emplace_back(k, k + 1);
+        start = k + 1;
+      }
+    }
+    if (start < cps.size()) pieces.emplace_back(start, cps.size());
+  } else if (!cps.empty()) {
+    pieces.emplace_back(0, cps.size());
+  }
+  std::vector<std::string> out;
+  auto byte_at = [&](std::size_t k) { return k < cps.size() ? cps[k].byte : text.size(); };
+  for (auto [b, e] : pieces) {
+    // The GPT-2 pattern on the sub-range, whose end acts as end of text.
+    std::vector<Cp> sub(cps.begin() + static_cast<std::ptrdiff_t>(b),
+                        cps.begin() + static_cast<std::ptrdiff_t>(e));
+    for (std::size_t i = 0; i < sub.size();) {
+      const std::size_t j = gpt2_match(sub, i, sub.size());
+      out.emplace_back(text.substr(byte_at(b + i), byte_at(b + j) - byte_at(b + i)));
+      i = j;
+    }
+  }
+  return out;
+}
+
+void Tokenizer::bpe_piece(std::string_view piece, std::vector<std::int32_t>& out) const {
+  const ByteAlphabet& ab = alphabet();
+  std::vector<std::string> sym;
+  sym.reserve(piece.size());
+  for (char ch : piece) sym.push_back(ab.to_utf8[static_cast<unsigned char>(ch)]);
+  // Greedy lowest-rank merge, leftmost on ties (what both llama.cpp's queue and HF's BPE do).
+  std::string key;
+  while (sym.size() > 1) {
+    std::int32_t best = INT32_MAX;
+    std::size_t best_i = 0;
+    for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
+      key.assign(sym[i]).append(" ").append(sym[i + 1]);
+      auto it = merge_rank_.find(key);
+      if (it != merge_rank_.end() && it->second < best) {
+        best = it->second;
+        best_i = i;
+      }
+    }
+    if (best == INT32_MAX) break;
+    sym[best_i] += sym[best_i + 1];
+    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(best_i) + 1);
+  }
+  for (const std::string& s : sym) {
+    auto it = token_to_id_.find(s);
+    if (it != token_to_id_.end()) {
+      out.push_back(it->second);
+      continue;
+    }
+    // Not in the vocabulary: fall back to one token per byte, then to the unknown token.
+    for (std::size_t k = 0; k < s.size();) {
+      std::uint32_t cp;
+      k += decode_utf8(s, k, cp);
+      auto b = ab.from_cp.find(cp);
+      std::int32_t id = b == ab.from_cp.end() ? -1 : byte_token_[b->second];
+      if (id < 0) id = cfg_.unk_id;
+      NUMATTN_CHECK(id >= 0, "symbol '{}' has no token and the vocabulary has no unknown token",
+                    s);
+      out.push_back(id);
+    }
+  }
+}
+
+void Tokenizer::encode_fragment(
+    std::string_view text, std::vector<std::int32_t>& out,
+    std::unordered_map<std::string, std::vector<std::int32_t>>& cache) const {
+  for (const std::string& piece : pre_tokenize(text)) {
+    auto it = cache.find(piece);
+    if (it == cache.end()) {
+      std::vector<std::int32_t> ids;
+      bpe_piece(piece, ids);
+      it = cache.emplace(piece, std::move(ids)).first;
+    }
+    out.insert(out.end(), it->second.begin(), it->second.end());
+  }
+}
+
+std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
+                                            bool parse_special) const {
+  std::vector<std::int32_t> out;
+  if (add_bos) {
+    NUMATTN_CHECK(cfg_.bos_id >= 0, "add_bos requested but the vocabulary has no BOS token");
+    out.push_back(cfg_.bos_id);
+  }
+  // Fragments: either a special token (id >= 0) or raw text (id = -1).
+  struct Frag {
+    std::int32_t id;
+    std::string_view text;
+  };
+  std::vector<Frag> frags{{-1, text}};
+  for (std::int32_t sid : specials_) {
+    if (!parse_special && token_type(sid) == TokenType::kControl) continue;
+    const std::string& st = cfg_.tokens[static_cast<std::size_t>(sid)];
+    std::vector<Frag> next;
+    for (const Frag& f : frags) {
+      if (f.id >= 0) {
+        next.push_back(f);
+        continue;
+      }
+      std::string_view rest = f.text;
+      for (std::size_t pos; (pos = rest.find(st)) != std::string_view::npos;) {
+        if (pos > 0) next.push_back({-1, rest.substr(0, pos)});
+        next.push_back({sid, {}});
+        rest = rest.substr(pos + st.size());
+      }
+      if (!rest.empty()) next.push_back({-1, rest});
+    }
+    frags.swap(next);
+  }
+  std::unordered_map<std::string, std::vector<std::int32_t>> cache;
+  for (const Frag& f : frags) {
+    if (f.id >= 0) out.push_back(f.id);
+    else encode_fragment(f.text, out, cache);
+  }
+  return out;
+}
+
+std::string Tokenizer::token_to_piece(std::int32_t id, bool render_special) const {
+  const std::string& t = token_text(id);
+  switch (token_type(id)) {
+    case TokenType::kControl:
+    case TokenType::kUnknown:
+      return render_special ? t : std::string();
+    case TokenType::kUserDefined:
+      return t;  // stored verbatim, not in the byte alphabet
+    default:
+      break;
+  }
+  const ByteAlphabet& ab = alphabet();
+  std::string out;
+  for (std::size_t k = 0; k < t.size();) {
+    std::uint32_t cp;
+    const std::size_t len = decode_utf8(t, k, cp);
+    auto b = ab.from_cp.find(cp);
+    if (b != ab.from_cp.end()) out += static_cast<char>(b->second);
+    else out.append(t, k, len);  // not a byte-alphabet character: keep its UTF-8
+    k += len;
+  }
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool render_special) const {
+  std::string out;
+  for (std::int32_t id : ids) out += token_to_piece(id, render_special);
+  return out;
+}
+
+}  // namespace numattn
