@@ -1,0 +1,109 @@
+/// @file bd_projection.h
+/// The fused BD projection kernel: the identity side of a BDA pair (K for QK, V for VO).
+///
+/// A multi-head projection Y = X·W + b, W ∈ R^{d×(H·dh)} (head h owns columns h·dh..h·dh+dh),
+/// is rewritten per head as Y'_h = Y_h·T_h with T_h = W_h[S,:]^{-1} and one basis S of dh input
+/// channels shared by all heads (digest §2, Algorithms 2–3):
+///
+///   Y' = X[:,S^c]·C_stack + broadcast_h(X[:,S]) + b',   C_stack ∈ R^{(d−dh)×(H·dh)},
+///   C_h = W_h[S^c,:]·W_h[S,:]^{-1},  b'_h = b_h·T_h.
+///
+/// Because S is shared, X[:,S] is one n×dh block added to every head, and the rest is ONE GEMM
+/// with inner dimension d−dh instead of d: the projection saves dh/d of its MACs and weights
+/// (ideal speed-up d/(d−dh): 1.333 for 512/128). The input channels are permuted offline to
+/// [S, S^c] so that both parts are contiguous column ranges of X.
+///
+/// Kernel (measured choice, see docs/bd.md): per token block, the output is pre-filled with
+/// the identity part X[:,S] (+ b'), then OpenBLAS sgemm accumulates X[:,S^c]·C_stack onto it
+/// with beta = 1. The pre-fill replaces the C := beta·C pass that sgemm makes anyway, so the
+/// identity part is free up to one read of X[:,S].
+///
+/// Mixed heads: a head whose basis block is too ill-conditioned (κ above the caller's
+/// threshold) is kept dense: its columns of C_stack hold W_h[S^c,:], its output is pre-filled
+/// with X[:,S]·W_h[S,:] (a small extra GEMM, dh·dh MACs per token) and it gets Y_h, not Y'_h.
+///
+/// Parallelism: `parallel_for` over token blocks, BLAS single-threaded inside (exec.h).
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "numattn/core/exec.h"
+#include "numattn/decomp/basis_decomposition.h"
+
+namespace numattn::transform {
+
+/// Channel order of the X handed to `BdProjection::project`.
+/// - kOriginal: the model's own order; the kernel gathers each token block into [S, S^c] order
+///   (a copy of n·d floats, about dh/(H·dh) of the GEMM's memory traffic).
+/// - kPermuted: the producer of X already emits channels in `permutation()` order (e.g. an MLA
+///   down-projection whose output rows were permuted offline): no copy at all.
+enum class InputOrder { kOriginal, kPermuted };
+
+/// What the BD of one projection found, per head.
+struct BdHeadReport {
+  double kappa = 1;    ///< cond(W_h[S,:])
+  bool dense = false;  ///< kept dense (κ above threshold): output is Y_h, not Y'_h
+};
+
+class BdProjection {
+ public:
+  BdProjection() = default;
+
+  /// A plain dense projection Y = X·W + b (the "no BD" case and the benchmark baseline).
+  /// `w` is d_in × (heads·head_dim) row-major, `bias` empty or heads·head_dim.
+  static BdProjection dense(index_t d_in, index_t heads, index_t head_dim,
+                            std::span<const float> w, std::span<const float> bias = {});
+
+  /// BD of a projection given in float64 (d_in × heads·head_dim row-major `w`): one shared
+  /// basis S (|S| = head_dim) chosen by `strategy` over the heads' W_h (row form; maxmin for
+  /// several heads, pivoted for one, see decomp/basis_decomposition.h), coefficients in float64,
+  /// stored in float32. Heads with κ > `kappa_threshold` stay dense (pass +inf to never fall
+  /// back). `bias` (optional) is the projection's bias b; the stored bias is b_h·T_h.
+  /// `report`, if given, gets S, κ and dense flags per head, and `basis_blocks` gets W_h[S,:]
+  /// (= T_h^{-1}, what the partner side Q or O multiplies by).
+  /// Throws numattn::Error if head_dim > d_in or the shapes disagree.
+  static BdProjection from_weights(index_t d_in, index_t heads, index_t head_dim,
+                                   const decomp::MatrixXd& w, std::span<const double> bias,
+                                   decomp::BasisStrategy strategy, double kappa_threshold,
+                                   std::vector<BdHeadReport>* report = nullptr,
+                                   std::vector<decomp::MatrixXd>* basis_blocks = nullptr);
+
+  /// Y = projection of X: `x` is tokens × d_in (row stride `ldx`), `y` tokens × out_dim()
+  /// (row stride `ldy`), float32. Cost: tokens·(d_in−r)·out + tokens·r·(dense heads' columns)
+  /// MACs, plus tokens·out adds. Thread-safe (const), allocates only the gather buffer.
+  void project(const float* x, index_t tokens, index_t ldx, float* y, index_t ldy,
+               InputOrder order, const ExecContext& ctx) const;
+
+  index_t d_in() const { return d_; }
+  index_t heads() const { return heads_; }
+  index_t head_dim() const { return dh_; }
+  index_t out_dim() const { return heads_ * dh_; }
+  /// r = |S| = head_dim when BD is used, 0 for a dense projection.
+  index_t rank() const { return r_; }
+  bool is_bd() const { return r_ > 0; }
+  /// permutation()[k] = original input channel stored at position k: [S (sorted), S^c (sorted)].
+  const std::vector<index_t>& permutation() const { return perm_; }
+  /// Whether head h is kept dense.
+  bool head_dense(index_t h) const { return dense_[static_cast<std::size_t>(h)] != 0; }
+  index_t dense_head_count() const { return static_cast<index_t>(dense_list_.size()); }
+  /// float32 weights stored (C_stack + dense heads' top blocks, or the full W).
+  index_t weight_params() const;
+  /// MACs per token of the GEMM part.
+  index_t macs_per_token() const;
+  /// Rows per parallel block (0 = tokens / threads, one block per thread).
+  void set_block_rows(index_t rows) { block_rows_ = rows; }
+
+ private:
+  index_t d_ = 0, heads_ = 0, dh_ = 0, r_ = 0;
+  index_t block_rows_ = 0;
+  std::vector<index_t> perm_;
+  std::vector<char> dense_;
+  std::vector<index_t> dense_list_;
+  std::vector<float> full_;  ///< r_ == 0: W, d × out
+  std::vector<float> rest_;  ///< r_ > 0: C_stack, (d−r) × out (dense heads: W_h[S^c,:])
+  std::vector<float> top_;   ///< r_ > 0: W_h[S,:] of dense heads, r × (n_dense·dh)
+  std::vector<float> bias_;  ///< empty or out
+};
+
+}  // namespace numattn::transform
