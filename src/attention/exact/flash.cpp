@@ -2,98 +2,299 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <memory>
+#include <new>
 #include <vector>
 
-#include "attention/exact/row_mask.h"
+#include "attention/exact/flash_kernels.h"
 #include "attention/method_def.h"
-#include "numattn/core/blas.h"
-#include "numattn/core/simd.h"
+
+// GCC 12 reports '__Y may be used uninitialized' inside its own AVX-512 intrinsics once they
+// are inlined here (GCC bug 105593, fixed in GCC 13); the code has no uninitialised value.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace numattn {
 
 namespace {
 
+using flash::R;
+using flash::Vec;
+using flash::W;
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct Tiles {
-  index_t bq, bk;
+/// 64-byte aligned float buffer (the kernels use aligned vector loads).
+class AlignedFloats {
+ public:
+  AlignedFloats() = default;
+  explicit AlignedFloats(std::size_t n) { resize(n); }
+  void resize(std::size_t n) {
+    if (n <= n_) return;
+    const std::size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    p_.reset(static_cast<float*>(::operator new(bytes, std::align_val_t{64})));
+    n_ = n;
+  }
+  float* data() const { return p_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { ::operator delete(p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<float, Free> p_;
+  std::size_t n_ = 0;
 };
 
-Tiles choose_tiles(const AttentionProblem& p, const ParamValues& pv) {
-  index_t bq = pv.get_int("block_q"), bk = pv.get_int("block_k");
-  return {std::min(bq, p.n_q()), std::min(bk, p.n_kv())};
+/// The blocking of one problem. Rows of a (batch, kv head) pair are the G·Nq (query, head)
+/// pairs of its GQA group in query-major order (row r = query r / G of head r % G), so the
+/// query heads that share a K/V tile are processed together and read it once.
+struct Plan {
+  index_t G = 1;        ///< query heads per kv head
+  index_t rows = 0;     ///< G·Nq rows per (b, kv head)
+  int ci = 1;           ///< query vectors per block
+  index_t br = 0;       ///< block rows = ci·W (lanes; the last block may be partial)
+  index_t bk = 0;       ///< keys per tile
+  index_t nblk = 0;     ///< blocks per (b, kv head)
+  index_t items = 0;    ///< B·Hkv·nblk
+  index_t splits = 1;   ///< key-range splits per block (split-KV)
+};
+
+Plan make_plan(const AttentionProblem& p, const ParamValues& pv, int threads) {
+  Plan pl;
+  pl.G = p.group();
+  pl.rows = pl.G * p.n_q();
+  const index_t want = std::min<index_t>(pv.get_int("block_q"), pl.rows);
+  pl.ci = static_cast<int>(std::clamp<index_t>((want + W - 1) / W, 1, flash::kMaxCI));
+  pl.br = pl.ci * W;
+  pl.bk = std::clamp<index_t>(pv.get_int("block_k"), 1, p.n_kv());
+  pl.nblk = (pl.rows + pl.br - 1) / pl.br;
+  pl.items = p.batch() * p.kv_heads() * pl.nblk;
+  index_t s = pv.get_int("split_kv");
+  if (s == 0) {
+    // Few blocks (decoding): split each block's key range so that every thread gets about
+    // four pieces to balance; one thread gains nothing from splitting.
+    s = 1;
+    if (threads > 1 && pl.items < 2 * threads) s = (4 * threads + pl.items - 1) / pl.items;
+  }
+  pl.splits = std::clamp<index_t>(s, 1, std::max<index_t>(1, (p.n_kv() + pl.bk - 1) / pl.bk));
+  return pl;
 }
 
-/// Running state of one block of query rows.
-struct RowState {
-  std::vector<float> m, l, acc, s;
-  void reset(index_t rows, index_t dv, index_t bk) {
-    m.assign(static_cast<std::size_t>(rows), kNegInf);
-    l.assign(static_cast<std::size_t>(rows), 0.f);
-    acc.assign(static_cast<std::size_t>(rows * dv), 0.f);
-    s.resize(static_cast<std::size_t>(rows * bk));
+/// Per-thread scratch of one block.
+struct Scratch {
+  AlignedFloats qt, s, ot, m, l;
+  std::vector<index_t> qi, head;
+  std::vector<index_t> kb, ke;  ///< visible key range of each lane (kb ≥ ke: none)
+  void reserve(const AttentionProblem& p, const Plan& pl) {
+    const auto br = static_cast<std::size_t>(pl.br);
+    qt.resize(static_cast<std::size_t>(p.d_qk()) * br);
+    s.resize(static_cast<std::size_t>(pl.bk) * br);
+    ot.resize(static_cast<std::size_t>(p.d_v()) * br);
+    m.resize(br);
+    l.resize(br);
+    qi.resize(br);
+    head.resize(br);
+    kb.resize(br);
+    ke.resize(br);
   }
 };
 
-/// Processes keys [k0, k1) for query rows [i0, i0 + rows) of (b, h) into `st`.
-void attend_range(const AttentionProblem& p, index_t b, index_t h, index_t i0, index_t rows,
-                  index_t k0, index_t k1, index_t bk, RowState& st) {
-  const index_t hk = h / p.group(), dk = p.d_qk(), dv = p.d_v();
-  const float scale = static_cast<float>(p.effective_scale());
-  // Union of the rows' visible key ranges: tiles outside it are skipped whole.
-  index_t lo = k1, hi = k0;
-  for (index_t r = 0; r < rows; ++r) {
-    KeyRange kr = p.key_range(i0 + r);
+/// Running softmax state of a block: per-lane max `m`, normaliser `l`, accumulator `ot`.
+struct State {
+  float* m;
+  float* l;
+  float* ot;
+};
+
+/// One work item: rows [r0, r0 + nrows) of (b, hk).
+struct Item {
+  index_t b, hk, r0, nrows;
+};
+
+Item item_of(const AttentionProblem& p, const Plan& pl, index_t w) {
+  const index_t blk = w % pl.nblk, bh = w / pl.nblk;
+  const index_t r0 = blk * pl.br;
+  return {bh / p.kv_heads(), bh % p.kv_heads(), r0, std::min(pl.br, pl.rows - r0)};
+}
+
+/// Union of the visible key ranges of the item's rows ([0, 0) when none is visible).
+KeyRange item_keys(const AttentionProblem& p, const Plan& pl, const Item& it) {
+  index_t lo = p.n_kv(), hi = 0;
+  const index_t i_first = it.r0 / pl.G, i_last = (it.r0 + it.nrows - 1) / pl.G;
+  for (index_t i = i_first; i <= i_last; ++i) {
+    const KeyRange kr = p.key_range(i);
     if (kr.empty()) continue;
     lo = std::min(lo, kr.begin);
     hi = std::max(hi, kr.end);
   }
-  lo = std::max(lo, k0);
-  hi = std::min(hi, k1);
-  for (index_t j0 = lo; j0 < hi; j0 += bk) {
-    const index_t cols = std::min(bk, hi - j0);
-    float* s = st.s.data();
-    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, cols, dk, scale, p.q.row(b, h, i0),
-                p.q.stride[2], p.k.row(b, hk, j0), p.k.stride[2], 0.f, s, cols);
-    const bool masked = detail::tile_needs_mask(p, i0, i0 + rows, j0, j0 + cols);
-    for (index_t r = 0; r < rows; ++r) {
-      float* srow = s + r * cols;
-      if (masked) detail::mask_row(p, i0 + r, j0, j0 + cols, srow);
-      float mt = kNegInf;
-      for (index_t j = 0; j < cols; ++j) mt = std::max(mt, srow[j]);
-      const float m_old = st.m[r];
-      const float m_new = std::max(m_old, mt);
-      float* arow = st.acc.data() + r * dv;
-      if (m_new == kNegInf) {  // nothing visible yet: P row is all zero
-        std::fill(srow, srow + cols, 0.f);
-        continue;
+  return lo < hi ? KeyRange{lo, hi} : KeyRange{0, 0};
+}
+
+/// Key range of split `s` of an item whose visible keys are `all` (chunks of whole tiles).
+KeyRange split_keys(const Plan& pl, KeyRange all, index_t s) {
+  const index_t n = all.end - all.begin;
+  const index_t chunk = ((n + pl.splits - 1) / pl.splits + pl.bk - 1) / pl.bk * pl.bk;
+  const index_t b = std::min(all.end, all.begin + s * chunk);
+  return {b, std::min(all.end, b + chunk)};
+}
+
+/// Hides the logits of a boundary tile (keys [j0, j0 + cols)) that the causal rule, window or
+/// masks hide, applies the additive mask, and returns the tile's per-lane maximum in `vmax`.
+template <int CI>
+void mask_tile(const AttentionProblem& p, const Scratch& ws, index_t nrows, index_t j0,
+               index_t cols, float* s, R* vmax) {
+  constexpr int BR = CI * W;
+  const index_t* kb = ws.kb.data();
+  const index_t* ke = ws.ke.data();
+  for (index_t j = 0; j < cols; ++j) {
+    float* srow = s + j * BR;
+    const index_t key = j0 + j;
+    for (int r = 0; r < BR; ++r)
+      if (key < kb[r] || key >= ke[r]) srow[r] = kNegInf;
+    if (p.mask.kind == MaskKind::kBool) {
+      for (index_t r = 0; r < nrows; ++r)
+        if (!p.mask.allowed[ws.qi[r] * p.mask.ld + key]) srow[r] = kNegInf;
+    } else if (p.mask.kind == MaskKind::kAdditive) {
+      for (index_t r = 0; r < nrows; ++r) {
+        const float x = srow[r] + p.mask.additive[ws.qi[r] * p.mask.ld + key];
+        srow[r] = std::isnan(x) ? kNegInf : x;
       }
-      const float corr = simd::exp_f32(m_old - m_new);
-      for (index_t j = 0; j < cols; ++j) srow[j] -= m_new;
-      simd::exp_f32(srow, srow, cols);
-      float sum = 0;
-      for (index_t j = 0; j < cols; ++j) sum += srow[j];
-      st.l[r] = st.l[r] * corr + sum;
-      st.m[r] = m_new;
-      if (corr != 1.f)
-        for (index_t d = 0; d < dv; ++d) arow[d] *= corr;
     }
-    blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, dv, cols, 1.f, s, cols,
-                p.v.row(b, hk, j0), p.v.stride[2], 1.f, st.acc.data(), dv);
+    for (int c = 0; c < CI; ++c) vmax[c] = Vec::max(vmax[c], Vec::load(srow + c * W));
   }
 }
 
-void finish_rows(const AttentionProblem& p, index_t b, index_t h, index_t i0, index_t rows,
-                 const RowState& st) {
-  const index_t dv = p.d_v();
-  for (index_t r = 0; r < rows; ++r) {
-    float* o = p.out.row(b, h, i0 + r);
+/// Attends the item's rows to keys [keys.begin, keys.end) into `st` (reset first).
+template <int CI>
+void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys,
+                  Scratch& ws, State st) {
+  constexpr int BR = CI * W;
+  const index_t dk = p.d_qk(), dv = p.d_v(), n = it.nrows;
+  const float scale = static_cast<float>(p.effective_scale());
+
+  // Lanes: query index, head, visible key range clipped to `keys`.
+  index_t lo = keys.end, hi = keys.begin;
+  for (index_t r = 0; r < BR; ++r) {
+    ws.kb[r] = 1;
+    ws.ke[r] = 0;
+    if (r >= n) continue;
+    const index_t gr = it.r0 + r;
+    ws.qi[r] = gr / pl.G;
+    ws.head[r] = it.hk * pl.G + gr % pl.G;
+    const KeyRange kr = p.key_range(ws.qi[r]);
+    const index_t b = std::max(kr.begin, keys.begin), e = std::min(kr.end, keys.end);
+    if (b >= e) continue;
+    ws.kb[r] = b;
+    ws.ke[r] = e;
+    lo = std::min(lo, b);
+    hi = std::max(hi, e);
+  }
+
+  // qt = scale·Qᵀ (zero in the padding lanes, whose results are never read).
+  float* qt = ws.qt.data();
+  for (index_t r = 0; r < BR; ++r) {
+    if (r < n) {
+      const float* q = p.q.row(it.b, ws.head[r], ws.qi[r]);
+      for (index_t d = 0; d < dk; ++d) qt[d * BR + r] = scale * q[d];
+    } else {
+      for (index_t d = 0; d < dk; ++d) qt[d * BR + r] = 0.f;
+    }
+  }
+  for (int r = 0; r < BR; ++r) st.m[r] = kNegInf, st.l[r] = 0.f;
+  std::fill(st.ot, st.ot + dv * BR, 0.f);
+
+  const bool has_mask = p.mask.kind != MaskKind::kNone;
+  const float* kbase = p.k.row(it.b, it.hk, 0);
+  const float* vbase = p.v.row(it.b, it.hk, 0);
+  const index_t ldk = p.k.stride[2], ldv = p.v.stride[2];
+  float* s = ws.s.data();
+  for (index_t j0 = lo; j0 < hi; j0 += pl.bk) {
+    const index_t cols = std::min(pl.bk, hi - j0), j1 = j0 + cols;
+    // Skip tiles no row sees; mask only tiles some row sees in part.
+    bool any = false, full = !has_mask;
+    for (index_t r = 0; r < n; ++r) {
+      any |= ws.kb[r] < j1 && ws.ke[r] > j0;
+      full &= ws.kb[r] <= j0 && ws.ke[r] >= j1;
+    }
+    if (!any) continue;
+    R vmax[CI], mu[CI], corr[CI];
+    for (int c = 0; c < CI; ++c) vmax[c] = Vec::set1(kNegInf);
+    flash::qk_tile<CI>(qt, dk, kbase + j0 * ldk, ldk, cols, s, vmax);
+    if (!full) {
+      for (int c = 0; c < CI; ++c) vmax[c] = Vec::set1(kNegInf);
+      mask_tile<CI>(p, ws, n, j0, cols, s, vmax);
+    }
+    // Online softmax: m' = max(m, tile max); rescale by exp(m − m'); a lane that has seen
+    // nothing yet keeps m' = -inf and uses 0 as its shift so that exp gives 0, not NaN.
+    bool rescale = false;
+    for (int c = 0; c < CI; ++c) {
+      const R mo = Vec::load(st.m + c * W);
+      const R mn = Vec::max(mo, vmax[c]);
+      mu[c] = Vec::neginf_to_zero(mn);
+      corr[c] = Vec::exp_cut(Vec::sub(mo, mu[c]));
+      Vec::store(st.m + c * W, mn);
+    }
+    {
+      alignas(64) float cbuf[BR];
+      for (int c = 0; c < CI; ++c) Vec::store(cbuf + c * W, corr[c]);
+      for (int r = 0; r < BR; ++r) rescale |= cbuf[r] != 1.f;
+    }
+    R sum[CI];
+    for (int c = 0; c < CI; ++c) sum[c] = Vec::zero();
+    for (index_t j = 0; j < cols; ++j) {
+      NUMATTN_UNROLL for (int c = 0; c < CI; ++c) {
+        const R e = Vec::exp_cut(Vec::sub(Vec::load(s + j * BR + c * W), mu[c]));
+        Vec::store(s + j * BR + c * W, e);
+        sum[c] = Vec::add(sum[c], e);
+      }
+    }
+    for (int c = 0; c < CI; ++c)
+      Vec::store(st.l + c * W, Vec::fmadd(Vec::load(st.l + c * W), corr[c], sum[c]));
+    flash::pv_tile<CI>(s, cols, vbase + j0 * ldv, ldv, dv, st.ot, corr, rescale);
+  }
+}
+
+/// Writes out = ot / l and lse = m + log l for the item's rows.
+void finish_block(const AttentionProblem& p, const Plan& pl, const Item& it, const State& st) {
+  const index_t dv = p.d_v(), br = pl.br;
+  for (index_t r = 0; r < it.nrows; ++r) {
+    const index_t gr = it.r0 + r, i = gr / pl.G, h = it.hk * pl.G + gr % pl.G;
     const float l = st.l[r];
     const float inv = l > 0 ? 1.f / l : 0.f;
-    const float* a = st.acc.data() + r * dv;
-    for (index_t d = 0; d < dv; ++d) o[d] = a[d] * inv;
-    if (!p.lse.empty()) p.lse(b, h, i0 + r, 0) = l > 0 ? st.m[r] + std::log(l) : kNegInf;
+    float* o = p.out.row(it.b, h, i);
+    for (index_t d = 0; d < dv; ++d) o[d] = st.ot[d * br + r] * inv;
+    if (!p.lse.empty()) p.lse(it.b, h, i, 0) = l > 0 ? st.m[r] + std::log(l) : kNegInf;
+  }
+}
+
+/// dst ← merge(dst, src) through log-sum-exp: both scaled to the larger maximum.
+void merge_state(const Plan& pl, index_t dv, State dst, const State& src) {
+  const index_t br = pl.br;
+  for (index_t c = 0; c < br / W; ++c) {
+    const R ma = Vec::load(dst.m + c * W), mb = Vec::load(src.m + c * W);
+    const R mn = Vec::max(ma, mb), mu = Vec::neginf_to_zero(mn);
+    const R ca = Vec::exp_cut(Vec::sub(ma, mu)), cb = Vec::exp_cut(Vec::sub(mb, mu));
+    Vec::store(dst.l + c * W, Vec::fmadd(Vec::load(dst.l + c * W), ca,
+                                         Vec::mul(Vec::load(src.l + c * W), cb)));
+    Vec::store(dst.m + c * W, mn);
+    for (index_t d = 0; d < dv; ++d) {
+      float* a = dst.ot + d * br + c * W;
+      Vec::store(a, Vec::fmadd(Vec::load(a), ca, Vec::mul(Vec::load(src.ot + d * br + c * W), cb)));
+    }
+  }
+}
+
+using BlockFn = void (*)(const AttentionProblem&, const Plan&, const Item&, KeyRange, Scratch&, State);
+
+template <int CI>
+constexpr BlockFn block_fn_for(int ci) {
+  if constexpr (CI > flash::kMaxCI) {
+    return nullptr;
+  } else {
+    return ci == CI ? &attend_block<CI> : block_fn_for<CI + 1>(ci);
   }
 }
 
@@ -104,15 +305,19 @@ const MethodInfo& FlashAttention::describe() {
     MethodInfo m;
     m.name = "exact.flash";
     m.family = "exact";
-    m.summary = "tiled online-softmax attention in float32, never forms Nq×Nk; split-KV decode";
+    m.summary =
+        "tiled online-softmax attention in float32 with SIMD micro-kernels, never forms Nq×Nk; "
+        "GQA heads share K/V tiles; split-KV decode";
     m.citation = "Dao et al., FlashAttention, NeurIPS 2022";
     m.time_complexity = "O(Nq·Nk·(Dk+Dv)), about half with causal";
-    m.memory_complexity = "O(threads·(block_q+block_k)·(Dk+Dv))";
+    m.memory_complexity = "O(threads·block_q·(Dk+Dv+block_k)) (+ split-KV partials)";
     m.params = {
-        {"block_q", ParamType::kInt, "64", 1, 4096, {}, "query rows per tile"},
+        {"block_q", ParamType::kInt, "64", 1, 4096, {},
+         "query rows per block (rows of a GQA group count together); rounded up to whole SIMD "
+         "vectors, at most 64 rows"},
         {"block_k", ParamType::kInt, "256", 1, 65536, {}, "keys per tile"},
         {"split_kv", ParamType::kInt, "0", 0, 1024,
-         {}, "key-range splits per query block (0 = automatic: split when query blocks < 2×threads)"},
+         {}, "key-range splits per query block (0 = automatic: split when blocks < 2×threads)"},
     };
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
               .window = true, .lse = true, .decode = true};
@@ -123,91 +328,78 @@ const MethodInfo& FlashAttention::describe() {
 
 Status FlashAttention::can_run(const AttentionProblem& p) const { return AttentionMethod::can_run(p); }
 
-namespace {
-index_t choose_splits(const AttentionProblem& p, const ParamValues& pv, index_t work, int threads,
-                      index_t bk) {
-  index_t s = pv.get_int("split_kv");
-  if (s == 0) {
-    s = 1;
-    if (work < 2 * threads) s = std::max<index_t>(1, (2 * threads + work - 1) / work);
-  }
-  // Each split needs at least one key tile.
-  return std::clamp<index_t>(s, 1, std::max<index_t>(1, (p.n_kv() + bk - 1) / bk));
-}
-}  // namespace
-
 std::size_t FlashAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
-  const Tiles t = choose_tiles(p, params_);
-  const index_t nqb = (p.n_q() + t.bq - 1) / t.bq;
-  const index_t work = p.batch() * p.heads() * nqb;
-  const index_t splits = choose_splits(p, params_, work, ctx.num_threads(), t.bk);
-  const std::size_t per_thread = 4 * static_cast<std::size_t>(t.bq * (t.bk + p.d_v() + 2));
+  const Plan pl = make_plan(p, params_, ctx.num_threads());
+  const auto br = static_cast<std::size_t>(pl.br);
+  const std::size_t per_thread =
+      sizeof(float) * br * static_cast<std::size_t>(p.d_qk() + pl.bk + p.d_v() + 2) +
+      4 * sizeof(index_t) * br;
   std::size_t partial = 0;
-  if (splits > 1) partial = 4 * static_cast<std::size_t>(work * splits * t.bq * (p.d_v() + 2));
+  if (pl.splits > 1)
+    partial = sizeof(float) * br * static_cast<std::size_t>(pl.items * pl.splits * (p.d_v() + 2));
   return per_thread * static_cast<std::size_t>(ctx.num_threads()) + partial;
 }
 
 void FlashAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
-  const Tiles t = choose_tiles(p, params_);
-  const index_t nqb = (p.n_q() + t.bq - 1) / t.bq;
-  const index_t work = p.batch() * p.heads() * nqb;
-  const int threads = ctx.num_threads();
-  const index_t splits = choose_splits(p, params_, work, threads, t.bk);
-  const index_t dv = p.d_v();
-  std::vector<RowState> states(static_cast<std::size_t>(threads));
+  const int threads = std::max(1, ctx.num_threads());
+  const Plan pl = make_plan(p, params_, threads);
+  const BlockFn block = block_fn_for<1>(pl.ci);
+  const index_t units = pl.items * pl.splits, dv = p.d_v();
 
-  auto decode_item = [&](index_t w, index_t& b, index_t& h, index_t& i0, index_t& rows) {
-    const index_t qb = w % nqb, bh = w / nqb;
-    b = bh / p.heads();
-    h = bh % p.heads();
-    i0 = qb * t.bq;
-    rows = std::min(t.bq, p.n_q() - i0);
-  };
-
-  if (splits == 1) {
-    parallel_for(ctx, work, [&](std::int64_t w) {
-      index_t b, h, i0, rows;
-      decode_item(w, b, h, i0, rows);
-      RowState& st = states[static_cast<std::size_t>(thread_index())];
-      st.reset(rows, dv, t.bk);
-      attend_range(p, b, h, i0, rows, 0, p.n_kv(), t.bk, st);
-      finish_rows(p, b, h, i0, rows, st);
-    });
-    return;
-  }
-
-  // Split-KV: item (w, s) handles keys of chunk s; partial results merge through LSE.
-  const index_t chunk = ((p.n_kv() + splits - 1) / splits + t.bk - 1) / t.bk * t.bk;
-  std::vector<RowState> parts(static_cast<std::size_t>(work * splits));
-  parallel_for(ctx, work * splits, [&](std::int64_t ws) {
-    const index_t w = ws / splits, s = ws % splits;
-    index_t b, h, i0, rows;
-    decode_item(w, b, h, i0, rows);
-    RowState& st = parts[static_cast<std::size_t>(ws)];
-    st.reset(rows, dv, t.bk);
-    const index_t k0 = std::min(p.n_kv(), s * chunk), k1 = std::min(p.n_kv(), k0 + chunk);
-    attend_range(p, b, h, i0, rows, k0, k1, t.bk, st);
-    st.s.clear();
-    st.s.shrink_to_fit();
-  });
-  parallel_for(ctx, work, [&](std::int64_t w) {
-    index_t b, h, i0, rows;
-    decode_item(w, b, h, i0, rows);
-    RowState& out = parts[static_cast<std::size_t>(w * splits)];
-    for (index_t s = 1; s < splits; ++s) {
-      const RowState& ps = parts[static_cast<std::size_t>(w * splits + s)];
-      for (index_t r = 0; r < rows; ++r) {
-        const float m_new = std::max(out.m[r], ps.m[r]);
-        if (m_new == kNegInf) continue;
-        const float c0 = simd::exp_f32(out.m[r] - m_new), c1 = simd::exp_f32(ps.m[r] - m_new);
-        out.l[r] = out.l[r] * c0 + ps.l[r] * c1;
-        float* a = out.acc.data() + r * dv;
-        const float* pa = ps.acc.data() + r * dv;
-        for (index_t d = 0; d < dv; ++d) a[d] = a[d] * c0 + pa[d] * c1;
-        out.m[r] = m_new;
+  // Work units (item, split) in order; each thread takes a contiguous run of them with about
+  // equal cost (keys to visit), so causal and windowed problems balance too. The assignment
+  // depends only on the problem and the thread count: results are bitwise reproducible.
+  std::vector<index_t> first(static_cast<std::size_t>(threads) + 1, units);
+  {
+    std::vector<double> cum(static_cast<std::size_t>(units) + 1, 0.0);
+    for (index_t w = 0; w < pl.items; ++w) {
+      const KeyRange all = item_keys(p, pl, item_of(p, pl, w));
+      for (index_t s = 0; s < pl.splits; ++s) {
+        const KeyRange kr = split_keys(pl, all, s);
+        const index_t u = w * pl.splits + s;
+        cum[static_cast<std::size_t>(u) + 1] =
+            cum[static_cast<std::size_t>(u)] + static_cast<double>(kr.end - kr.begin) + 16.0;
       }
     }
-    finish_rows(p, b, h, i0, rows, out);
+    index_t u = 0;
+    for (int t = 0; t <= threads; ++t) {
+      const double target = cum.back() * t / threads;
+      while (u < units && cum[static_cast<std::size_t>(u)] < target) ++u;
+      first[static_cast<std::size_t>(t)] = t == threads ? units : u;
+    }
+  }
+
+  const std::size_t sbr = static_cast<std::size_t>(pl.br);
+  AlignedFloats partial;
+  if (pl.splits > 1) partial.resize(static_cast<std::size_t>(units) * sbr * static_cast<std::size_t>(dv + 2));
+  auto part_state = [&](index_t u) {
+    float* base = partial.data() + static_cast<std::size_t>(u) * sbr * static_cast<std::size_t>(dv + 2);
+    return State{base, base + sbr, base + 2 * sbr};
+  };
+
+  parallel_for(ctx, threads, [&](std::int64_t t) {
+    Scratch ws;
+    ws.reserve(p, pl);
+    for (index_t u = first[static_cast<std::size_t>(t)]; u < first[static_cast<std::size_t>(t) + 1]; ++u) {
+      const index_t w = u / pl.splits, s = u % pl.splits;
+      const Item it = item_of(p, pl, w);
+      const KeyRange all = item_keys(p, pl, it);
+      if (pl.splits == 1) {
+        const State st{ws.m.data(), ws.l.data(), ws.ot.data()};
+        block(p, pl, it, all, ws, st);
+        finish_block(p, pl, it, st);
+      } else {
+        block(p, pl, it, split_keys(pl, all, s), ws, part_state(u));
+      }
+    }
+  });
+  if (pl.splits == 1) return;
+
+  // Split-KV: merge each item's partial states in split order (exact through LSE).
+  parallel_for(ctx, pl.items, [&](std::int64_t w) {
+    const State dst = part_state(w * pl.splits);
+    for (index_t s = 1; s < pl.splits; ++s) merge_state(pl, dv, dst, part_state(w * pl.splits + s));
+    finish_block(p, pl, item_of(p, pl, w), dst);
   });
 }
 

@@ -6,17 +6,35 @@ namespace numattn {
 
 /// `exact.flash`: tiled online-softmax attention in float32 (FlashAttention's forward pass).
 ///
-/// For each block of query rows, key/value tiles stream through cache; a running maximum m,
-/// normaliser l and unnormalised accumulator are rescaled by exp(m_old − m_new) as each tile
-/// arrives, so no Nq × Nk buffer ever exists. Tiles that the causal rule or window hide
-/// entirely are skipped; only boundary tiles are masked element by element. For decoding
-/// (few query blocks, long KV) the key range is split across threads and the partial
-/// (m, l, acc) merge exactly through log-sum-exp.
+/// Shapes: q `[B, Hq, Nq, Dk]`, k `[B, Hkv, Nk, Dk]`, v `[B, Hkv, Nk, Dv]` → out
+/// `[B, Hq, Nq, Dv]`, lse `[B, Hq, Nq, 1]` (problem.h; any row strides, last dim contiguous).
 ///
-/// Cost: O(Nq·Nk·(Dk+Dv)) time (about half for causal), O(threads·(Bq·(Dk+Dv) + Bk·(Dk+Dv)))
-/// workspace. Error: within a small constant of `exact.naive` (docs/numerics.md).
+/// Work item: a block of up to 64 rows of one (batch, kv head), where the rows of a kv head are
+/// the (query, head) pairs of its GQA group, so the query heads that share a K/V tile read it
+/// once (decoding with 8 heads on 1 kv head is one 8-row block). Key/value tiles of `block_k`
+/// keys stream through cache; the running maximum m, normaliser l and unnormalised output are
+/// rescaled by exp(m_old − m_new) as each tile arrives, so no Nq × Nk buffer ever exists.
+/// Tiles that the causal rule or window hide from every row of the block are skipped; only
+/// boundary tiles (or every tile, with a mask) are masked element by element. When there are
+/// fewer blocks than 2 × threads (decoding), each block's key range is split and the partial
+/// (m, l, acc) merge exactly through log-sum-exp. Threads take contiguous runs of work items of
+/// equal cost, so the result is bitwise reproducible for a given thread count.
+///
+/// Kernels (flash_kernels.h): query rows sit in the SIMD lanes, so S = K·(scale·Q)ᵀ and
+/// O += Vᵀ·P are register-blocked broadcast-FMA loops that read K and V rows in place, and the
+/// softmax statistics are vertical vector ops. AVX-512 (16 lanes), AVX2+FMA (8 lanes) or a
+/// portable fallback, chosen at compile time; all give the same algorithm.
+///
+/// Parameters: `block_q` rows per block (rounded up to whole SIMD vectors, at most 64),
+/// `block_k` keys per tile, `split_kv` key-range splits per block (0 = automatic).
+///
+/// Cost: 2·Nq·Nk·(Dk+Dv) flops per query head (about half for causal), no BLAS calls;
+/// workspace O(threads·64·(Dk + Dv + block_k)) floats plus, when split, 64·(Dv+2) floats per
+/// (block, split). Error: logits are rounded once more than in `exact.naive` (scale folded
+/// into q); probabilities below e^-64 of the row maximum are flushed to 0 (below float32
+/// resolution); measured rel_fro_error ≤ naive's (docs/numerics.md).
 /// Dao et al., FlashAttention, NeurIPS 2022; Milakov & Gimelshein, Online normalizer
-/// calculation for softmax, 2018.
+/// calculation for softmax, 2018; split-KV as in flash-decoding (Dao et al., 2023).
 class FlashAttention final : public AttentionMethod {
  public:
   using AttentionMethod::AttentionMethod;

@@ -1,0 +1,243 @@
+// Register-blocked micro-kernels of exact.flash (private header; see flash.h for the method).
+//
+// Layout ("query lanes"): a block of up to 4 SIMD vectors of query rows is processed at once,
+// and every per-block buffer keeps the query rows in the SIMD lanes:
+//   qt [Dk][BR]  the block's queries, transposed and pre-multiplied by the softmax scale,
+//   s  [Bk][BR]  logits, then probabilities, of one key tile (row = key, lane = query),
+//   ot [Dv][BR]  the unnormalised output accumulator (row = value dim, lane = query),
+// with BR = CI·W rows (CI vectors of W lanes). Then
+//   S-tile:  s[j][:]  = Σ_d K[j][d] · qt[d][:]   (broadcast a K element, FMA a qt vector)
+//   O-tile:  ot[d][:] = Σ_j V[j][d] · s[j][:]    (broadcast a V element, FMA an s vector)
+// so K and V are read straight from the caller's strided rows (no packing, no transpose),
+// the re-read operands (qt, s) are block-sized and stay in L1, and the softmax statistics
+// (running max, normaliser, rescale factors) are per-lane vectors: row maxima and sums are
+// vertical vector ops, never horizontal reductions. This is the same work as the textbook
+// FlashAttention forward pass, transposed so that CPU SIMD lanes run over queries.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "numattn/core/simd.h"
+#include "numattn/core/tensor.h"
+
+#if defined(__clang__)
+#define NUMATTN_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define NUMATTN_UNROLL _Pragma("GCC unroll 64")
+#else
+#define NUMATTN_UNROLL
+#endif
+
+namespace numattn::flash {
+
+/// Probabilities below exp(kExpCut) relative to the running maximum are flushed to 0. Their
+/// total weight is < Nk·e^-64 ≈ 1.6e-28·Nk of the row's (which holds at least one 1), far
+/// below float32 resolution, and flushing keeps P·V products out of the subnormal range, whose
+/// microcode assists would cost ~100 cycles each on x86.
+constexpr float kExpCut = -64.0f;
+
+#if defined(__AVX512F__)
+
+/// AVX-512: 16 lanes.
+struct Vec {
+  using R = __m512;
+  static constexpr int W = 16;
+  static constexpr const char* kIsa = "avx512";
+  static R zero() { return _mm512_setzero_ps(); }
+  static R set1(float x) { return _mm512_set1_ps(x); }
+  static R load(const float* p) { return _mm512_load_ps(p); }
+  static void store(float* p, R v) { _mm512_store_ps(p, v); }
+  static R fmadd(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
+  static R add(R a, R b) { return _mm512_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
+  static R max(R a, R b) { return _mm512_max_ps(a, b); }
+  /// x where x is not -inf, else 0.
+  static R neginf_to_zero(R x) {
+    const __mmask16 m = _mm512_cmp_ps_mask(x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+    return _mm512_mask_mov_ps(x, m, zero());
+  }
+  /// exp(x) for x ≤ 0 (including -inf), flushed to 0 below kExpCut. Same Cody–Waite reduction
+  /// and degree-6 polynomial as simd::exp_f32 (≤ 2 ulp), without the upper clamp it does not
+  /// need here.
+  static R exp_cut(R x) {
+    const R cut = set1(kExpCut);
+    const R xc = _mm512_max_ps(x, cut);
+    const R n = _mm512_roundscale_ps(_mm512_mul_ps(xc, set1(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    R r = _mm512_fnmadd_ps(n, set1(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, set1(-2.12194440e-4f), r);
+    R p = set1(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, set1(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, set1(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, set1(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, set1(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, set1(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), set1(1.0f));
+    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, cut, _CMP_GE_OQ), p, n);
+  }
+};
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+/// AVX2 + FMA: 8 lanes.
+struct Vec {
+  using R = __m256;
+  static constexpr int W = 8;
+  static constexpr const char* kIsa = "avx2";
+  static R zero() { return _mm256_setzero_ps(); }
+  static R set1(float x) { return _mm256_set1_ps(x); }
+  static R load(const float* p) { return _mm256_load_ps(p); }
+  static void store(float* p, R v) { _mm256_store_ps(p, v); }
+  static R fmadd(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
+  static R add(R a, R b) { return _mm256_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
+  static R max(R a, R b) { return _mm256_max_ps(a, b); }
+  static R neginf_to_zero(R x) {
+    const R m = _mm256_cmp_ps(x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+    return _mm256_andnot_ps(m, x);
+  }
+  static R exp_cut(R x) {
+    const R cut = set1(kExpCut);
+    return _mm256_and_ps(_mm256_cmp_ps(x, cut, _CMP_GE_OQ), simd::exp_f32(_mm256_max_ps(x, cut)));
+  }
+};
+
+#else
+
+/// Portable: 4 lanes in a plain array (the compiler may auto-vectorise the lane loops).
+struct Vec {
+  struct R {
+    float v[4];
+  };
+  static constexpr int W = 4;
+  static constexpr const char* kIsa = "portable";
+  static R zero() { return set1(0.f); }
+  static R set1(float x) { return R{{x, x, x, x}}; }
+  static R load(const float* p) { return R{{p[0], p[1], p[2], p[3]}}; }
+  static void store(float* p, R a) {
+    for (int i = 0; i < 4; ++i) p[i] = a.v[i];
+  }
+  static R fmadd(R a, R b, R c) {
+    for (int i = 0; i < 4; ++i) c.v[i] += a.v[i] * b.v[i];
+    return c;
+  }
+  static R mul(R a, R b) {
+    for (int i = 0; i < 4; ++i) a.v[i] *= b.v[i];
+    return a;
+  }
+  static R add(R a, R b) {
+    for (int i = 0; i < 4; ++i) a.v[i] += b.v[i];
+    return a;
+  }
+  static R sub(R a, R b) {
+    for (int i = 0; i < 4; ++i) a.v[i] -= b.v[i];
+    return a;
+  }
+  static R max(R a, R b) {
+    for (int i = 0; i < 4; ++i) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i];
+    return a;
+  }
+  static R neginf_to_zero(R a) {
+    for (int i = 0; i < 4; ++i)
+      if (a.v[i] == -std::numeric_limits<float>::infinity()) a.v[i] = 0.f;
+    return a;
+  }
+  static R exp_cut(R a) {
+    for (int i = 0; i < 4; ++i) a.v[i] = a.v[i] >= kExpCut ? simd::exp_f32(a.v[i]) : 0.f;
+    return a;
+  }
+};
+
+#endif
+
+using R = Vec::R;
+constexpr int W = Vec::W;
+/// Most query vectors a block holds (64 rows on AVX-512: 4 vectors).
+constexpr int kMaxCI = 64 / W;
+
+/// Register tile of the two kernels for a block of CI query vectors: RJ keys (S-tile) or RD
+/// value dims (O-tile) by CI vectors, about 24 accumulators of the 32 AVX-512 registers, which
+/// leaves room for the CI operand vectors and a broadcast. Loads per FMA: (RJ + CI)/(RJ·CI),
+/// 10/24 for CI = 4. Measured on Sapphire Rapids (flash.cpp has the table).
+constexpr int rows_for(int ci) {
+  return ci >= 4 ? 6 : ci == 3 ? 8 : ci == 2 ? 12 : ci == 1 ? 16 : 1;
+}
+
+/// s[r][:] = Σ_d k_r[d]·qt[d][:] for RJ keys k_r = k + r·ldk; vmax[c] = max(vmax[c], s[·][c]).
+template <int RJ, int CI>
+inline void qk_kernel(const float* __restrict qt, index_t dk, const float* k, index_t ldk,
+                      float* __restrict s, R* vmax) {
+  constexpr int BR = CI * W;
+  R acc[RJ][CI];
+  NUMATTN_UNROLL for (int r = 0; r < RJ; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c) acc[r][c] = Vec::zero();
+  const float* kr[RJ];
+  NUMATTN_UNROLL for (int r = 0; r < RJ; ++r) kr[r] = k + r * ldk;
+  for (index_t d = 0; d < dk; ++d) {
+    R q[CI];
+    NUMATTN_UNROLL for (int c = 0; c < CI; ++c) q[c] = Vec::load(qt + d * BR + c * W);
+    NUMATTN_UNROLL for (int r = 0; r < RJ; ++r) {
+      const R kb = Vec::set1(kr[r][d]);
+      NUMATTN_UNROLL for (int c = 0; c < CI; ++c) acc[r][c] = Vec::fmadd(kb, q[c], acc[r][c]);
+    }
+  }
+  NUMATTN_UNROLL for (int r = 0; r < RJ; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c) {
+    Vec::store(s + r * BR + c * W, acc[r][c]);
+    vmax[c] = Vec::max(vmax[c], acc[r][c]);
+  }
+}
+
+/// The S-tile for `cols` keys: full RJ-key register tiles, then 8/4/2/1-key tails.
+template <int CI>
+inline void qk_tile(const float* qt, index_t dk, const float* k, index_t ldk, index_t cols,
+                    float* s, R* vmax) {
+  constexpr int RJ = rows_for(CI), BR = CI * W;
+  index_t j = 0;
+  for (; j + RJ <= cols; j += RJ) qk_kernel<RJ, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax);
+  if constexpr (RJ > 8)
+    if (j + 8 <= cols) qk_kernel<8, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax), j += 8;
+  if (j + 4 <= cols) qk_kernel<4, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax), j += 4;
+  if (j + 2 <= cols) qk_kernel<2, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax), j += 2;
+  if (j < cols) qk_kernel<1, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax);
+}
+
+/// ot[d0+r][:] = (rescale ? corr·ot : ot) + Σ_j v_j[d0+r]·p[j][:] for RD dims, `cols` keys.
+template <int RD, int CI>
+inline void pv_kernel(const float* __restrict p, index_t cols, const float* v, index_t ldv,
+                      float* __restrict ot, const R* corr, bool rescale) {
+  constexpr int BR = CI * W;
+  R acc[RD][CI];
+  NUMATTN_UNROLL for (int r = 0; r < RD; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c) {
+    acc[r][c] = Vec::load(ot + r * BR + c * W);
+    if (rescale) acc[r][c] = Vec::mul(acc[r][c], corr[c]);
+  }
+  for (index_t j = 0; j < cols; ++j) {
+    R pv[CI];
+    NUMATTN_UNROLL for (int c = 0; c < CI; ++c) pv[c] = Vec::load(p + j * BR + c * W);
+    const float* vr = v + j * ldv;
+    NUMATTN_UNROLL for (int r = 0; r < RD; ++r) {
+      const R vb = Vec::set1(vr[r]);
+      NUMATTN_UNROLL for (int c = 0; c < CI; ++c) acc[r][c] = Vec::fmadd(vb, pv[c], acc[r][c]);
+    }
+  }
+  NUMATTN_UNROLL for (int r = 0; r < RD; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c)
+    Vec::store(ot + r * BR + c * W, acc[r][c]);
+}
+
+/// The O-tile over all `dv` value dims: full RD-dim register tiles, then 8/4/2/1-dim tails.
+template <int CI>
+inline void pv_tile(const float* p, index_t cols, const float* v, index_t ldv, index_t dv,
+                    float* ot, const R* corr, bool rescale) {
+  constexpr int RD = rows_for(CI), BR = CI * W;
+  index_t d = 0;
+  for (; d + RD <= dv; d += RD) pv_kernel<RD, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale);
+  if constexpr (RD > 8)
+    if (d + 8 <= dv) pv_kernel<8, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale), d += 8;
+  if (d + 4 <= dv) pv_kernel<4, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale), d += 4;
+  if (d + 2 <= dv) pv_kernel<2, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale), d += 2;
+  if (d < dv) pv_kernel<1, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale);
+}
+
+}  // namespace numattn::flash
