@@ -280,14 +280,17 @@ class GgufParser {
     const std::uint32_t n_dims = read<std::uint32_t>("tensor n_dims");
     if (n_dims < 1 || n_dims > kMaxDims)
       fail_at(at, "tensor '{}' has {} dimensions (1..{} supported)", t.name, n_dims, kMaxDims);
-    std::uint64_t n_el = 1;
+    // The product of max(ne, 1) must fit in int64, so that every partial product (rows,
+    // elements) does too, even when a zero dimension makes the total 0.
+    std::uint64_t n_el = 1, n_nonzero = 1;
     for (std::uint32_t d = 0; d < n_dims; ++d) {
       const std::uint64_t ne = read_count("tensor dimension");
       if (ne > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
-          !checked_mul(n_el, ne, &n_el) ||
-          n_el > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+          !checked_mul(n_nonzero, ne == 0 ? 1 : ne, &n_nonzero) ||
+          n_nonzero > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
         fail_at(at, "tensor '{}': the element count overflows int64 (dimension {} = {})", t.name,
                 d, ne);
+      n_el *= ne;  // <= n_nonzero
       t.ne.push_back(static_cast<std::int64_t>(ne));
     }
     const std::uint64_t type_at = pos_;

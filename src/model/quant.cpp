@@ -179,6 +179,7 @@ void dequantize_row(GgmlType type, const void* src, float* dst, std::int64_t n) 
   NUMATTN_CHECK(n >= 0 && n % ti.block_elems == 0,
                 "dequantize_row: {} elements is not a multiple of the {} block size {}", n, ti.name,
                 ti.block_elems);
+  if (n == 0) return;  // zero-element tensors exist; their pointers may be null
   const auto* p = static_cast<const std::uint8_t*>(src);
   const std::int64_t nb = n / ti.block_elems;
   switch (type) {
@@ -221,10 +222,11 @@ void dequantize_rows(const GgufTensorInfo& t, std::int64_t row_begin, std::int64
 
 void dequantize_tensor(const GgufTensorInfo& t, float* dst, const ExecContext& ctx) {
   const std::int64_t rows = t.n_rows(), ne0 = t.row_elems();
+  ggml_type_info(t.type);
+  if (rows == 0 || ne0 == 0) return;  // nothing to do (and no loop over 2^60 empty rows)
   // Chunks of ~64 k elements: enough work per item, and any thread count gives the same bytes.
   const std::int64_t rows_per_chunk = std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(ne0, 1));
-  const std::int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-  ggml_type_info(t.type);
+  const std::int64_t chunks = rows / rows_per_chunk + (rows % rows_per_chunk != 0);
   parallel_for(ctx, chunks, [&](std::int64_t c) {
     const std::int64_t r0 = c * rows_per_chunk;
     const std::int64_t nr = std::min(rows_per_chunk, rows - r0);
@@ -309,6 +311,7 @@ void quantize_row(GgmlType type, const float* src, void* dst, std::int64_t n) {
   NUMATTN_CHECK(n >= 0 && n % ti.block_elems == 0,
                 "quantize_row: {} elements is not a multiple of the {} block size {}", n, ti.name,
                 ti.block_elems);
+  if (n == 0) return;
   auto* p = static_cast<std::uint8_t*>(dst);
   const std::int64_t nb = n / ti.block_elems;
   for (std::int64_t i = 0; i < nb; ++i) {

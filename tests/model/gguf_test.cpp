@@ -389,6 +389,17 @@ TEST(GgufCorrupt, BadTensorInfos) {
   expect_corrupt(one_tensor({1ull << 32, 1ull << 32}, 0, 0, 64), "overflows");
   expect_corrupt(one_tensor({1ull << 31, 1ull << 31}, 0, 0, 64), "overflows");
   expect_corrupt(one_tensor({~0ull}, 0, 0, 64), "overflows");
+  // A zero dimension makes the total 0, but the other dimensions must still not overflow
+  // (found by the fuzzer: n_rows() overflowed).
+  expect_corrupt(one_tensor({0, 1ull << 41, 1ull << 53}, 0, 0, 64), "overflows");
+  {
+    const GgufFile f = parse(one_tensor({0, 1ull << 62}, 0, 0, 0));
+    const GgufTensorInfo& t = f.tensor("t");
+    EXPECT_EQ(t.n_elements(), 0);
+    EXPECT_EQ(t.size_bytes, 0u);
+    EXPECT_TRUE(dequantize_tensor(t).empty());  // returns at once, no loop over 2^62 rows
+    dequantize_rows(t, 5, 1, nullptr);
+  }
   // A huge but representable size that does not fit in the file.
   expect_corrupt(one_tensor({1ull << 20, 1ull << 20}, 0, 0, 64), "outside");
   // Duplicate tensor names.
