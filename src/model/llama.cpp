@@ -1,0 +1,409 @@
+#include "numattn/model/llama.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "numattn/attention/registry.h"
+#include "numattn/core/blas.h"
+#include "numattn/core/error.h"
+#include "numattn/core/simd.h"
+#include "numattn/model/gguf.h"
+#include "numattn/model/quant.h"
+
+namespace numattn {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Adds the seconds since `t0` to `*slot` (when profiling) and restarts the clock.
+struct PhaseTimer {
+  ForwardProfile* prof;
+  Clock::time_point t0 = Clock::now();
+  void lap(double ForwardProfile::*slot) {
+    if (!prof) return;
+    const auto t1 = Clock::now();
+    prof->*slot += std::chrono::duration<double>(t1 - t0).count();
+    t0 = t1;
+  }
+};
+
+// y = x·Wᵀ (+ y when accumulate) for x [n, in], W [out, in] row-major.
+void linear(const float* x, std::int64_t n, std::int64_t in, const float* w, std::int64_t out,
+            float* y, bool accumulate) {
+  blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, out, in, 1.f, x, in, w, in,
+              accumulate ? 1.f : 0.f, y, out);
+}
+
+void rms_norm_rows(const ExecContext& ctx, const float* x, const float* w, float* y,
+                   std::int64_t n, std::int64_t e, double eps) {
+  auto row = [&](std::int64_t t) {
+    const float* xr = x + t * e;
+    float* yr = y + t * e;
+    double ss = 0;
+    for (std::int64_t i = 0; i < e; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const auto r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(e) + eps));
+    for (std::int64_t i = 0; i < e; ++i) yr[i] = xr[i] * r * w[i];
+  };
+  if (n < 8) {
+    for (std::int64_t t = 0; t < n; ++t) row(t);
+  } else {
+    parallel_for(ctx, n, row);
+  }
+}
+
+void rows_parallel(const ExecContext& ctx, std::int64_t n, const std::function<void(std::int64_t)>& f) {
+  if (n < 8) {
+    for (std::int64_t t = 0; t < n; ++t) f(t);
+  } else {
+    parallel_for(ctx, n, f);
+  }
+}
+
+std::int64_t key_int(const GgufFile& f, const std::string& key, std::int64_t def = -1) {
+  if (def < 0) return f.get_int(key);
+  return f.get_int(key, def);
+}
+
+// Dequantizes tensor `name` into `dst`, checking its GGUF shape is {in, out}.
+void load_matrix(const GgufFile& f, const std::string& name, std::int64_t in, std::int64_t out,
+                 float* dst, const ExecContext& ctx) {
+  const GgufTensorInfo& t = f.tensor(name);
+  NUMATTN_CHECK(t.ne.size() >= 1 && t.ne[0] == in && t.n_rows() == out,
+                "{}: tensor {} has shape {}, expected [{}, {}] (GGUF order: in, out)", f.path(),
+                name, t.shape_string(), in, out);
+  dequantize_tensor(t, dst, ctx);
+}
+
+std::vector<float> load_vector(const GgufFile& f, const std::string& name, std::int64_t n,
+                               const ExecContext& ctx) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  load_matrix(f, name, n, 1, v.data(), ctx);
+  return v;
+}
+
+}  // namespace
+
+double ForwardProfile::total() const {
+  return embed + norm + qkv_gemm + rope + attention + o_gemm + ffn_gemm + ffn_act + output_gemm;
+}
+
+std::int64_t LlamaHParams::layer_weights() const {
+  return qkv_rows() * n_embd + n_embd * n_head * head_dim + 3 * n_ff * n_embd;
+}
+
+KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens) : capacity_(max_tokens) {
+  NUMATTN_CHECK(max_tokens > 0, "KV cache capacity must be positive, got {}", max_tokens);
+  const auto per = static_cast<std::size_t>(max_tokens * hp.n_head_kv * hp.head_dim);
+  k_.assign(static_cast<std::size_t>(hp.n_layer), std::vector<float>(per));
+  v_.assign(static_cast<std::size_t>(hp.n_layer), std::vector<float>(per));
+}
+
+std::vector<std::string> split_spec_list(const std::string& specs) {
+  std::vector<std::string> out;
+  std::string cur;
+  int depth = 0;
+  for (char c : specs) {
+    if (c == '(') ++depth;
+    if (c == ')') --depth;
+    if (c == ';' || (c == ',' && depth == 0)) {
+      out.push_back(cur);
+      cur.clear();
+    } else if (c != ' ') {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  for (const auto& s : out) NUMATTN_CHECK(!s.empty(), "empty attention spec in '{}'", specs);
+  return out;
+}
+
+LlamaModel::LlamaModel(LlamaHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(w)) {
+  check_shapes();
+  NUMATTN_CHECK(hp_.n_rot % 2 == 0 && hp_.n_rot <= hp_.head_dim,
+                "rope.dimension_count {} must be even and at most the head dim {}", hp_.n_rot,
+                hp_.head_dim);
+  rope_inv_freq_.resize(static_cast<std::size_t>(hp_.n_rot / 2));
+  for (std::int64_t i = 0; i < hp_.n_rot / 2; ++i)
+    rope_inv_freq_[static_cast<std::size_t>(i)] =
+        static_cast<float>(std::pow(hp_.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(hp_.n_rot)));
+  set_attention("exact.flash");
+}
+
+void LlamaModel::check_shapes() const {
+  const auto& h = hp_;
+  NUMATTN_CHECK(h.n_vocab > 0 && h.n_embd > 0 && h.n_layer > 0 && h.n_ff > 0 && h.n_head > 0 &&
+                    h.n_head_kv > 0 && h.head_dim > 0,
+                "llama hyper-parameters must be positive");
+  NUMATTN_CHECK(h.n_head % h.n_head_kv == 0, "head_count {} is not a multiple of head_count_kv {}",
+                h.n_head, h.n_head_kv);
+  auto need = [](const std::vector<float>& v, std::int64_t n, const std::string& what) {
+    NUMATTN_CHECK(static_cast<std::int64_t>(v.size()) == n, "{} has {} values, expected {}", what,
+                  v.size(), n);
+  };
+  need(w_.token_embd, h.n_vocab * h.n_embd, "token_embd");
+  need(w_.output_norm, h.n_embd, "output_norm");
+  if (!w_.output.empty()) need(w_.output, h.n_vocab * h.n_embd, "output");
+  NUMATTN_CHECK(static_cast<std::int64_t>(w_.layers.size()) == h.n_layer, "{} layers given, expected {}",
+                w_.layers.size(), h.n_layer);
+  for (std::size_t l = 0; l < w_.layers.size(); ++l) {
+    const auto& L = w_.layers[l];
+    const std::string p = "layer " + std::to_string(l) + " ";
+    need(L.attn_norm, h.n_embd, p + "attn_norm");
+    need(L.wqkv, h.qkv_rows() * h.n_embd, p + "wqkv");
+    need(L.wo, h.n_embd * h.n_head * h.head_dim, p + "wo");
+    need(L.ffn_norm, h.n_embd, p + "ffn_norm");
+    need(L.w_gate_up, 2 * h.n_ff * h.n_embd, p + "w_gate_up");
+    need(L.w_down, h.n_embd * h.n_ff, p + "w_down");
+  }
+}
+
+LlamaModel LlamaModel::load(const std::string& path, const ExecContext& ctx) {
+  return load(GgufFile::open(path), ctx);
+}
+
+LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
+  const std::string arch = f.architecture();
+  NUMATTN_CHECK(arch == "llama",
+                "{}: architecture '{}' is not supported; the forward pass implements 'llama'",
+                f.path(), arch);
+  LlamaHParams hp;
+  hp.n_embd = key_int(f, "llama.embedding_length");
+  hp.n_layer = key_int(f, "llama.block_count");
+  hp.n_ff = key_int(f, "llama.feed_forward_length");
+  hp.n_head = key_int(f, "llama.attention.head_count");
+  hp.n_head_kv = f.get_int("llama.attention.head_count_kv", hp.n_head);
+  NUMATTN_CHECK(hp.n_head > 0 && (f.has("llama.attention.key_length") || hp.n_embd % hp.n_head == 0),
+                "{}: embedding_length {} is not a multiple of head_count {}", f.path(), hp.n_embd,
+                hp.n_head);
+  hp.head_dim = f.get_int("llama.attention.key_length", hp.n_embd / hp.n_head);
+  NUMATTN_CHECK(f.get_int("llama.attention.value_length", hp.head_dim) == hp.head_dim,
+                "{}: value_length != key_length is not supported", f.path());
+  hp.n_rot = f.get_int("llama.rope.dimension_count", hp.head_dim);
+  hp.rope_base = f.get_double("llama.rope.freq_base", 10000.0);
+  hp.rms_eps = f.get_double("llama.attention.layer_norm_rms_epsilon", 1e-5);
+  hp.n_ctx_train = f.get_int("llama.context_length", 0);
+  const GgufTensorInfo& emb = f.tensor("token_embd.weight");
+  hp.n_vocab = emb.n_rows();
+  NUMATTN_CHECK(f.get_int("llama.vocab_size", hp.n_vocab) == hp.n_vocab,
+                "{}: llama.vocab_size disagrees with token_embd rows {}", f.path(), hp.n_vocab);
+  NUMATTN_CHECK(!f.has("llama.rope.scaling.type") ||
+                    f.get_string("llama.rope.scaling.type") == "none",
+                "{}: RoPE scaling '{}' is not supported", f.path(),
+                f.get_string("llama.rope.scaling.type", ""));
+
+  LlamaWeights w;
+  const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff;
+  w.token_embd.resize(static_cast<std::size_t>(hp.n_vocab * E));
+  load_matrix(f, "token_embd.weight", E, hp.n_vocab, w.token_embd.data(), ctx);
+  w.output_norm = load_vector(f, "output_norm.weight", E, ctx);
+  if (f.find_tensor("output.weight")) {
+    w.output.resize(static_cast<std::size_t>(hp.n_vocab * E));
+    load_matrix(f, "output.weight", E, hp.n_vocab, w.output.data(), ctx);
+  }
+  w.layers.resize(static_cast<std::size_t>(hp.n_layer));
+  for (std::int64_t l = 0; l < hp.n_layer; ++l) {
+    auto& L = w.layers[static_cast<std::size_t>(l)];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    L.attn_norm = load_vector(f, p + "attn_norm.weight", E, ctx);
+    L.ffn_norm = load_vector(f, p + "ffn_norm.weight", E, ctx);
+    L.wqkv.resize(static_cast<std::size_t>(hp.qkv_rows() * E));
+    float* q = L.wqkv.data();
+    float* k = q + hp.n_head * D * E;
+    float* v = k + hp.n_head_kv * D * E;
+    load_matrix(f, p + "attn_q.weight", E, hp.n_head * D, q, ctx);
+    load_matrix(f, p + "attn_k.weight", E, hp.n_head_kv * D, k, ctx);
+    load_matrix(f, p + "attn_v.weight", E, hp.n_head_kv * D, v, ctx);
+    L.wo.resize(static_cast<std::size_t>(E * hp.n_head * D));
+    load_matrix(f, p + "attn_output.weight", hp.n_head * D, E, L.wo.data(), ctx);
+    L.w_gate_up.resize(static_cast<std::size_t>(2 * F * E));
+    load_matrix(f, p + "ffn_gate.weight", E, F, L.w_gate_up.data(), ctx);
+    load_matrix(f, p + "ffn_up.weight", E, F, L.w_gate_up.data() + F * E, ctx);
+    L.w_down.resize(static_cast<std::size_t>(E * F));
+    load_matrix(f, p + "ffn_down.weight", F, E, L.w_down.data(), ctx);
+  }
+  return LlamaModel(hp, std::move(w));
+}
+
+const float* LlamaModel::output_matrix() const {
+  return w_.output.empty() ? w_.token_embd.data() : w_.output.data();
+}
+
+void LlamaModel::set_attention(const std::string& spec) {
+  const auto specs = split_spec_list(spec);
+  NUMATTN_CHECK(specs.size() == 1 || static_cast<std::int64_t>(specs.size()) == hp_.n_layer,
+                "attention spec list has {} entries; give one for all layers or one per layer ({})",
+                specs.size(), hp_.n_layer);
+  std::vector<std::shared_ptr<const AttentionMethod>> a;
+  if (specs.size() == 1) {
+    std::shared_ptr<const AttentionMethod> m = create_method(specs[0]);
+    a.assign(static_cast<std::size_t>(hp_.n_layer), m);
+  } else {
+    for (const auto& s : specs) a.push_back(create_method(s));
+  }
+  attn_ = std::move(a);
+}
+
+std::string LlamaModel::attention_spec() const {
+  std::string first = attn_.front()->spec(), all;
+  bool same = true;
+  for (std::size_t l = 0; l < attn_.size(); ++l) {
+    const std::string s = attn_[l]->spec();
+    same = same && s == first;
+    all += (l ? ";" : "") + s;
+  }
+  return same ? first : all;
+}
+
+std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, KvCache& cache,
+                                       const ExecContext& ctx, const ForwardOptions& opt) const {
+  const auto& h = hp_;
+  const std::int64_t N = static_cast<std::int64_t>(tokens.size());
+  NUMATTN_CHECK(N > 0, "forward needs at least one token");
+  NUMATTN_CHECK(static_cast<std::int64_t>(cache.k_.size()) == h.n_layer,
+                "KV cache was made for another model");
+  const std::int64_t p0 = cache.n_past_;
+  NUMATTN_CHECK(p0 + N <= cache.capacity_, "KV cache holds {} positions; {} + {} do not fit",
+                cache.capacity_, p0, N);
+  NUMATTN_CHECK(opt.logits_begin >= 0 && opt.logits_begin <= N, "logits_begin {} outside [0, {}]",
+                opt.logits_begin, N);
+  for (std::int32_t t : tokens)
+    NUMATTN_CHECK(t >= 0 && t < h.n_vocab, "token id {} outside the vocabulary of {}", t, h.n_vocab);
+  const std::int64_t E = h.n_embd, D = h.head_dim, Hq = h.n_head, Hkv = h.n_head_kv, F = h.n_ff;
+  const std::int64_t R = h.qkv_rows(), half = h.n_rot / 2;
+  const int nt = ctx.num_threads();
+  PhaseTimer timer{opt.profile};
+
+  std::vector<float> x(static_cast<std::size_t>(N * E)), xn(x.size());
+  std::vector<float> qkv(static_cast<std::size_t>(N * R)), att(static_cast<std::size_t>(N * Hq * D));
+  std::vector<float> gu(static_cast<std::size_t>(N * 2 * F)), act(static_cast<std::size_t>(N * F));
+  std::vector<float> qpre, kpre;
+  for (std::int64_t t = 0; t < N; ++t)
+    std::copy_n(w_.token_embd.data() + tokens[static_cast<std::size_t>(t)] * E, E, x.data() + t * E);
+  // cos/sin of every (token, frequency) of this call, shared by all layers.
+  std::vector<float> cs(static_cast<std::size_t>(N * half)), sn(cs.size());
+  for (std::int64_t t = 0; t < N; ++t)
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double th = static_cast<double>(p0 + t) * rope_inv_freq_[static_cast<std::size_t>(i)];
+      cs[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(th));
+      sn[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(th));
+    }
+  timer.lap(&ForwardProfile::embed);
+
+  for (std::int64_t l = 0; l < h.n_layer; ++l) {
+    const LlamaLayer& L = w_.layers[static_cast<std::size_t>(l)];
+    rms_norm_rows(ctx, x.data(), L.attn_norm.data(), xn.data(), N, E, h.rms_eps);
+    timer.lap(&ForwardProfile::norm);
+    blas::set_threads(nt);
+    linear(xn.data(), N, E, L.wqkv.data(), R, qkv.data(), false);
+    timer.lap(&ForwardProfile::qkv_gemm);
+    if (opt.capture) {
+      qpre.resize(static_cast<std::size_t>(N * Hq * D));
+      kpre.resize(static_cast<std::size_t>(N * Hkv * D));
+      for (std::int64_t t = 0; t < N; ++t) {
+        std::copy_n(qkv.data() + t * R, Hq * D, qpre.data() + t * Hq * D);
+        std::copy_n(qkv.data() + t * R + Hq * D, Hkv * D, kpre.data() + t * Hkv * D);
+      }
+    }
+    // RoPE (adjacent pairs) on the Q and K heads of each token, in place.
+    rows_parallel(ctx, N, [&](std::int64_t t) {
+      float* row = qkv.data() + t * R;
+      const float* c = cs.data() + t * half;
+      const float* s = sn.data() + t * half;
+      for (std::int64_t hh = 0; hh < Hq + Hkv; ++hh) {
+        float* v = row + hh * D;
+        for (std::int64_t i = 0; i < half; ++i) {
+          const float a = v[2 * i], b = v[2 * i + 1];
+          v[2 * i] = a * c[i] - b * s[i];
+          v[2 * i + 1] = a * s[i] + b * c[i];
+        }
+      }
+    });
+    // Append this call's keys and values to the cache ([pos, Hkv, D] rows).
+    float* kc = cache.k_[static_cast<std::size_t>(l)].data();
+    float* vc = cache.v_[static_cast<std::size_t>(l)].data();
+    for (std::int64_t t = 0; t < N; ++t) {
+      std::copy_n(qkv.data() + t * R + Hq * D, Hkv * D, kc + (p0 + t) * Hkv * D);
+      std::copy_n(qkv.data() + t * R + (Hq + Hkv) * D, Hkv * D, vc + (p0 + t) * Hkv * D);
+    }
+    timer.lap(&ForwardProfile::rope);
+    const std::int64_t nk = p0 + N;
+    if (opt.capture) {
+      QkvCapture c;
+      c.layer = static_cast<int>(l);
+      c.pos0 = p0;
+      c.q_pre = TensorView<const float>(qpre.data(), {1, Hq, N, D}, {N * Hq * D, D, Hq * D, 1});
+      c.k_pre = TensorView<const float>(kpre.data(), {1, Hkv, N, D}, {N * Hkv * D, D, Hkv * D, 1});
+      c.q_post = TensorView<const float>(qkv.data(), {1, Hq, N, D}, {N * R, D, R, 1});
+      c.k_post = TensorView<const float>(qkv.data() + Hq * D, {1, Hkv, N, D}, {N * R, D, R, 1});
+      c.v = TensorView<const float>(qkv.data() + (Hq + Hkv) * D, {1, Hkv, N, D}, {N * R, D, R, 1});
+      opt.capture(c);
+    }
+    AttentionProblem p;
+    p.q = TensorView<const float>(qkv.data(), {1, Hq, N, D}, {N * R, D, R, 1});
+    p.k = TensorView<const float>(kc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
+    p.v = TensorView<const float>(vc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
+    p.out = TensorView<float>(att.data(), {1, Hq, N, D}, {N * Hq * D, D, Hq * D, 1});
+    p.causal = Causal::kBottomRight;
+    blas::set_threads(1);  // methods parallelise over heads themselves
+    attn_[static_cast<std::size_t>(l)]->run(p, ctx);
+    timer.lap(&ForwardProfile::attention);
+    blas::set_threads(nt);
+    linear(att.data(), N, Hq * D, L.wo.data(), E, x.data(), true);
+    timer.lap(&ForwardProfile::o_gemm);
+    rms_norm_rows(ctx, x.data(), L.ffn_norm.data(), xn.data(), N, E, h.rms_eps);
+    timer.lap(&ForwardProfile::norm);
+    linear(xn.data(), N, E, L.w_gate_up.data(), 2 * F, gu.data(), false);
+    timer.lap(&ForwardProfile::ffn_gemm);
+    rows_parallel(ctx, N, [&](std::int64_t t) {
+      const float* g = gu.data() + t * 2 * F;
+      const float* u = g + F;
+      float* a = act.data() + t * F;
+      for (std::int64_t i = 0; i < F; ++i) a[i] = g[i] / (1.f + simd::exp_f32(-g[i])) * u[i];
+    });
+    timer.lap(&ForwardProfile::ffn_act);
+    linear(act.data(), N, F, L.w_down.data(), E, x.data(), true);
+    timer.lap(&ForwardProfile::ffn_gemm);
+  }
+  cache.n_past_ = p0 + N;
+
+  const std::int64_t n_out = N - opt.logits_begin;
+  std::vector<float> logits(static_cast<std::size_t>(n_out * h.n_vocab));
+  if (n_out > 0) {
+    rms_norm_rows(ctx, x.data() + opt.logits_begin * E, w_.output_norm.data(), xn.data(), n_out, E,
+                  h.rms_eps);
+    timer.lap(&ForwardProfile::norm);
+    blas::set_threads(nt);
+    linear(xn.data(), n_out, E, output_matrix(), h.n_vocab, logits.data(), false);
+    timer.lap(&ForwardProfile::output_gemm);
+  }
+  blas::set_threads(1);
+  return logits;
+}
+
+std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector<std::int32_t>& prompt,
+                                          int max_tokens, std::int32_t eos_id,
+                                          const ExecContext& ctx,
+                                          const std::function<void(std::int32_t)>& on_token) {
+  NUMATTN_CHECK(!prompt.empty(), "generation needs a non-empty prompt");
+  std::vector<std::int32_t> out;
+  if (max_tokens <= 0) return out;
+  KvCache cache = m.make_cache(static_cast<std::int64_t>(prompt.size()) + max_tokens);
+  const std::int64_t V = m.hparams().n_vocab;
+  ForwardOptions opt;
+  opt.logits_begin = static_cast<std::int64_t>(prompt.size()) - 1;
+  std::vector<float> logits = m.forward(prompt, cache, ctx, opt);
+  for (int i = 0; i < max_tokens; ++i) {
+    const auto best = static_cast<std::int32_t>(
+        std::max_element(logits.begin(), logits.begin() + V) - logits.begin());
+    out.push_back(best);
+    if (on_token) on_token(best);
+    if (best == eos_id || i + 1 == max_tokens) break;
+    ForwardOptions one;
+    logits = m.forward({best}, cache, ctx, one);
+  }
+  return out;
+}
+
+}  // namespace numattn

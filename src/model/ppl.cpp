@@ -1,0 +1,160 @@
+#include "numattn/model/ppl.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "numattn/core/error.h"
+
+namespace numattn {
+
+BosMode parse_bos_mode(const std::string& s) {
+  if (s == "replace") return BosMode::kReplace;
+  if (s == "auto") return BosMode::kAuto;
+  if (s == "keep") return BosMode::kKeep;
+  throw Error("--bos must be replace, auto or keep, got '" + s + "'");
+}
+
+void log_softmax(const float* logits, std::int64_t n, std::vector<double>& out) {
+  out.resize(static_cast<std::size_t>(n));
+  double mx = -std::numeric_limits<double>::infinity();
+  for (std::int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+  double s = 0;
+  for (std::int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(logits[i]) - mx);
+  const double lse = mx + std::log(s);
+  for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = logits[i] - lse;
+}
+
+namespace {
+
+void progress_bar(std::int64_t done, std::int64_t total, double ppl, double tps, double eta) {
+  const int width = 30;
+  const int fill = static_cast<int>(width * done / std::max<std::int64_t>(total, 1));
+  std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld chunks  ppl %.4f  %.0f tok/s  ETA %.0fs   ",
+               fill, "##############################", width - fill, "",
+               static_cast<long long>(done), static_cast<long long>(total), ppl, tps, eta);
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+PplResult evaluate_perplexity(LlamaModel& model, const std::vector<std::int32_t>& tokens,
+                              std::int32_t bos_id, bool add_bos, const PplOptions& opt,
+                              const ExecContext& ctx) {
+  const std::int64_t n_ctx = opt.ctx;
+  NUMATTN_CHECK(n_ctx >= 4, "--ctx must be at least 4, got {}", n_ctx);
+  const auto n_tok = static_cast<std::int64_t>(tokens.size());
+  NUMATTN_CHECK(n_tok >= 2 * n_ctx,
+                "the text has {} tokens; perplexity at ctx {} needs at least {} (2·ctx)", n_tok,
+                n_ctx, 2 * n_ctx);
+  std::int64_t n_chunk = n_tok / n_ctx;
+  if (opt.chunks >= 0) n_chunk = std::min(n_chunk, opt.chunks);
+  NUMATTN_CHECK(n_chunk > 0, "--chunks must be positive");
+  const bool replace = opt.bos == BosMode::kReplace || (opt.bos == BosMode::kAuto && add_bos);
+  NUMATTN_CHECK(!replace || bos_id >= 0, "BOS replacement asked for but the vocabulary has no BOS");
+  const std::int64_t first = n_ctx / 2;
+  const std::int64_t V = model.hparams().n_vocab;
+  const std::int64_t n_rows = n_ctx - 1 - first;  // scored positions per chunk
+
+  model.set_attention(opt.attn);
+  const std::string attn_spec = model.attention_spec();
+  const bool kl = !opt.baseline.empty();
+  KvCache cache = model.make_cache(n_ctx);
+
+  PplResult r;
+  r.ctx = n_ctx;
+  r.chunks = n_chunk;
+  r.has_baseline = kl;
+  std::vector<double> kld;
+  std::int64_t agree = 0;
+  double nll_sum = 0, nll2_sum = 0, base_nll_sum = 0;
+  std::vector<double> row_nll(static_cast<std::size_t>(n_rows)), row_kld(row_nll.size()),
+      row_base_nll(row_nll.size());
+  std::vector<std::uint8_t> row_agree(row_nll.size());
+  const auto t_start = std::chrono::steady_clock::now();
+
+  for (std::int64_t c = 0; c < n_chunk; ++c) {
+    std::vector<std::int32_t> chunk(tokens.begin() + c * n_ctx, tokens.begin() + (c + 1) * n_ctx);
+    if (replace) chunk[0] = bos_id;
+    ForwardOptions fo;
+    fo.logits_begin = first;
+    fo.profile = &r.profile;
+    cache.clear();
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<float> logits = model.forward(chunk, cache, ctx, fo);
+    r.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<float> base;
+    if (kl) {
+      model.set_attention(opt.baseline);
+      cache.clear();
+      ForwardOptions fb;
+      fb.logits_begin = first;
+      base = model.forward(chunk, cache, ctx, fb);
+      model.set_attention(attn_spec);
+    }
+    // Row j - first of the logits (position j) predicts token j + 1.
+    parallel_for(ctx, n_rows, [&](std::int64_t i) {
+      std::vector<double> lp, lb;
+      const std::int32_t target = chunk[static_cast<std::size_t>(first + i + 1)];
+      log_softmax(logits.data() + i * V, V, lp);
+      row_nll[static_cast<std::size_t>(i)] = -lp[static_cast<std::size_t>(target)];
+      if (!kl) return;
+      log_softmax(base.data() + i * V, V, lb);
+      row_base_nll[static_cast<std::size_t>(i)] = -lb[static_cast<std::size_t>(target)];
+      double d = 0;
+      std::int64_t am = 0, bm = 0;
+      for (std::int64_t v = 0; v < V; ++v) {
+        const auto k = static_cast<std::size_t>(v);
+        d += std::exp(lb[k]) * (lb[k] - lp[k]);
+        if (lp[k] > lp[static_cast<std::size_t>(am)]) am = v;
+        if (lb[k] > lb[static_cast<std::size_t>(bm)]) bm = v;
+      }
+      row_kld[static_cast<std::size_t>(i)] = std::max(d, 0.0);  // rounding can go below 0
+      row_agree[static_cast<std::size_t>(i)] = am == bm;
+    });
+    for (std::int64_t i = 0; i < n_rows; ++i) {
+      const double v = row_nll[static_cast<std::size_t>(i)];
+      nll_sum += v;
+      nll2_sum += v * v;
+      r.nll.push_back(v);
+      if (kl) {
+        kld.push_back(row_kld[static_cast<std::size_t>(i)]);
+        agree += row_agree[static_cast<std::size_t>(i)];
+        base_nll_sum += row_base_nll[static_cast<std::size_t>(i)];
+      }
+    }
+    r.tokens_processed += n_ctx;
+    if (opt.progress) {
+      const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      progress_bar(c + 1, n_chunk, std::exp(nll_sum / static_cast<double>(r.nll.size())),
+                   static_cast<double>(r.tokens_processed) / r.seconds,
+                   el / static_cast<double>(c + 1) * static_cast<double>(n_chunk - c - 1));
+    }
+  }
+  const auto n = static_cast<double>(r.nll.size());
+  r.tokens_scored = static_cast<std::int64_t>(r.nll.size());
+  r.nll_mean = nll_sum / n;
+  r.ppl = std::exp(r.nll_mean);
+  const double var = nll2_sum / n - r.nll_mean * r.nll_mean;
+  r.ppl_stderr = (var > 0 && n > 1) ? r.ppl * std::sqrt(var / (n - 1)) : 0.0;
+  r.tokens_per_s = static_cast<double>(r.tokens_processed) / r.seconds;
+  if (kl) {
+    double s = 0;
+    for (double d : kld) s += d;
+    r.kld_mean = s / n;
+    std::vector<double> sorted = kld;
+    std::sort(sorted.begin(), sorted.end());
+    const double pos = 0.99 * (n - 1);
+    const auto lo = static_cast<std::size_t>(std::floor(pos));
+    const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
+    r.kld_p99 = sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
+    r.top1_agreement = static_cast<double>(agree) / n;
+    r.ppl_baseline = std::exp(base_nll_sum / n);
+  }
+  return r;
+}
+
+}  // namespace numattn

@@ -1,0 +1,147 @@
+// numattn ppl: perplexity (llama.cpp protocol) of a GGUF model on a text, with an attention
+// spec per layer, optional KL divergence against a baseline spec, and throughput against the
+// same-run GEMM roofline.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "numattn/core/blas.h"
+#include "numattn/model/data.h"
+#include "numattn/model/gguf.h"
+#include "numattn/model/llama.h"
+#include "numattn/model/ppl.h"
+#include "numattn/model/tokenizer.h"
+
+namespace numattn::cli {
+
+namespace {
+struct PplCliOptions {
+  std::string model = "default", text = "default", attn = "exact.flash", baseline, format = "md",
+              bos = "replace";
+  std::int64_t ctx = 512, chunks = -1;
+  int threads = 0;
+  bool no_progress = false;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  NUMATTN_CHECK(in.good(), "cannot open text file '{}'", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+void add_ppl(CLI::App& app) {
+  auto o = std::make_shared<PplCliOptions>();
+  auto* sub = app.add_subcommand(
+      "ppl", "perplexity of a GGUF Llama model on a text (llama.cpp protocol), KL divergence "
+             "against a baseline attention, and tokens/s against the GEMM roofline");
+  sub->add_option("--model", o->model, "GGUF file, or 'default'")->capture_default_str();
+  sub->add_option("--text", o->text, "UTF-8 text file, or 'default' (Jane Austen)")
+      ->capture_default_str();
+  sub->add_option("--ctx", o->ctx, "tokens per chunk (the second half is scored)")
+      ->capture_default_str();
+  sub->add_option("--chunks", o->chunks, "chunks to evaluate (-1 = all)")->capture_default_str();
+  sub->add_option("--attn", o->attn, "attention spec: one for all layers, or one per layer "
+                                     "separated by ';'")
+      ->capture_default_str();
+  sub->add_option("--baseline", o->baseline,
+                  "baseline attention spec for kld_mean, kld_p99, top1_agreement (e.g. exact.flash)");
+  sub->add_option("--bos", o->bos,
+                  "first token of each chunk: replace (by BOS), auto (only if the vocabulary's "
+                  "add_bos_token is set, as llama.cpp), keep")
+      ->capture_default_str();
+  sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
+  add_common(*sub, &o->threads, &o->format);
+  sub->callback([o] {
+    ExecContext ctx{o->threads};
+    const int nt = ctx.num_threads();
+    const std::string mpath = resolve_model_path(o->model);
+    const std::string tpath = resolve_text_path(o->text);
+    GgufFile file = GgufFile::open(mpath);
+    const Tokenizer tok = Tokenizer::from_gguf(file);
+    auto t0 = std::chrono::steady_clock::now();
+    LlamaModel model = LlamaModel::load(file, ctx);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t0 = std::chrono::steady_clock::now();
+    // llama.cpp tokenizes the whole file with add_special (BOS only if add_bos_token) and
+    // without parsing special-token markers in the text.
+    const auto tokens = tok.encode(read_file(tpath), tok.add_bos(), false);
+    const double tok_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    PplOptions po;
+    po.ctx = o->ctx;
+    po.chunks = o->chunks;
+    po.attn = o->attn;
+    po.baseline = o->baseline;
+    po.bos = parse_bos_mode(o->bos);
+    po.progress = !o->no_progress;
+    // GEMM throughput of the linked BLAS with the same thread count, before and after the run
+    // (the larger is used: the roofline is then the more demanding one).
+    const double g0 = blas::measure_sgemm_gflops(1024, 5, nt);
+    const PplResult r = evaluate_perplexity(model, tokens, tok.bos_id(), tok.add_bos(), po, ctx);
+    const double g1 = blas::measure_sgemm_gflops(1024, 5, nt);
+    const double gemm = std::max(g0, g1);
+    // Weights each processed token multiplies through: every layer, plus the output matrix for
+    // the share of positions whose logits are computed (ctx - ctx/2 of ctx).
+    const double out_share = static_cast<double>(r.ctx - r.ctx / 2) / static_cast<double>(r.ctx);
+    const double w_per_tok = static_cast<double>(model.body_weights()) +
+                             out_share * static_cast<double>(model.output_weights());
+    const double roofline = gemm * 1e9 / (2.0 * w_per_tok);
+
+    Row row;
+    row["model"] = mpath;
+    row["text"] = tpath;
+    row["ctx"] = r.ctx;
+    row["chunks"] = r.chunks;
+    row["tokens_scored"] = r.tokens_scored;
+    row["ppl"] = r.ppl;
+    row["ppl_stderr"] = r.ppl_stderr;
+    row["kld_mean"] = r.has_baseline ? Row(r.kld_mean) : Row();
+    row["kld_p99"] = r.has_baseline ? Row(r.kld_p99) : Row();
+    row["top1_agreement"] = r.has_baseline ? Row(r.top1_agreement) : Row();
+    row["tokens_per_s"] = r.tokens_per_s;
+    row["attn"] = model.attention_spec();
+    row["baseline"] = r.has_baseline ? Row(o->baseline) : Row();
+    row["ppl_baseline"] = r.has_baseline ? Row(r.ppl_baseline) : Row();
+    row["gemm_gflops"] = gemm;
+    row["roofline_tokens_per_s"] = roofline;
+    row["roofline_fraction"] = r.tokens_per_s / roofline;
+    row["weights_per_token"] = w_per_tok;
+    row["threads"] = nt;
+    row["bos"] = o->bos;
+    row["tokens_processed"] = r.tokens_processed;
+    row["forward_s"] = r.seconds;
+    row["load_s"] = load_s;
+    row["tokenize_s"] = tok_s;
+    const ForwardProfile& p = r.profile;
+    Row prof;
+    prof["embed"] = p.embed;
+    prof["norm"] = p.norm;
+    prof["qkv_gemm"] = p.qkv_gemm;
+    prof["rope_kv"] = p.rope;
+    prof["attention"] = p.attention;
+    prof["o_gemm"] = p.o_gemm;
+    prof["ffn_gemm"] = p.ffn_gemm;
+    prof["ffn_act"] = p.ffn_act;
+    prof["output_gemm"] = p.output_gemm;
+    if (o->format == "json") {
+      row["profile_s"] = prof;
+    } else {
+      for (auto it = prof.begin(); it != prof.end(); ++it) row["t_" + it.key()] = it.value();
+    }
+    if (o->format == "md") {
+      std::fprintf(stderr, "Final estimate: PPL = %.4f +/- %.5f\n", r.ppl, r.ppl_stderr);
+    }
+    print_table(std::cout, {row}, parse_format(o->format), true);
+  });
+}
+
+NUMATTN_COMMAND(70, add_ppl);
+
+}  // namespace numattn::cli
