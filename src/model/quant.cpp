@@ -107,8 +107,9 @@ void deq_q5(const std::uint8_t* b, float* y, bool has_min) {
   for (int j = 0; j < 16; ++j) {
     const int lo = (qs[j] & 15) | static_cast<int>(((qh >> j) & 1u) << 4);
     const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
-    y[j] = static_cast<float>(lo - off) * d + m;
-    y[j + 16] = static_cast<float>(hi - off) * d + m;
+    // No "+ 0" for Q5_0: it would turn ggml's -0.0 (0 times a negative d) into +0.0.
+    y[j] = has_min ? static_cast<float>(lo) * d + m : static_cast<float>(lo - off) * d;
+    y[j + 16] = has_min ? static_cast<float>(hi) * d + m : static_cast<float>(hi - off) * d;
   }
 }
 
