@@ -1,6 +1,7 @@
 #include "attention/exact/flash.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -75,9 +76,10 @@ Plan make_plan(const AttentionProblem& p, const ParamValues& pv, int threads) {
   index_t s = pv.get_int("split_kv");
   if (s == 0) {
     // Few blocks (decoding): split each block's key range so that every thread gets about
-    // four pieces to balance; one thread gains nothing from splitting.
+    // eight pieces, fine enough for the shared-counter schedule to even out a thread that the
+    // OS delays; one thread gains nothing from splitting.
     s = 1;
-    if (threads > 1 && pl.items < 2 * threads) s = (4 * threads + pl.items - 1) / pl.items;
+    if (threads > 1 && pl.items < 2 * threads) s = (8 * threads + pl.items - 1) / pl.items;
   }
   pl.splits = std::clamp<index_t>(s, 1, std::max<index_t>(1, (p.n_kv() + pl.bk - 1) / pl.bk));
   return pl;
@@ -346,28 +348,27 @@ void FlashAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
   const BlockFn block = block_fn_for<1>(pl.ci);
   const index_t units = pl.items * pl.splits, dv = p.d_v();
 
-  // Work units (item, split) in order; each thread takes a contiguous run of them with about
-  // equal cost (keys to visit), so causal and windowed problems balance too. The assignment
-  // depends only on the problem and the thread count: results are bitwise reproducible.
-  std::vector<index_t> first(static_cast<std::size_t>(threads) + 1, units);
+  // Work units (item, split), heaviest first (cost = keys to visit + a fixed overhead), handed
+  // out one at a time from a shared counter: on a machine shared with other jobs a thread that
+  // is descheduled simply takes fewer units. Each unit writes only its own output rows (or its
+  // own partial state, merged below in split order), so the result does not depend on which
+  // thread ran which unit: it is bitwise reproducible for a given thread count.
+  std::vector<index_t> order(static_cast<std::size_t>(units));
   {
-    std::vector<double> cum(static_cast<std::size_t>(units) + 1, 0.0);
+    std::vector<index_t> cost(static_cast<std::size_t>(units));
     for (index_t w = 0; w < pl.items; ++w) {
       const KeyRange all = item_keys(p, pl, item_of(p, pl, w));
       for (index_t s = 0; s < pl.splits; ++s) {
         const KeyRange kr = split_keys(pl, all, s);
-        const index_t u = w * pl.splits + s;
-        cum[static_cast<std::size_t>(u) + 1] =
-            cum[static_cast<std::size_t>(u)] + static_cast<double>(kr.end - kr.begin) + 16.0;
+        cost[static_cast<std::size_t>(w * pl.splits + s)] = kr.end - kr.begin + 16;
       }
     }
-    index_t u = 0;
-    for (int t = 0; t <= threads; ++t) {
-      const double target = cum.back() * t / threads;
-      while (u < units && cum[static_cast<std::size_t>(u)] < target) ++u;
-      first[static_cast<std::size_t>(t)] = t == threads ? units : u;
-    }
+    for (index_t u = 0; u < units; ++u) order[static_cast<std::size_t>(u)] = u;
+    std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
+      return cost[static_cast<std::size_t>(a)] > cost[static_cast<std::size_t>(b)];
+    });
   }
+  std::atomic<index_t> next{0};
 
   const std::size_t sbr = static_cast<std::size_t>(pl.br);
   AlignedFloats partial;
@@ -380,7 +381,8 @@ void FlashAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
   parallel_for(ctx, threads, [&](std::int64_t t) {
     Scratch ws;
     ws.reserve(p, pl);
-    for (index_t u = first[static_cast<std::size_t>(t)]; u < first[static_cast<std::size_t>(t) + 1]; ++u) {
+    for (index_t k = next.fetch_add(1); k < units; k = next.fetch_add(1)) {
+      const index_t u = order[static_cast<std::size_t>(k)];
       const index_t w = u / pl.splits, s = u % pl.splits;
       const Item it = item_of(p, pl, w);
       const KeyRange all = item_keys(p, pl, it);

@@ -17,8 +17,9 @@ namespace numattn {
 /// Tiles that the causal rule or window hide from every row of the block are skipped; only
 /// boundary tiles (or every tile, with a mask) are masked element by element. When there are
 /// fewer blocks than 2 × threads (decoding), each block's key range is split and the partial
-/// (m, l, acc) merge exactly through log-sum-exp. Threads take contiguous runs of work items of
-/// equal cost, so the result is bitwise reproducible for a given thread count.
+/// (m, l, acc) merge exactly through log-sum-exp, in a fixed order. Threads take work units
+/// (block, split) from a shared counter, heaviest first; since a unit's result does not depend
+/// on which thread computes it, the output is bitwise reproducible for a given thread count.
 ///
 /// Kernels (flash_kernels.h): query rows sit in the SIMD lanes, so S = K·(scale·Q)ᵀ and
 /// O += Vᵀ·P are register-blocked broadcast-FMA loops that read K and V rows in place, and the

@@ -204,15 +204,15 @@ inline void qk_tile(const float* qt, index_t dk, const float* k, index_t ldk, in
 }
 
 /// ot[d0+r][:] = (rescale ? corr·ot : ot) + Σ_j v_j[d0+r]·p[j][:] for RD dims, `cols` keys.
+/// The tile's sum starts from zero and is added to the old accumulator once (one FMA that also
+/// applies the rescale): a blocked summation, so the rounding error grows with
+/// block_k + Nk/block_k rather than with Nk.
 template <int RD, int CI>
 inline void pv_kernel(const float* __restrict p, index_t cols, const float* v, index_t ldv,
                       float* __restrict ot, const R* corr, bool rescale) {
   constexpr int BR = CI * W;
   R acc[RD][CI];
-  NUMATTN_UNROLL for (int r = 0; r < RD; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c) {
-    acc[r][c] = Vec::load(ot + r * BR + c * W);
-    if (rescale) acc[r][c] = Vec::mul(acc[r][c], corr[c]);
-  }
+  NUMATTN_UNROLL for (int r = 0; r < RD; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c) acc[r][c] = Vec::zero();
   for (index_t j = 0; j < cols; ++j) {
     R pv[CI];
     NUMATTN_UNROLL for (int c = 0; c < CI; ++c) pv[c] = Vec::load(p + j * BR + c * W);
@@ -222,8 +222,10 @@ inline void pv_kernel(const float* __restrict p, index_t cols, const float* v, i
       NUMATTN_UNROLL for (int c = 0; c < CI; ++c) acc[r][c] = Vec::fmadd(vb, pv[c], acc[r][c]);
     }
   }
-  NUMATTN_UNROLL for (int r = 0; r < RD; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c)
-    Vec::store(ot + r * BR + c * W, acc[r][c]);
+  NUMATTN_UNROLL for (int r = 0; r < RD; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c) {
+    float* o = ot + r * BR + c * W;
+    Vec::store(o, rescale ? Vec::fmadd(Vec::load(o), corr[c], acc[r][c]) : Vec::add(Vec::load(o), acc[r][c]));
+  }
 }
 
 /// The O-tile over all `dv` value dims: full RD-dim register tiles, then 8/4/2/1-dim tails.
