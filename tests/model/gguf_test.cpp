@@ -4,15 +4,18 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <set>
 
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/quant.h"
+#include "support/test_util.h"
 
 namespace numattn {
 namespace {
@@ -483,6 +486,49 @@ TEST(GgufDefaultModel, HeaderFacts) {
   std::vector<float> row(576);
   dequantize_rows(emb, 1234, 1, row.data());
   EXPECT_TRUE(std::equal(row.begin(), row.end(), e.begin() + 1234 * 576));
+}
+
+}  // namespace
+}  // namespace numattn
+
+// ---- numattn gguf-info ------------------------------------------------------------------------
+
+namespace numattn {
+namespace {
+
+TEST(GgufInfoCli, JsonAndErrors) {
+  GgufWriter w = writer_with_every_type();
+  const auto x = random_floats(32 * 3, 9);
+  w.add_tensor_f32("blk.0.w", {32, 3}, x.data(), GgmlType::Q4_1);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("numattn_gguf_info_" + std::to_string(::getpid()) + ".gguf")).string();
+  w.write(path);
+  std::string out;
+  ASSERT_EQ(test::run_command(std::string(NUMATTN_CLI_PATH) + " gguf-info --model " + path +
+                                  " --format json --stats 2>&1", &out), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["version"], 3);
+  EXPECT_EQ(j["tensor_count"], 1);
+  EXPECT_EQ(j["metadata"]["general.architecture"]["value"], "llama");
+  EXPECT_EQ(j["metadata"]["t.a_str"]["type"], "array[string]");
+  EXPECT_EQ(j["metadata"]["t.i8"]["value"], -100);
+  EXPECT_EQ(j["tensors"][0]["type"], "Q4_1");
+  EXPECT_EQ(j["tensors"][0]["shape"], "[32, 3]");
+  EXPECT_TRUE(j["tensors"][0]["rms"].is_number());
+  EXPECT_EQ(test::run_command(std::string(NUMATTN_CLI_PATH) + " gguf-info --model " + path + " 2>&1", &out), 0);
+  EXPECT_NE(out.find("| t.str |"), std::string::npos) << out;
+  // A corrupt file: non-zero exit and an error line.
+  auto bytes = w.to_bytes();
+  bytes.resize(bytes.size() / 2);
+  GgufWriter().write(path);  // overwrite, then truncate by hand
+  {
+    std::ofstream o(path, std::ios::binary | std::ios::trunc);
+    o.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  EXPECT_NE(test::run_command(std::string(NUMATTN_CLI_PATH) + " gguf-info --model " + path + " 2>&1", &out), 0);
+  EXPECT_NE(out.find("error:"), std::string::npos) << out;
+  EXPECT_NE(out.find("corrupt GGUF"), std::string::npos) << out;
+  std::filesystem::remove(path);
 }
 
 }  // namespace
