@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
@@ -30,34 +31,47 @@ struct PhaseTimer {
 };
 
 // y = x·Wᵀ (+ y when accumulate) for x [n, in], W [out, in] row-major.
-void linear(const float* x, std::int64_t n, std::int64_t in, const float* w, std::int64_t out,
-            float* y, bool accumulate) {
-  blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, out, in, 1.f, x, in, w, in,
-              accumulate ? 1.f : 0.f, y, out);
+//
+// Parallel by our own threads over contiguous blocks of output features, each a
+// single-threaded BLAS GEMM: one thread team for the whole forward pass (GEMMs, attention,
+// elementwise work), instead of OpenBLAS's own pool, whose workers keep spinning after a GEMM
+// and then compete with the OpenMP team on the same cores.
+bool g_blas_threads = std::getenv("NUMATTN_LLAMA_BLAS_THREADS") != nullptr;
+
+void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t in,
+            const float* w, std::int64_t out, float* y, bool accumulate) {
+  const float beta = accumulate ? 1.f : 0.f;
+  const int nt = ctx.num_threads();
+  if (g_blas_threads) {
+    blas::set_threads(nt);
+    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, out, in, 1.f, x, in, w, in, beta, y, out);
+    blas::set_threads(1);
+    return;
+  }
+  // Blocks of 64 features keep each slice's width a multiple of the BLAS micro-kernel.
+  const std::int64_t blocks = (out + 63) / 64;
+  const std::int64_t parts = std::min<std::int64_t>(nt, blocks);
+  if (parts <= 1 || n * in * out < (1 << 18)) {
+    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, out, in, 1.f, x, in, w, in, beta, y, out);
+    return;
+  }
+  parallel_for(ctx, parts, [&](std::int64_t p) {
+    const std::int64_t o0 = std::min(out, blocks * p / parts * 64);
+    const std::int64_t o1 = std::min(out, blocks * (p + 1) / parts * 64);
+    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, o1 - o0, in, 1.f, x, in, w + o0 * in, in,
+                beta, y + o0, out);
+  });
 }
 
-void rms_norm_rows(const ExecContext& ctx, const float* x, const float* w, float* y,
-                   std::int64_t n, std::int64_t e, double eps) {
-  auto row = [&](std::int64_t t) {
+void rms_norm_rows(const float* x, const float* w, float* y, std::int64_t n, std::int64_t e,
+                   double eps) {
+  for (std::int64_t t = 0; t < n; ++t) {
     const float* xr = x + t * e;
     float* yr = y + t * e;
     double ss = 0;
     for (std::int64_t i = 0; i < e; ++i) ss += static_cast<double>(xr[i]) * xr[i];
     const auto r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(e) + eps));
     for (std::int64_t i = 0; i < e; ++i) yr[i] = xr[i] * r * w[i];
-  };
-  if (n < 8) {
-    for (std::int64_t t = 0; t < n; ++t) row(t);
-  } else {
-    parallel_for(ctx, n, row);
-  }
-}
-
-void rows_parallel(const ExecContext& ctx, std::int64_t n, const std::function<void(std::int64_t)>& f) {
-  if (n < 8) {
-    for (std::int64_t t = 0; t < n; ++t) f(t);
-  } else {
-    parallel_for(ctx, n, f);
   }
 }
 
@@ -86,7 +100,8 @@ std::vector<float> load_vector(const GgufFile& f, const std::string& name, std::
 }  // namespace
 
 double ForwardProfile::total() const {
-  return embed + norm + qkv_gemm + rope + attention + o_gemm + ffn_gemm + ffn_act + output_gemm;
+  return embed + norm + qkv_gemm + rope + attention + o_gemm + ffn_gemm + ffn_act + output_gemm +
+         sync;
 }
 
 std::int64_t LlamaHParams::layer_weights() const {
@@ -272,13 +287,17 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     NUMATTN_CHECK(t >= 0 && t < h.n_vocab, "token id {} outside the vocabulary of {}", t, h.n_vocab);
   const std::int64_t E = h.n_embd, D = h.head_dim, Hq = h.n_head, Hkv = h.n_head_kv, F = h.n_ff;
   const std::int64_t R = h.qkv_rows(), half = h.n_rot / 2;
-  const int nt = ctx.num_threads();
+  blas::set_threads(1);  // we parallelise above BLAS (see linear())
   PhaseTimer timer{opt.profile};
 
   std::vector<float> x(static_cast<std::size_t>(N * E)), xn(x.size());
   std::vector<float> qkv(static_cast<std::size_t>(N * R)), att(static_cast<std::size_t>(N * Hq * D));
   std::vector<float> gu(static_cast<std::size_t>(N * 2 * F)), act(static_cast<std::size_t>(N * F));
   std::vector<float> qpre, kpre;
+  if (opt.capture) {
+    qpre.resize(static_cast<std::size_t>(N * Hq * D));
+    kpre.resize(static_cast<std::size_t>(N * Hkv * D));
+  }
   for (std::int64_t t = 0; t < N; ++t)
     std::copy_n(w_.token_embd.data() + tokens[static_cast<std::size_t>(t)] * E, E, x.data() + t * E);
   // cos/sin of every (token, frequency) of this call, shared by all layers.
@@ -291,24 +310,39 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     }
   timer.lap(&ForwardProfile::embed);
 
-  for (std::int64_t l = 0; l < h.n_layer; ++l) {
+  // Work on the token rows [t0, t1). Two shapes of parallelism use these:
+  // - prefill (many tokens): each thread owns a contiguous block of tokens and runs everything
+  //   but attention for it, GEMMs included (single-threaded BLAS on its rows), so a layer has
+  //   only two synchronisation points: before attention (which needs every token's K/V) and
+  //   after it;
+  // - decode (few tokens): one thread runs the elementwise work and the GEMMs are split over
+  //   output features instead (linear()).
+  const int nt = ctx.num_threads();
+  const bool by_tokens = nt > 1 && N >= 16 * nt;
+  const ExecContext gemm_ctx = by_tokens ? ExecContext{1} : ctx;
+  auto gemm = [&](const float* xr, std::int64_t rows, std::int64_t in, const float* w,
+                  std::int64_t out, float* y, bool acc) { linear(gemm_ctx, xr, rows, in, w, out, y, acc); };
+  // The timer only follows the first thread: other threads do the same work in parallel.
+  auto lap = [&](bool main, double ForwardProfile::*slot) {
+    if (main) timer.lap(slot);
+  };
+
+  auto pre = [&](std::int64_t l, std::int64_t t0, std::int64_t t1, bool main) {
     const LlamaLayer& L = w_.layers[static_cast<std::size_t>(l)];
-    rms_norm_rows(ctx, x.data(), L.attn_norm.data(), xn.data(), N, E, h.rms_eps);
-    timer.lap(&ForwardProfile::norm);
-    blas::set_threads(nt);
-    linear(xn.data(), N, E, L.wqkv.data(), R, qkv.data(), false);
-    timer.lap(&ForwardProfile::qkv_gemm);
-    if (opt.capture) {
-      qpre.resize(static_cast<std::size_t>(N * Hq * D));
-      kpre.resize(static_cast<std::size_t>(N * Hkv * D));
-      for (std::int64_t t = 0; t < N; ++t) {
-        std::copy_n(qkv.data() + t * R, Hq * D, qpre.data() + t * Hq * D);
-        std::copy_n(qkv.data() + t * R + Hq * D, Hkv * D, kpre.data() + t * Hkv * D);
-      }
-    }
-    // RoPE (adjacent pairs) on the Q and K heads of each token, in place.
-    rows_parallel(ctx, N, [&](std::int64_t t) {
+    const std::int64_t n = t1 - t0;
+    rms_norm_rows(x.data() + t0 * E, L.attn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
+    lap(main, &ForwardProfile::norm);
+    gemm(xn.data() + t0 * E, n, E, L.wqkv.data(), R, qkv.data() + t0 * R, false);
+    lap(main, &ForwardProfile::qkv_gemm);
+    float* kc = cache.k_[static_cast<std::size_t>(l)].data();
+    float* vc = cache.v_[static_cast<std::size_t>(l)].data();
+    for (std::int64_t t = t0; t < t1; ++t) {
       float* row = qkv.data() + t * R;
+      if (opt.capture) {
+        std::copy_n(row, Hq * D, qpre.data() + t * Hq * D);
+        std::copy_n(row + Hq * D, Hkv * D, kpre.data() + t * Hkv * D);
+      }
+      // RoPE, adjacent pairs, on the Q and K heads of the token, in place.
       const float* c = cs.data() + t * half;
       const float* s = sn.data() + t * half;
       for (std::int64_t hh = 0; hh < Hq + Hkv; ++hh) {
@@ -319,16 +353,49 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
           v[2 * i + 1] = a * s[i] + b * c[i];
         }
       }
+      // Append the token's key and value to the cache ([pos, Hkv, D] rows).
+      std::copy_n(row + Hq * D, Hkv * D, kc + (p0 + t) * Hkv * D);
+      std::copy_n(row + (Hq + Hkv) * D, Hkv * D, vc + (p0 + t) * Hkv * D);
+    }
+    lap(main, &ForwardProfile::rope);
+  };
+  auto post = [&](std::int64_t l, std::int64_t t0, std::int64_t t1, bool main) {
+    const LlamaLayer& L = w_.layers[static_cast<std::size_t>(l)];
+    const std::int64_t n = t1 - t0;
+    gemm(att.data() + t0 * Hq * D, n, Hq * D, L.wo.data(), E, x.data() + t0 * E, true);
+    lap(main, &ForwardProfile::o_gemm);
+    rms_norm_rows(x.data() + t0 * E, L.ffn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
+    lap(main, &ForwardProfile::norm);
+    gemm(xn.data() + t0 * E, n, E, L.w_gate_up.data(), 2 * F, gu.data() + t0 * 2 * F, false);
+    lap(main, &ForwardProfile::ffn_gemm);
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const float* g = gu.data() + t * 2 * F;
+      const float* u = g + F;
+      float* a = act.data() + t * F;
+      for (std::int64_t i = 0; i < F; ++i) a[i] = g[i] / (1.f + simd::exp_f32(-g[i])) * u[i];
+    }
+    lap(main, &ForwardProfile::ffn_act);
+    gemm(act.data() + t0 * F, n, F, L.w_down.data(), E, x.data() + t0 * E, true);
+    lap(main, &ForwardProfile::ffn_gemm);
+  };
+  // Runs `f(t0, t1, main)` on each thread's token block (or once on all tokens), and books the
+  // time the first thread then waits for the others as synchronisation.
+  auto region = [&](const std::function<void(std::int64_t, std::int64_t, bool)>& f) {
+    if (!by_tokens) {
+      f(0, N, true);
+      return;
+    }
+    parallel_for(ctx, nt, [&](std::int64_t p) {
+      f(N * p / nt, N * (p + 1) / nt, p == 0);
     });
-    // Append this call's keys and values to the cache ([pos, Hkv, D] rows).
+    timer.lap(&ForwardProfile::sync);
+  };
+
+  region([&](std::int64_t t0, std::int64_t t1, bool main) { pre(0, t0, t1, main); });
+  for (std::int64_t l = 0; l < h.n_layer; ++l) {
+    const std::int64_t nk = p0 + N;
     float* kc = cache.k_[static_cast<std::size_t>(l)].data();
     float* vc = cache.v_[static_cast<std::size_t>(l)].data();
-    for (std::int64_t t = 0; t < N; ++t) {
-      std::copy_n(qkv.data() + t * R + Hq * D, Hkv * D, kc + (p0 + t) * Hkv * D);
-      std::copy_n(qkv.data() + t * R + (Hq + Hkv) * D, Hkv * D, vc + (p0 + t) * Hkv * D);
-    }
-    timer.lap(&ForwardProfile::rope);
-    const std::int64_t nk = p0 + N;
     if (opt.capture) {
       QkvCapture c;
       c.layer = static_cast<int>(l);
@@ -346,39 +413,25 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     p.v = TensorView<const float>(vc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
     p.out = TensorView<float>(att.data(), {1, Hq, N, D}, {N * Hq * D, D, Hq * D, 1});
     p.causal = Causal::kBottomRight;
-    blas::set_threads(1);  // methods parallelise over heads themselves
-    attn_[static_cast<std::size_t>(l)]->run(p, ctx);
+    attn_[static_cast<std::size_t>(l)]->run(p, ctx);  // parallel over heads inside
     timer.lap(&ForwardProfile::attention);
-    blas::set_threads(nt);
-    linear(att.data(), N, Hq * D, L.wo.data(), E, x.data(), true);
-    timer.lap(&ForwardProfile::o_gemm);
-    rms_norm_rows(ctx, x.data(), L.ffn_norm.data(), xn.data(), N, E, h.rms_eps);
-    timer.lap(&ForwardProfile::norm);
-    linear(xn.data(), N, E, L.w_gate_up.data(), 2 * F, gu.data(), false);
-    timer.lap(&ForwardProfile::ffn_gemm);
-    rows_parallel(ctx, N, [&](std::int64_t t) {
-      const float* g = gu.data() + t * 2 * F;
-      const float* u = g + F;
-      float* a = act.data() + t * F;
-      for (std::int64_t i = 0; i < F; ++i) a[i] = g[i] / (1.f + simd::exp_f32(-g[i])) * u[i];
+    region([&](std::int64_t t0, std::int64_t t1, bool main) {
+      post(l, t0, t1, main);
+      if (l + 1 < h.n_layer) pre(l + 1, t0, t1, main);
     });
-    timer.lap(&ForwardProfile::ffn_act);
-    linear(act.data(), N, F, L.w_down.data(), E, x.data(), true);
-    timer.lap(&ForwardProfile::ffn_gemm);
   }
   cache.n_past_ = p0 + N;
 
   const std::int64_t n_out = N - opt.logits_begin;
   std::vector<float> logits(static_cast<std::size_t>(n_out * h.n_vocab));
   if (n_out > 0) {
-    rms_norm_rows(ctx, x.data() + opt.logits_begin * E, w_.output_norm.data(), xn.data(), n_out, E,
+    rms_norm_rows(x.data() + opt.logits_begin * E, w_.output_norm.data(), xn.data(), n_out, E,
                   h.rms_eps);
     timer.lap(&ForwardProfile::norm);
-    blas::set_threads(nt);
-    linear(xn.data(), n_out, E, output_matrix(), h.n_vocab, logits.data(), false);
+    // Split over the vocabulary: each thread streams its half of the output matrix once.
+    linear(ctx, xn.data(), n_out, E, output_matrix(), h.n_vocab, logits.data(), false);
     timer.lap(&ForwardProfile::output_gemm);
   }
-  blas::set_threads(1);
   return logits;
 }
 

@@ -127,6 +127,7 @@ PplResult evaluate_perplexity(LlamaModel& model, const std::vector<std::int32_t>
       }
     }
     r.tokens_processed += n_ctx;
+    if (opt.after_chunk) opt.after_chunk();
     if (opt.progress) {
       const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       progress_bar(c + 1, n_chunk, std::exp(nll_sum / static_cast<double>(r.nll.size())),

@@ -1,6 +1,7 @@
 // numattn ppl: perplexity (llama.cpp protocol) of a GGUF model on a text, with an attention
 // spec per layer, optional KL divergence against a baseline spec, and throughput against the
 // same-run GEMM roofline.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -81,12 +82,15 @@ void add_ppl(CLI::App& app) {
     po.baseline = o->baseline;
     po.bos = parse_bos_mode(o->bos);
     po.progress = !o->no_progress;
-    // GEMM throughput of the linked BLAS with the same thread count, before and after the run
-    // (the larger is used: the roofline is then the more demanding one).
-    const double g0 = blas::measure_sgemm_gflops(1024, 5, nt);
+    // GEMM throughput of the linked BLAS (1024³ sgemm, BLAS threads = --threads), sampled
+    // before the run and after every chunk, so that it sees the same machine load as the
+    // forward passes; the median sample is the roofline's FLOP rate.
+    std::vector<double> gs{blas::measure_sgemm_gflops(1024, 3, nt)};
+    po.after_chunk = [&] { gs.push_back(blas::measure_sgemm_gflops(1024, 1, nt)); };
     const PplResult r = evaluate_perplexity(model, tokens, tok.bos_id(), tok.add_bos(), po, ctx);
-    const double g1 = blas::measure_sgemm_gflops(1024, 5, nt);
-    const double gemm = std::max(g0, g1);
+    std::sort(gs.begin(), gs.end());
+    const double gemm = gs.size() % 2 ? gs[gs.size() / 2]
+                                      : 0.5 * (gs[gs.size() / 2 - 1] + gs[gs.size() / 2]);
     // Weights each processed token multiplies through: every layer, plus the output matrix for
     // the share of positions whose logits are computed (ctx - ctx/2 of ctx).
     const double out_share = static_cast<double>(r.ctx - r.ctx / 2) / static_cast<double>(r.ctx);
@@ -110,9 +114,14 @@ void add_ppl(CLI::App& app) {
     row["baseline"] = r.has_baseline ? Row(o->baseline) : Row();
     row["ppl_baseline"] = r.has_baseline ? Row(r.ppl_baseline) : Row();
     row["gemm_gflops"] = gemm;
+    row["gemm_samples"] = gs.size();
     row["roofline_tokens_per_s"] = roofline;
     row["roofline_fraction"] = r.tokens_per_s / roofline;
     row["weights_per_token"] = w_per_tok;
+    // The forward pass's own GEMM rate: its linear-layer FLOPs over the time in GEMM phases.
+    const ForwardProfile& pf = r.profile;
+    const double gemm_time = pf.qkv_gemm + pf.o_gemm + pf.ffn_gemm + pf.output_gemm;
+    row["forward_gemm_gflops"] = 2.0 * w_per_tok * static_cast<double>(r.tokens_processed) / gemm_time * 1e-9;
     row["threads"] = nt;
     row["bos"] = o->bos;
     row["tokens_processed"] = r.tokens_processed;
@@ -130,6 +139,7 @@ void add_ppl(CLI::App& app) {
     prof["ffn_gemm"] = p.ffn_gemm;
     prof["ffn_act"] = p.ffn_act;
     prof["output_gemm"] = p.output_gemm;
+    prof["sync"] = p.sync;
     if (o->format == "json") {
       row["profile_s"] = prof;
     } else {

@@ -92,9 +92,11 @@ struct QkvCapture {
 using CaptureFn = std::function<void(const QkvCapture&)>;
 
 /// Seconds spent per phase of the forward pass, accumulated over calls (a cheap profile).
+/// In a prefill split over threads by tokens, phases are timed on the first thread and
+/// `sync` is the time it then waits for the others (load imbalance, preemption).
 struct ForwardProfile {
   double embed = 0, norm = 0, qkv_gemm = 0, rope = 0, attention = 0, o_gemm = 0,
-         ffn_gemm = 0, ffn_act = 0, output_gemm = 0;
+         ffn_gemm = 0, ffn_act = 0, output_gemm = 0, sync = 0;
   double total() const;
 };
 

@@ -44,6 +44,9 @@ struct PplOptions {
   std::string baseline;             ///< empty = no KL divergence
   BosMode bos = BosMode::kReplace;
   bool progress = false;            ///< a progress bar on stderr
+  /// Called after each chunk, outside the timed forward passes (e.g. to sample the BLAS
+  /// throughput under the same machine load as the run).
+  std::function<void()> after_chunk;
 };
 
 struct PplResult {
