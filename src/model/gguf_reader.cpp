@@ -9,10 +9,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <bit>
 #include <cstring>
 #include <limits>
 
 #include "numattn/model/gguf.h"
+
+// GGUF is little-endian and values are copied with memcpy.
+static_assert(std::endian::native == std::endian::little, "numattn GGUF I/O assumes a little-endian host");
 
 namespace numattn {
 

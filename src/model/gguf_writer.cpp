@@ -1,9 +1,13 @@
 // GGUF v3 writer.
+#include <bit>
 #include <cstring>
 #include <fstream>
 #include <limits>
 
 #include "numattn/model/gguf.h"
+
+// GGUF is little-endian and values are copied with memcpy.
+static_assert(std::endian::native == std::endian::little, "numattn GGUF I/O assumes a little-endian host");
 #include "numattn/model/quant.h"
 
 namespace numattn {
