@@ -129,6 +129,29 @@ index_t BdProjection::weight_params() const {
   return static_cast<index_t>(full_.size() + rest_.size() + top_.size());
 }
 
+std::vector<float> BdProjection::effective_weight() const {
+  const index_t out = out_dim();
+  if (r_ == 0) return full_;
+  std::vector<float> w(static_cast<std::size_t>(d_ * out), 0.f);
+  const index_t nd = dense_head_count();
+  std::vector<index_t> slot(static_cast<std::size_t>(heads_), -1);
+  for (index_t k = 0; k < nd; ++k) slot[static_cast<std::size_t>(dense_list_[static_cast<std::size_t>(k)])] = k;
+  for (index_t h = 0; h < heads_; ++h) {
+    const index_t k = slot[static_cast<std::size_t>(h)];
+    for (index_t i = 0; i < r_; ++i) {
+      float* row = w.data() + perm_[static_cast<std::size_t>(i)] * out + h * dh_;
+      if (k < 0)
+        row[i] = 1.f;
+      else
+        for (index_t j = 0; j < dh_; ++j) row[j] = top_[static_cast<std::size_t>(i * nd * dh_ + k * dh_ + j)];
+    }
+  }
+  for (index_t i = 0; i < d_ - r_; ++i)
+    std::memcpy(w.data() + perm_[static_cast<std::size_t>(r_ + i)] * out,
+                rest_.data() + i * out, sizeof(float) * out);
+  return w;
+}
+
 index_t BdProjection::macs_per_token() const {
   if (r_ == 0) return d_ * out_dim();
   return (d_ - r_) * out_dim() + r_ * dense_head_count() * dh_;

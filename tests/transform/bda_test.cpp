@@ -3,6 +3,7 @@
 // bit-exact integer construction through the float32 kernel, BD apply = dense apply.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -235,6 +236,27 @@ TEST(BdProjection, ApplyThroughBdEqualsDenseApply) {
     for (const auto& r : rep) kmax = std::max(kmax, r.kappa);
     EXPECT_LE(std::sqrt(num / den), bound(kmax));
   }
+  // effective_weight(): X·W_eff + b' equals the kernel (mixed heads: threshold between κs).
+  {
+    std::vector<double> ks;
+    for (const auto& r : rep) ks.push_back(r.kappa);
+    std::sort(ks.begin(), ks.end());
+    BdProjection mixed = BdProjection::from_weights(d, H, dh, w, b, BasisStrategy::kMaxMin, ks[2]);
+    EXPECT_GT(mixed.dense_head_count(), 0);
+    EXPECT_LT(mixed.dense_head_count(), H);
+    const std::vector<float> weff = mixed.effective_weight();
+    std::vector<float> y(static_cast<std::size_t>(n * H * dh));
+    mixed.project(x.data(), n, d, y.data(), H * dh, InputOrder::kOriginal, ExecContext{1});
+    std::vector<float> zeros(static_cast<std::size_t>(n * d), 0.f), bias_only(y.size());
+    mixed.project(zeros.data(), n, d, bias_only.data(), H * dh, InputOrder::kOriginal, ExecContext{1});
+    for (index_t t = 0; t < n; ++t)
+      for (index_t c = 0; c < H * dh; ++c) {
+        double acc = bias_only[static_cast<std::size_t>(t * H * dh + c)];
+        for (index_t k = 0; k < d; ++k)
+          acc += static_cast<double>(x[static_cast<std::size_t>(t * d + k)]) * weff[static_cast<std::size_t>(k * H * dh + c)];
+        ASSERT_NEAR(y[static_cast<std::size_t>(t * H * dh + c)], acc, 1e-3 * (1 + std::abs(acc)));
+      }
+  }
   // All heads dense (threshold 0): the kernel computes X·W + b itself.
   BdProjection dense_all = BdProjection::from_weights(d, H, dh, w, b, BasisStrategy::kMaxMin, 0.0);
   EXPECT_EQ(dense_all.dense_head_count(), H);
@@ -303,6 +325,42 @@ TEST(Bda, BitExactIntegerLayerInFloat32) {
         ASSERT_EQ(mha, bda) << "head " << j << " (" << a << "," << b << ")";
       }
   }
+}
+
+}  // namespace
+}  // namespace numattn::transform
+
+namespace numattn::transform {
+namespace {
+
+// The [out, in] layout (GGUF / PyTorch, what model/llama.h stores) gives the same rewrite.
+TEST(Bda, OutInLayoutMatchesInOut) {
+  const index_t d = 64, H = 4, G = 2, dh = 8;
+  const RandomLayer rl = random_layer(d, 0, H, G, dh, true, 21);
+  auto transpose = [](const std::vector<float>& a, index_t rows, index_t cols) {
+    std::vector<float> t(a.size());
+    for (index_t i = 0; i < rows; ++i)
+      for (index_t j = 0; j < cols; ++j)
+        t[static_cast<std::size_t>(j * rows + i)] = a[static_cast<std::size_t>(i * cols + j)];
+    return t;
+  };
+  const auto wq = transpose(rl.wq, d, H * dh), wk = transpose(rl.wk, d, G * dh),
+             wv = transpose(rl.wv, d, G * dh), wo = transpose(rl.wo, H * dh, d);
+  AttentionLayerWeights oi = rl.view();
+  oi.layout = WeightLayout::kOutIn;
+  oi.wq = wq;
+  oi.wk = wk;
+  oi.wv = wv;
+  oi.wo = wo;
+  BdaOptions opt;
+  opt.pairs = BdaPairs::kQKVO;
+  const BdaLayer a = bda_transform(rl.view(), opt), b = bda_transform(oi, opt);
+  EXPECT_EQ(transpose(a.wq, d, H * dh), b.wq);
+  EXPECT_EQ(transpose(a.wo, H * dh, d), b.wo);
+  EXPECT_EQ(a.k_proj.effective_weight(), b.k_proj.effective_weight());
+  EXPECT_EQ(a.v_proj.effective_weight(), b.v_proj.effective_weight());
+  EXPECT_EQ(a.bo, b.bo);
+  EXPECT_EQ(a.qk.basis, b.qk.basis);
 }
 
 }  // namespace

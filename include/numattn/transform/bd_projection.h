@@ -91,6 +91,11 @@ class BdProjection {
   index_t weight_params() const;
   /// MACs per token of the GEMM part.
   index_t macs_per_token() const;
+  /// The dense float32 matrix this projection applies, d_in × out row-major in the ORIGINAL
+  /// channel order: W_h·T_h for BD heads (rows S = identity, rows S^c = C_h), W_h for dense
+  /// heads. For checks, or to fold V' = X·W_v·T into a stacked dense GEMM when speed does
+  /// not matter (the fused kernel is what saves the dh/d MACs).
+  std::vector<float> effective_weight() const;
   /// Rows per parallel block (0 = tokens / threads, one block per thread).
   void set_block_rows(index_t rows) { block_rows_ = rows; }
 

@@ -29,21 +29,32 @@
 /// report lists κ_g and the fallback per head. docs/bd.md gives the tolerance c·u·κ_max.
 ///
 /// ## How the model layer applies `--bda vo` at load time
+/// For a Llama layer stored as in model/llama.h (`wqkv` = [(Hq+2Hkv)·D, E] rows of Wq|Wk|Wv,
+/// `wo` = [E, Hq·D], all `[out, in]` row-major float32), once per layer after dequantisation:
 /// ```
-///   transform::AttentionLayerWeights w;            // views of the dequantised float32 weights
-///   w.d_model = 576; w.heads = 9; w.kv_heads = 3; w.head_dim = 64; w.rope_dims = 64;
-///   w.layout = transform::WeightLayout::kOutIn;    // GGUF / PyTorch [out, in] row-major
-///   w.wq = ...; w.wk = ...; w.wv = ...; w.wo = ...;  // (+ bq, bk, bv, bo when present)
+///   transform::AttentionLayerWeights w;
+///   w.d_model = E; w.heads = Hq; w.kv_heads = Hkv; w.head_dim = D; w.rope_dims = n_rot;
+///   w.layout = transform::WeightLayout::kOutIn;
+///   const float* p = layer.wqkv.data();
+///   w.wq = {p, Hq*D*E};  w.wk = {p + Hq*D*E, Hkv*D*E};  w.wv = {p + (Hq+Hkv)*D*E, Hkv*D*E};
+///   w.wo = layer.wo;
 ///   transform::BdaOptions opt;  opt.pairs = transform::parse_bda_pairs("vo");
-///   transform::BdaLayer L = transform::bda_transform(w, opt);   // ~ms per layer
-///   // forward, x = normalised hidden states [n, d_model] row-major:
-///   //   q = x·L.wq (+ L.bq)          (L.wq has the input layout; unchanged for "vo")
-///   //   L.k_proj.project(x, n, d_model, k, Hkv·dh, InputOrder::kOriginal, ctx);   // K or K'
-///   //   L.v_proj.project(x, n, d_model, v, Hkv·dh, InputOrder::kOriginal, ctx);   // V'
-///   //   RoPE on q and k as before (only allowed because the QK pair is untouched), attention,
-///   //   out = attn·L.wo (+ L.bo)     (L.wo = W_o', same layout and size as W_o)
-///   // cache k and v as produced (K', V' for transformed pairs).
+///   transform::BdaLayer bda = transform::bda_transform(w, opt);  // float64 inside, ~ms
+///   layer.wo = bda.wo;            // W_o' = W_v^g[S,:]·W_o^j, same [E, Hq·D] shape
+///   // drop the Wv rows from wqkv (Q|K stay one stacked GEMM) and keep bda.v_proj.
 /// ```
+/// Forward, Xn = normalised hidden states [N, E] row-major:
+/// ```
+///   Q|K = Xn·[Wq;Wk]ᵀ  (unchanged, then RoPE as before: the QK pair is untouched by "vo")
+///   bda.v_proj.project(Xn, N, E, V, Hkv·D, transform::InputOrder::kOriginal, ctx);  // V'
+///   A = attention(Q, K, V')  (cache V' instead of V: same size)
+///   X += A·Woᵀ with Wo = bda.wo (already stored in layer.wo)
+/// ```
+/// `InputOrder::kOriginal` gathers Xn into [S, S^c] order per token block (one extra read of
+/// N·E floats); a model that permutes its residual stream offline can pass kPermuted.
+/// `bda.vo.heads[g].dense` says which KV heads fell back (their V and W_o are unchanged);
+/// `bda.vo.kappa_max` bounds the float32 error (docs/bd.md). For "qk"/"qkvo" use bda.wq and
+/// bda.k_proj the same way (refused when rope_dims > 0).
 #pragma once
 
 #include <limits>
