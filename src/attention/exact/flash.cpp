@@ -378,7 +378,16 @@ void FlashAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     return State{base, base + sbr, base + 2 * sbr};
   };
 
-  parallel_for(ctx, threads, [&](std::int64_t t) {
+  // Split-KV: the thread that completes an item's last split merges the partial states in
+  // split order (exact through LSE), inside the same parallel region: a second region would
+  // add one more fork/join, which on a loaded machine can cost a scheduling quantum.
+  std::unique_ptr<std::atomic<index_t>[]> done;
+  if (pl.splits > 1) {
+    done = std::make_unique<std::atomic<index_t>[]>(static_cast<std::size_t>(pl.items));
+    for (index_t w = 0; w < pl.items; ++w) done[static_cast<std::size_t>(w)].store(0);
+  }
+
+  parallel_for(ctx, threads, [&](std::int64_t) {
     Scratch ws;
     ws.reserve(p, pl);
     for (index_t k = next.fetch_add(1); k < units; k = next.fetch_add(1)) {
@@ -390,18 +399,15 @@ void FlashAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
         const State st{ws.m.data(), ws.l.data(), ws.ot.data()};
         block(p, pl, it, all, ws, st);
         finish_block(p, pl, it, st);
-      } else {
-        block(p, pl, it, split_keys(pl, all, s), ws, part_state(u));
+        continue;
+      }
+      block(p, pl, it, split_keys(pl, all, s), ws, part_state(u));
+      if (done[static_cast<std::size_t>(w)].fetch_add(1, std::memory_order_acq_rel) + 1 == pl.splits) {
+        const State dst = part_state(w * pl.splits);
+        for (index_t s2 = 1; s2 < pl.splits; ++s2) merge_state(pl, dv, dst, part_state(w * pl.splits + s2));
+        finish_block(p, pl, it, dst);
       }
     }
-  });
-  if (pl.splits == 1) return;
-
-  // Split-KV: merge each item's partial states in split order (exact through LSE).
-  parallel_for(ctx, pl.items, [&](std::int64_t w) {
-    const State dst = part_state(w * pl.splits);
-    for (index_t s = 1; s < pl.splits; ++s) merge_state(pl, dv, dst, part_state(w * pl.splits + s));
-    finish_block(p, pl, item_of(p, pl, w), dst);
   });
 }
 
