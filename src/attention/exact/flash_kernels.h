@@ -161,7 +161,7 @@ constexpr int kMaxCI = 64 / W;
 /// Register tile of the two kernels for a block of CI query vectors: RJ keys (S-tile) or RD
 /// value dims (O-tile) by CI vectors, about 24 accumulators of the 32 AVX-512 registers, which
 /// leaves room for the CI operand vectors and a broadcast. Loads per FMA: (RJ + CI)/(RJ·CI),
-/// 10/24 for CI = 4. Measured on Sapphire Rapids (flash.cpp has the table).
+/// 10/24 for CI = 4 (Sapphire Rapids issues two FMAs and up to three loads per cycle).
 constexpr int rows_for(int ci) {
   return ci >= 4 ? 6 : ci == 3 ? 8 : ci == 2 ? 12 : ci == 1 ? 16 : 1;
 }
