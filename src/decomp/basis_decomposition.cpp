@@ -136,18 +136,24 @@ std::vector<index_t> pivoted_rows(std::span<const MatrixXd> mats, index_t r) {
 // maximises a sum instead and can leave one matrix badly conditioned.
 std::vector<index_t> maxmin_rows(std::span<const MatrixXd> mats, index_t r) {
   const index_t m = mats[0].rows();
-  std::vector<ColMatrix> res;
+  // Row-major residuals (rows contiguous) and squared row norms kept by downdating
+  // (‖res_j‖² −= w_j² after removing direction q), recomputed every few steps and whenever a
+  // downdate cancels badly, as LAPACK's pivoted QR does.
+  std::vector<MatrixXd> res;
+  std::vector<Eigen::VectorXd> norms, ref;
   res.reserve(mats.size());
   for (const auto& a : mats) {
     const double nrm = a.norm();
     res.emplace_back(a / (nrm > 0 ? nrm : 1.0));
+    norms.emplace_back(res.back().rowwise().squaredNorm());
+    ref.push_back(norms.back());
   }
   std::vector<char> taken(static_cast<std::size_t>(m), 0);
   std::vector<index_t> s;
   Eigen::VectorXd score(m);
   for (index_t step = 0; step < r; ++step) {
     score.setConstant(std::numeric_limits<double>::infinity());
-    for (const auto& rk : res) score = score.cwiseMin(rk.rowwise().squaredNorm());
+    for (const auto& nk : norms) score = score.cwiseMin(nk);
     index_t best = -1;
     double best_v = -1;
     for (index_t j = 0; j < m; ++j) {
@@ -157,15 +163,27 @@ std::vector<index_t> maxmin_rows(std::span<const MatrixXd> mats, index_t r) {
     NUMATTN_ASSERT(best >= 0);
     taken[static_cast<std::size_t>(best)] = 1;
     s.push_back(best);
-    for (auto& rk : res) {
-      Eigen::VectorXd q = rk.row(best).transpose();
+    for (std::size_t k = 0; k < res.size(); ++k) {
+      MatrixXd& rk = res[k];
+      Eigen::RowVectorXd q = rk.row(best);
       const double qn = q.norm();
       if (qn > 0) {
         q /= qn;
-        const Eigen::VectorXd w = rk * q;
-        rk.noalias() -= w * q.transpose();
+        const Eigen::VectorXd w = rk * q.transpose();
+        rk.noalias() -= w * q;
+        norms[k] -= w.cwiseAbs2();
       }
       rk.row(best).setZero();
+      norms[k](best) = 0;
+      // Recompute when a norm fell below 1e-4 of its last exact value (cancellation) or
+      // every 16 steps.
+      bool recompute = step % 16 == 15;
+      for (index_t j = 0; j < m && !recompute; ++j)
+        if (!taken[static_cast<std::size_t>(j)] && norms[k](j) < 1e-4 * ref[k](j)) recompute = true;
+      if (recompute) {
+        norms[k] = rk.rowwise().squaredNorm();
+        ref[k] = norms[k];
+      }
     }
   }
   return s;
