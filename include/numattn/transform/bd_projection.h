@@ -22,7 +22,10 @@
 /// threshold) is kept dense: its columns of C_stack hold W_h[S^c,:], its output is pre-filled
 /// with X[:,S]·W_h[S,:] (a small extra GEMM, dh·dh MACs per token) and it gets Y_h, not Y'_h.
 ///
-/// Parallelism: `parallel_for` over token blocks, BLAS single-threaded inside (exec.h).
+/// Parallelism: with ctx.threads > 1, `parallel_for` over token blocks and BLAS set to one
+/// thread inside (exec.h; this sets the global OpenBLAS thread count to 1). With ExecContext{1}
+/// the kernel makes one block and leaves the BLAS thread count alone, which is what a caller
+/// that runs BLAS multi-threaded (model/llama.h's prefill GEMMs) should pass.
 #pragma once
 
 #include <span>

@@ -50,6 +50,9 @@
 ///   A = attention(Q, K, V')  (cache V' instead of V: same size)
 ///   X += A·Woᵀ with Wo = bda.wo (already stored in layer.wo)
 /// ```
+/// Threads: the model's prefill runs BLAS multi-threaded, so pass ExecContext{1} to project()
+/// (one block, BLAS's own threads); threads > 1 makes the kernel parallelise itself and set
+/// BLAS to one thread (bd_projection.h).
 /// `InputOrder::kOriginal` gathers Xn into [S, S^c] order per token block (one extra read of
 /// N·E floats); a model that permutes its residual stream offline can pass kPermuted.
 /// `bda.vo.heads[g].dense` says which KV heads fell back (their V and W_o are unchanged);
