@@ -365,3 +365,27 @@ TEST(Bda, OutInLayoutMatchesInOut) {
 
 }  // namespace
 }  // namespace numattn::transform
+
+namespace numattn::transform {
+namespace {
+
+// The default model's shape (SmolLM2-135M: d 576, 9 query heads, 3 KV heads, dh 64, full RoPE):
+// only "vo" is allowed, and it is accurate to the κ tolerance.
+TEST(Bda, SmolLmShapeVoOnly) {
+  const RandomLayer rl = random_layer(576, 0, 9, 3, 64, false, test::base_seed() + 3);
+  AttentionLayerWeights w = rl.view();
+  w.rope_dims = 64;
+  BdaOptions opt;
+  opt.pairs = parse_bda_pairs("qkvo");
+  EXPECT_THROW(bda_transform(w, opt), Error);
+  opt.pairs = parse_bda_pairs("vo");
+  const BdaLayer L = bda_transform(w, opt);
+  EXPECT_EQ(L.vo.fallback_heads, 0);
+  EXPECT_EQ(L.params_before - L.params_after, 3 * 64 * 64);
+  const BdaAccuracy a = evaluate_bda(rl.view(), L, 64, 5, ExecContext{2});
+  EXPECT_LE(a.out_err_bda, bound(a.kappa_max)) << "κ_vo " << L.vo.kappa_max;
+  EXPECT_EQ(a.logit_err_bda, a.logit_err_plain);  // QK untouched
+}
+
+}  // namespace
+}  // namespace numattn::transform
