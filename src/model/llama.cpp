@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
@@ -30,24 +29,12 @@ struct PhaseTimer {
   }
 };
 
-// y = x·Wᵀ (+ y when accumulate) for x [n, in], W [out, in] row-major.
-//
-// Parallel by our own threads over contiguous blocks of output features, each a
-// single-threaded BLAS GEMM: one thread team for the whole forward pass (GEMMs, attention,
-// elementwise work), instead of OpenBLAS's own pool, whose workers keep spinning after a GEMM
-// and then compete with the OpenMP team on the same cores.
-bool g_blas_threads = std::getenv("NUMATTN_LLAMA_BLAS_THREADS") != nullptr;
-
+// y = x·Wᵀ (+ y when accumulate) for x [n, in], W [out, in] row-major, split over `ctx`'s
+// threads by contiguous blocks of output features, each a single-threaded BLAS GEMM.
 void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t in,
             const float* w, std::int64_t out, float* y, bool accumulate) {
   const float beta = accumulate ? 1.f : 0.f;
   const int nt = ctx.num_threads();
-  if (g_blas_threads) {
-    blas::set_threads(nt);
-    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, out, in, 1.f, x, in, w, in, beta, y, out);
-    blas::set_threads(1);
-    return;
-  }
   // Blocks of 64 features keep each slice's width a multiple of the BLAS micro-kernel.
   const std::int64_t blocks = (out + 63) / 64;
   const std::int64_t parts = std::min<std::int64_t>(nt, blocks);

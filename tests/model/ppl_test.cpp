@@ -1,11 +1,14 @@
 #include "numattn/model/ppl.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 
 #include "numattn/core/error.h"
 #include "numattn/core/rng.h"
+#include "numattn/model/data.h"
+#include "support/test_util.h"
 
 namespace numattn {
 namespace {
@@ -118,6 +121,61 @@ TEST(Perplexity, RefusesShortText) {
   PplOptions o;
   o.ctx = 64;
   EXPECT_THROW(evaluate_perplexity(m, stream(100), 0, false, o, ExecContext{1}), Error);
+}
+
+}  // namespace
+}  // namespace numattn
+
+// ---- CLI, on the default model (skipped when it is not cached) ------------------------------
+
+namespace numattn {
+namespace {
+
+bool default_data_cached() {
+  try {
+    default_model_path();
+    default_text_path();
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+TEST(PerplexityCli, JsonFieldsOnTheDefaultModel) {
+  if (!default_data_cached()) GTEST_SKIP() << "default model/text not cached";
+  std::string out;
+  const int rc = test::run_command(std::string(NUMATTN_CLI_PATH) +
+                                       " ppl --model default --text default --ctx 64 --chunks 2"
+                                       " --attn exact.naive --baseline exact.flash --threads 2"
+                                       " --format json --no-progress",
+                                   &out);
+  ASSERT_EQ(rc, 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  for (const char* k : {"model", "text", "ctx", "chunks", "tokens_scored", "ppl", "ppl_stderr",
+                        "kld_mean", "kld_p99", "top1_agreement", "tokens_per_s", "attn",
+                        "gemm_gflops", "roofline_tokens_per_s"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["tokens_scored"], 2 * (64 - 1 - 32));
+  EXPECT_TRUE(std::isfinite(j["ppl"].get<double>()));
+  EXPECT_GT(j["ppl"].get<double>(), 1.0);
+  EXPECT_LT(j["kld_mean"].get<double>(), 1e-6);
+  EXPECT_GE(j["top1_agreement"].get<double>(), 0.999);
+}
+
+TEST(PerplexityCli, TokenizeAndGenerate) {
+  if (!default_data_cached()) GTEST_SKIP() << "default model not cached";
+  std::string out;
+  ASSERT_EQ(test::run_command(std::string(NUMATTN_CLI_PATH) +
+                                  " tokenize --model default --text 'Hello world'",
+                              &out),
+            0);
+  EXPECT_EQ(nlohmann::json::parse(out)["ids"], (std::vector<int>{19556, 905}));
+  ASSERT_EQ(test::run_command(std::string(NUMATTN_CLI_PATH) +
+                                  " generate --model default --prompt 'The capital of France is'"
+                                  " --max-tokens 3 --threads 2 --format json",
+                              &out),
+            0);
+  EXPECT_NE(nlohmann::json::parse(out)["text"].get<std::string>().find("Paris"), std::string::npos);
 }
 
 }  // namespace

@@ -23,9 +23,13 @@
 ///
 /// Storage: weights are dequantized to float32 at load (quant.h) and kept row-major
 /// `[out, in]` (PyTorch Linear layout = GGUF rows), with Wq|Wk|Wv stacked into one matrix and
-/// W_gate|W_up into another, so a prefill does 4 large GEMMs per layer over all N tokens
-/// (blas::sgemm with `ctx` threads inside BLAS); attention runs through the registry method
-/// with BLAS single-threaded, parallel over heads.
+/// W_gate|W_up into another, so a layer is 4 GEMMs (blas::sgemm) over all N tokens.
+/// Threads: one team (our `parallel_for`), BLAS single-threaded inside it. A prefill gives each
+/// thread a contiguous block of tokens for everything but attention (norms, GEMMs on its rows,
+/// RoPE, SwiGLU), so a layer has two synchronisation points; attention runs through the
+/// registry method, parallel over heads. A decode step (few tokens) splits each GEMM over
+/// output features instead. OpenBLAS's own thread pool is not used: its workers spin after a
+/// GEMM and would compete with the team for the same cores.
 /// Cost per token: 2·(weights of all linear layers) FLOPs + attention (≈ 4·n_ctx·D per head).
 /// Memory: 4 bytes per weight (≈ 540 MB for SmolLM2-135M) + KV cache 2·L·Hkv·D·n_ctx floats.
 #pragma once
