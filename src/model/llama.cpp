@@ -29,16 +29,49 @@ struct PhaseTimer {
   }
 };
 
-// y = x·Wᵀ (+ y when accumulate) for x [n, in], W [out, in] row-major, split over `ctx`'s
-// threads by contiguous blocks of output features, each a single-threaded BLAS GEMM.
+// y[o] (+)= W[o,:]·x for rows o in [o0, o1): a decode step's matrix-vector product. Written
+// out because BLAS GEMM with one row still packs all of W (an extra pass over memory), and this
+// is memory-bound anyway; 16 independent partial sums let the compiler vectorise the dot
+// product without reassociation.
+void gemv_rows(const float* x, std::int64_t in, const float* w, std::int64_t o0, std::int64_t o1,
+               float* y, bool accumulate) {
+  for (std::int64_t o = o0; o < o1; ++o) {
+    const float* wr = w + o * in;
+    float acc[16] = {};
+    std::int64_t i = 0;
+    for (; i + 16 <= in; i += 16)
+      for (int k = 0; k < 16; ++k) acc[k] += wr[i + k] * x[i + k];
+    float sum = 0;
+    for (; i < in; ++i) sum += wr[i] * x[i];
+    for (int k = 0; k < 16; ++k) sum += acc[k];
+    y[o] = accumulate ? y[o] + sum : sum;
+  }
+}
+
+// y = x·Wᵀ (+ y when accumulate) for x [n, in], W [out, in] row-major. Large products are
+// split over `ctx`'s threads by contiguous blocks of output features, each a single-threaded
+// BLAS GEMM; small ones stay on the calling thread, because waking the team costs more than
+// they do (a scheduler time slice on a loaded machine).
 void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t in,
             const float* w, std::int64_t out, float* y, bool accumulate) {
   const float beta = accumulate ? 1.f : 0.f;
   const int nt = ctx.num_threads();
+  const bool split = nt > 1 && n * in * out >= (std::int64_t{1} << 23);
+  if (n <= 2) {
+    auto rows = [&](std::int64_t o0, std::int64_t o1) {
+      for (std::int64_t r = 0; r < n; ++r) gemv_rows(x + r * in, in, w, o0, o1, y + r * out, accumulate);
+    };
+    if (!split) {
+      rows(0, out);
+    } else {
+      parallel_for(ctx, nt, [&](std::int64_t p) { rows(out * p / nt, out * (p + 1) / nt); });
+    }
+    return;
+  }
   // Blocks of 64 features keep each slice's width a multiple of the BLAS micro-kernel.
   const std::int64_t blocks = (out + 63) / 64;
   const std::int64_t parts = std::min<std::int64_t>(nt, blocks);
-  if (parts <= 1 || n * in * out < (1 << 18)) {
+  if (parts <= 1 || !split) {
     blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, out, in, 1.f, x, in, w, in, beta, y, out);
     return;
   }
@@ -400,7 +433,8 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     p.v = TensorView<const float>(vc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
     p.out = TensorView<float>(att.data(), {1, Hq, N, D}, {N * Hq * D, D, Hq * D, 1});
     p.causal = Causal::kBottomRight;
-    attn_[static_cast<std::size_t>(l)]->run(p, ctx);  // parallel over heads inside
+    // Parallel over heads inside; a decode step's attention is too small to wake the team.
+    attn_[static_cast<std::size_t>(l)]->run(p, by_tokens ? ctx : ExecContext{1});
     timer.lap(&ForwardProfile::attention);
     region([&](std::int64_t t0, std::int64_t t1, bool main) {
       post(l, t0, t1, main);
@@ -425,7 +459,8 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
 std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector<std::int32_t>& prompt,
                                           int max_tokens, std::int32_t eos_id,
                                           const ExecContext& ctx,
-                                          const std::function<void(std::int32_t)>& on_token) {
+                                          const std::function<void(std::int32_t)>& on_token,
+                                          ForwardProfile* profile) {
   NUMATTN_CHECK(!prompt.empty(), "generation needs a non-empty prompt");
   std::vector<std::int32_t> out;
   if (max_tokens <= 0) return out;
@@ -433,6 +468,7 @@ std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector
   const std::int64_t V = m.hparams().n_vocab;
   ForwardOptions opt;
   opt.logits_begin = static_cast<std::int64_t>(prompt.size()) - 1;
+  opt.profile = profile;
   std::vector<float> logits = m.forward(prompt, cache, ctx, opt);
   for (int i = 0; i < max_tokens; ++i) {
     const auto best = static_cast<std::int32_t>(
@@ -441,6 +477,7 @@ std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector
     if (on_token) on_token(best);
     if (best == eos_id || i + 1 == max_tokens) break;
     ForwardOptions one;
+    one.profile = profile;
     logits = m.forward({best}, cache, ctx, one);
   }
   return out;

@@ -48,10 +48,12 @@ void add_generate(CLI::App& app) {
       if (o->chat) std::cout << "\n";
     }
     const auto t0 = std::chrono::steady_clock::now();
+    ForwardProfile prof;
     const auto out = generate_greedy(model, ids, o->max_tokens, tok.eos_id(), ctx,
                                      [&](std::int32_t id) {
                                        if (md) std::cout << tok.token_to_piece(id, false) << std::flush;
-                                     });
+                                     },
+                                     &prof);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (md) {
       std::cout << std::endl;
@@ -68,6 +70,10 @@ void add_generate(CLI::App& app) {
     row["seconds"] = s;
     row["tokens_per_s"] = out.empty() ? 0.0 : static_cast<double>(out.size()) / s;
     row["attn"] = model.attention_spec();
+    row["profile_s"] = {{"embed", prof.embed}, {"norm", prof.norm}, {"qkv_gemm", prof.qkv_gemm},
+                        {"rope_kv", prof.rope}, {"attention", prof.attention},
+                        {"o_gemm", prof.o_gemm}, {"ffn_gemm", prof.ffn_gemm},
+                        {"ffn_act", prof.ffn_act}, {"output_gemm", prof.output_gemm}};
     print_table(std::cout, {row}, parse_format(o->format), true);
   });
 }

@@ -181,7 +181,8 @@ class LlamaModel {
 std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector<std::int32_t>& prompt,
                                           int max_tokens, std::int32_t eos_id,
                                           const ExecContext& ctx,
-                                          const std::function<void(std::int32_t)>& on_token = {});
+                                          const std::function<void(std::int32_t)>& on_token = {},
+                                          ForwardProfile* profile = nullptr);
 
 /// Splits a per-layer spec list on ';' and on ',' outside parentheses.
 std::vector<std::string> split_spec_list(const std::string& specs);
