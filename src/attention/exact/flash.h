@@ -14,12 +14,14 @@ namespace numattn {
 /// once (decoding with 8 heads on 1 kv head is one 8-row block). Key/value tiles of `block_k`
 /// keys stream through cache; the running maximum m, normaliser l and unnormalised output are
 /// rescaled by exp(m_old − m_new) as each tile arrives, so no Nq × Nk buffer ever exists.
-/// Tiles that the causal rule or window hide from every row of the block are skipped; only
-/// boundary tiles (or every tile, with a mask) are masked element by element. When there are
+/// Tiles that the causal rule or window hide from every row of the block are skipped; tiles
+/// are cut at the edges of the key range every row of the block sees, so only narrow boundary
+/// tiles (or every tile, with a mask) are masked element by element. When there are
 /// fewer blocks than 2 × threads (decoding), each block's key range is split and the partial
 /// (m, l, acc) merge exactly through log-sum-exp, in a fixed order. Threads take work units
-/// (block, split) from a shared counter, heaviest first; since a unit's result does not depend
-/// on which thread computes it, the output is bitwise reproducible for a given thread count.
+/// (block, split) from a shared counter, grouped by (batch, kv head) and heaviest first within
+/// a group; since a unit's result does not depend on which thread computes it, the output is
+/// bitwise reproducible for a given thread count.
 ///
 /// Kernels (flash_kernels.h): query rows sit in the SIMD lanes, so S = K·(scale·Q)ᵀ and
 /// O += Vᵀ·P are register-blocked broadcast-FMA loops that read K and V rows in place, and the
@@ -33,7 +35,9 @@ namespace numattn {
 /// workspace O(threads·64·(Dk + Dv + block_k)) floats plus, when split, 64·(Dv+2) floats per
 /// (block, split). Error: logits are rounded once more than in `exact.naive` (scale folded
 /// into q); probabilities below e^-64 of the row maximum are flushed to 0 (below float32
-/// resolution); measured rel_fro_error ≤ naive's (docs/numerics.md).
+/// resolution); P·V is summed per tile and then added to the running output (blocked
+/// summation). Measured at B=1 H=8 N=4096 D=128 (256 rows): rel_fro_error 5.2e-7 vs naive's
+/// 1.0e-6 with plain logits, 2.30e-6 vs 2.30e-6 with logits ×10 (docs/numerics.md).
 /// Dao et al., FlashAttention, NeurIPS 2022; Milakov & Gimelshein, Online normalizer
 /// calculation for softmax, 2018; split-KV as in flash-decoding (Dao et al., 2023).
 class FlashAttention final : public AttentionMethod {
