@@ -22,7 +22,13 @@ inline float exp_f32(float x) {
   float xc = x > hi_clamp ? hi_clamp : x;
   xc = xc < lo_cut ? lo_cut : xc;
   const float log2e = 1.44269504088896341f;
+#if defined(__clang__)
+  // Clang 14 has no __builtin_roundevenf; rint rounds half to even in the default rounding
+  // mode, so the result is the same (and it vectorises to vroundps as well).
+  const float n = __builtin_rintf(xc * log2e);
+#else
   const float n = __builtin_roundevenf(xc * log2e);
+#endif
   float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
