@@ -61,7 +61,11 @@ struct Plan {
   index_t nblk = 0;     ///< blocks per (b, kv head)
   index_t items = 0;    ///< B·Hkv·nblk
   index_t splits = 1;   ///< key-range splits per block (split-KV)
+  int threads = 1;      ///< threads actually used
 };
+
+/// Below this many flops (upper bound) a problem runs on one thread (see make_plan).
+constexpr double kMinParallelFlops = 8e6;
 
 Plan make_plan(const AttentionProblem& p, const ParamValues& pv, int threads) {
   Plan pl;
@@ -73,6 +77,13 @@ Plan make_plan(const AttentionProblem& p, const ParamValues& pv, int threads) {
   pl.bk = std::clamp<index_t>(pv.get_int("block_k"), 1, p.n_kv());
   pl.nblk = (pl.rows + pl.br - 1) / pl.br;
   pl.items = p.batch() * p.kv_heads() * pl.nblk;
+  // Small problems run on one thread: a parallel region costs ~10 µs to fork and join on an
+  // idle machine and up to a scheduler period (milliseconds) on a loaded one, which is more
+  // than the whole work below ~8 MFLOP (~60 µs on one core). Bound: every row sees every key.
+  const double flops_bound = 2.0 * static_cast<double>(pl.items * pl.br) *
+                             static_cast<double>(p.n_kv()) * static_cast<double>(p.d_qk() + p.d_v());
+  pl.threads = flops_bound < kMinParallelFlops ? 1 : std::max(1, threads);
+  threads = pl.threads;
   index_t s = pv.get_int("split_kv");
   if (s == 0) {
     // Few blocks (decoding): split each block's key range so that every thread gets about
@@ -361,12 +372,13 @@ std::size_t FlashAttention::workspace_bytes(const AttentionProblem& p, const Exe
   if (pl.splits > 1)
     partial += sizeof(float) * br * units * static_cast<std::size_t>(p.d_v() + 2) +
                sizeof(index_t) * static_cast<std::size_t>(pl.items);
-  return per_thread * static_cast<std::size_t>(ctx.num_threads()) + partial;
+  return per_thread * static_cast<std::size_t>(pl.threads) + partial;
 }
 
 void FlashAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
-  const int threads = std::max(1, ctx.num_threads());
-  const Plan pl = make_plan(p, params_, threads);
+  const Plan pl = make_plan(p, params_, ctx.num_threads());
+  const int threads = pl.threads;
+  const ExecContext run_ctx{threads};
   const BlockFn block = block_fn_for<1>(pl.ci);
   const index_t units = pl.items * pl.splits, dv = p.d_v();
 
@@ -414,7 +426,7 @@ void FlashAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     for (index_t w = 0; w < pl.items; ++w) done[static_cast<std::size_t>(w)].store(0);
   }
 
-  parallel_for(ctx, threads, [&](std::int64_t) {
+  parallel_for(run_ctx, threads, [&](std::int64_t) {
     Scratch ws;
     ws.reserve(p, pl);
     for (index_t k = next.fetch_add(1); k < units; k = next.fetch_add(1)) {
