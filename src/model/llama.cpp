@@ -162,7 +162,7 @@ LlamaModel::LlamaModel(LlamaHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(
   rope_inv_freq_.resize(static_cast<std::size_t>(hp_.n_rot / 2));
   for (std::int64_t i = 0; i < hp_.n_rot / 2; ++i)
     rope_inv_freq_[static_cast<std::size_t>(i)] =
-        static_cast<float>(std::pow(hp_.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(hp_.n_rot)));
+        std::pow(hp_.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(hp_.n_rot));
   set_attention("exact.flash");
 }
 

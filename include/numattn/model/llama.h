@@ -173,7 +173,7 @@ class LlamaModel {
   void check_shapes() const;
   LlamaHParams hp_;
   LlamaWeights w_;
-  std::vector<float> rope_inv_freq_;  ///< [n_rot/2]
+  std::vector<double> rope_inv_freq_;  ///< [n_rot/2], float64 so θ = pos·f stays accurate at long positions
   std::vector<std::shared_ptr<const AttentionMethod>> attn_;
 };
 
