@@ -53,13 +53,14 @@ void gemv_rows(const float* x, std::int64_t in, const float* w, std::int64_t o0,
 // BLAS GEMM; small ones stay on the calling thread, because waking the team costs more than
 // they do (a scheduler time slice on a loaded machine).
 void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t in,
-            const float* w, std::int64_t out, float* y, bool accumulate) {
+            const float* w, std::int64_t out, float* y, bool accumulate, std::int64_t ldy = 0) {
+  if (ldy <= 0) ldy = out;
   const float beta = accumulate ? 1.f : 0.f;
   const int nt = ctx.num_threads();
   const bool split = nt > 1 && n * in * out >= (std::int64_t{1} << 23);
   if (n <= 2) {
     auto rows = [&](std::int64_t o0, std::int64_t o1) {
-      for (std::int64_t r = 0; r < n; ++r) gemv_rows(x + r * in, in, w, o0, o1, y + r * out, accumulate);
+      for (std::int64_t r = 0; r < n; ++r) gemv_rows(x + r * in, in, w, o0, o1, y + r * ldy, accumulate);
     };
     if (!split) {
       rows(0, out);
@@ -72,14 +73,14 @@ void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t
   const std::int64_t blocks = (out + 63) / 64;
   const std::int64_t parts = std::min<std::int64_t>(nt, blocks);
   if (parts <= 1 || !split) {
-    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, out, in, 1.f, x, in, w, in, beta, y, out);
+    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, out, in, 1.f, x, in, w, in, beta, y, ldy);
     return;
   }
   parallel_for(ctx, parts, [&](std::int64_t p) {
     const std::int64_t o0 = std::min(out, blocks * p / parts * 64);
     const std::int64_t o1 = std::min(out, blocks * (p + 1) / parts * 64);
     blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, o1 - o0, in, 1.f, x, in, w + o0 * in, in,
-                beta, y + o0, out);
+                beta, y + o0, ldy);
   });
 }
 
@@ -186,7 +187,13 @@ void LlamaModel::check_shapes() const {
     const auto& L = w_.layers[l];
     const std::string p = "layer " + std::to_string(l) + " ";
     need(L.attn_norm, h.n_embd, p + "attn_norm");
-    need(L.wqkv, h.qkv_rows() * h.n_embd, p + "wqkv");
+    need(L.wqkv, (L.v_bd ? (h.n_head + h.n_head_kv) * h.head_dim : h.qkv_rows()) * h.n_embd,
+         p + "wqkv");
+    if (L.v_bd)
+      NUMATTN_CHECK(L.v_bd->d_in() == h.n_embd && L.v_bd->heads() == h.n_head_kv &&
+                        L.v_bd->head_dim() == h.head_dim,
+                    "{}BD value projection is {}→{}×{}, expected {}→{}×{}", p, L.v_bd->d_in(),
+                    L.v_bd->heads(), L.v_bd->head_dim(), h.n_embd, h.n_head_kv, h.head_dim);
     need(L.wo, h.n_embd * h.n_head * h.head_dim, p + "wo");
     need(L.ffn_norm, h.n_embd, p + "ffn_norm");
     need(L.w_gate_up, 2 * h.n_ff * h.n_embd, p + "w_gate_up");
@@ -243,13 +250,35 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
     const std::string p = "blk." + std::to_string(l) + ".";
     L.attn_norm = load_vector(f, p + "attn_norm.weight", E, ctx);
     L.ffn_norm = load_vector(f, p + "ffn_norm.weight", E, ctx);
-    L.wqkv.resize(static_cast<std::size_t>(hp.qkv_rows() * E));
+    // A BDA file (model/bda_model.h) stores the VO pair's fused projection instead of attn_v.
+    const bool bd = f.find_tensor(p + "attn_v_bd.coef") != nullptr;
+    L.wqkv.resize(static_cast<std::size_t>((bd ? hp.n_head + hp.n_head_kv : hp.n_head + 2 * hp.n_head_kv) * D * E));
     float* q = L.wqkv.data();
     float* k = q + hp.n_head * D * E;
-    float* v = k + hp.n_head_kv * D * E;
     load_matrix(f, p + "attn_q.weight", E, hp.n_head * D, q, ctx);
     load_matrix(f, p + "attn_k.weight", E, hp.n_head_kv * D, k, ctx);
-    load_matrix(f, p + "attn_v.weight", E, hp.n_head_kv * D, v, ctx);
+    if (bd) {
+      transform::BdProjection::Parts parts;
+      parts.d_in = E;
+      parts.heads = hp.n_head_kv;
+      parts.head_dim = D;
+      parts.rank = D;
+      NUMATTN_CHECK(E > D, "{}: BDA layer {} needs n_embd > head_dim", f.path(), l);
+      for (std::int64_t c : f.at(p + "attn_v_bd.perm").int_array()) parts.perm.push_back(c);
+      for (std::int64_t c : f.at(p + "attn_v_bd.dense").int_array()) parts.dense_heads.push_back(c);
+      parts.rest.resize(static_cast<std::size_t>((E - D) * hp.n_head_kv * D));
+      load_matrix(f, p + "attn_v_bd.coef", hp.n_head_kv * D, E - D, parts.rest.data(), ctx);
+      if (!parts.dense_heads.empty()) {
+        const auto nd = static_cast<std::int64_t>(parts.dense_heads.size());
+        NUMATTN_CHECK(nd <= hp.n_head_kv, "{}: layer {} lists {} dense heads", f.path(), l, nd);
+        parts.top.resize(static_cast<std::size_t>(D * nd * D));
+        load_matrix(f, p + "attn_v_bd.top", nd * D, D, parts.top.data(), ctx);
+      }
+      L.v_bd = std::make_shared<const transform::BdProjection>(
+          transform::BdProjection::from_parts(std::move(parts)));
+    } else {
+      load_matrix(f, p + "attn_v.weight", E, hp.n_head_kv * D, k + hp.n_head_kv * D * E, ctx);
+    }
     L.wo.resize(static_cast<std::size_t>(E * hp.n_head * D));
     load_matrix(f, p + "attn_output.weight", hp.n_head * D, E, L.wo.data(), ctx);
     L.w_gate_up.resize(static_cast<std::size_t>(2 * F * E));
@@ -352,7 +381,16 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     const std::int64_t n = t1 - t0;
     rms_norm_rows(x.data() + t0 * E, L.attn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
     lap(main, &ForwardProfile::norm);
-    gemm(xn.data() + t0 * E, n, E, L.wqkv.data(), R, qkv.data() + t0 * R, false);
+    if (!L.v_bd) {
+      gemm(xn.data() + t0 * E, n, E, L.wqkv.data(), R, qkv.data() + t0 * R, false);
+    } else {
+      // BDA: Q|K through the stacked GEMM, V' through the fused BD projection, both written
+      // into their slots of the same qkv rows.
+      linear(gemm_ctx, xn.data() + t0 * E, n, E, L.wqkv.data(), (Hq + Hkv) * D, qkv.data() + t0 * R,
+             false, R);
+      L.v_bd->project(xn.data() + t0 * E, n, E, qkv.data() + t0 * R + (Hq + Hkv) * D, R,
+                      transform::InputOrder::kOriginal, ExecContext{1});
+    }
     lap(main, &ForwardProfile::qkv_gemm);
     float* kc = cache.k_[static_cast<std::size_t>(l)].data();
     float* vc = cache.v_[static_cast<std::size_t>(l)].data();

@@ -61,7 +61,16 @@ PplResult evaluate_perplexity(LlamaModel& model, const std::vector<std::int32_t>
 
   model.set_attention(opt.attn);
   const std::string attn_spec = model.attention_spec();
-  const bool kl = !opt.baseline.empty();
+  const bool kl = !opt.baseline.empty() || opt.baseline_model != nullptr;
+  LlamaModel& base_model = opt.baseline_model ? *opt.baseline_model : model;
+  const std::string base_spec = opt.baseline.empty() ? attn_spec : opt.baseline;
+  if (opt.baseline_model) {
+    const LlamaHParams &a = model.hparams(), &b = opt.baseline_model->hparams();
+    NUMATTN_CHECK(a.n_vocab == b.n_vocab && a.n_layer == b.n_layer && a.n_embd == b.n_embd &&
+                      a.n_head == b.n_head && a.n_head_kv == b.n_head_kv && a.head_dim == b.head_dim,
+                  "the baseline model has other hyper-parameters than the evaluated one");
+    opt.baseline_model->set_attention(base_spec);
+  }
   KvCache cache = model.make_cache(n_ctx);
 
   PplResult r;
@@ -88,12 +97,12 @@ PplResult evaluate_perplexity(LlamaModel& model, const std::vector<std::int32_t>
     r.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::vector<float> base;
     if (kl) {
-      model.set_attention(opt.baseline);
+      if (!opt.baseline_model) model.set_attention(base_spec);
       cache.clear();
       ForwardOptions fb;
       fb.logits_begin = first;
-      base = model.forward(chunk, cache, ctx, fb);
-      model.set_attention(attn_spec);
+      base = base_model.forward(chunk, cache, ctx, fb);
+      if (!opt.baseline_model) model.set_attention(attn_spec);
     }
     // Row j - first of the logits (position j) predicts token j + 1.
     parallel_for(ctx, n_rows, [&](std::int64_t i) {

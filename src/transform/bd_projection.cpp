@@ -125,6 +125,67 @@ BdProjection BdProjection::from_weights(index_t d_in, index_t heads, index_t hea
   return p;
 }
 
+BdProjection::Parts BdProjection::parts() const {
+  Parts q;
+  q.d_in = d_;
+  q.heads = heads_;
+  q.head_dim = dh_;
+  q.rank = r_;
+  q.perm = perm_;
+  q.dense_heads = dense_list_;
+  q.rest = r_ > 0 ? rest_ : full_;
+  q.top = top_;
+  q.bias = bias_;
+  return q;
+}
+
+BdProjection BdProjection::from_parts(Parts q) {
+  NUMATTN_CHECK(q.d_in >= 1 && q.heads >= 1 && q.head_dim >= 1 && q.d_in < (1 << 24) &&
+                    q.heads < (1 << 16) && q.head_dim < (1 << 16),
+                "BD projection: bad sizes d_in={} heads={} head_dim={}", q.d_in, q.heads, q.head_dim);
+  NUMATTN_CHECK(q.rank == 0 || q.rank == q.head_dim,
+                "BD projection: rank {} must be 0 (dense) or head_dim {}", q.rank, q.head_dim);
+  const index_t out = q.heads * q.head_dim, r = q.rank;
+  NUMATTN_CHECK(static_cast<index_t>(q.perm.size()) == q.d_in,
+                "BD projection: permutation has {} entries, expected {}", q.perm.size(), q.d_in);
+  std::vector<char> seen(static_cast<std::size_t>(q.d_in), 0);
+  for (index_t v : q.perm) {
+    NUMATTN_CHECK(v >= 0 && v < q.d_in && !seen[static_cast<std::size_t>(v)],
+                  "BD projection: the channel permutation is not a permutation of 0..{}", q.d_in - 1);
+    seen[static_cast<std::size_t>(v)] = 1;
+  }
+  for (std::size_t k = 0; k < q.dense_heads.size(); ++k)
+    NUMATTN_CHECK(q.dense_heads[k] >= 0 && q.dense_heads[k] < q.heads &&
+                      (k == 0 || q.dense_heads[k] > q.dense_heads[k - 1]),
+                  "BD projection: dense head list must be ascending head indices < {}", q.heads);
+  const index_t nd = static_cast<index_t>(q.dense_heads.size());
+  NUMATTN_CHECK(static_cast<index_t>(q.rest.size()) == (q.d_in - r) * out,
+                "BD projection: coefficient matrix has {} values, expected {}", q.rest.size(),
+                (q.d_in - r) * out);
+  NUMATTN_CHECK(static_cast<index_t>(q.top.size()) == (r > 0 ? r * nd * q.head_dim : 0),
+                "BD projection: dense-head block has {} values, expected {}", q.top.size(),
+                r * nd * q.head_dim);
+  NUMATTN_CHECK(q.bias.empty() || static_cast<index_t>(q.bias.size()) == out,
+                "BD projection: bias has {} values, expected {}", q.bias.size(), out);
+  BdProjection p;
+  p.d_ = q.d_in;
+  p.heads_ = q.heads;
+  p.dh_ = q.head_dim;
+  p.r_ = r;
+  p.perm_ = std::move(q.perm);
+  p.dense_.assign(static_cast<std::size_t>(q.heads), 0);
+  for (index_t h : q.dense_heads) p.dense_[static_cast<std::size_t>(h)] = 1;
+  p.dense_list_ = std::move(q.dense_heads);
+  if (r > 0) {
+    p.rest_ = std::move(q.rest);
+    p.top_ = std::move(q.top);
+  } else {
+    p.full_ = std::move(q.rest);
+  }
+  p.bias_ = std::move(q.bias);
+  return p;
+}
+
 index_t BdProjection::weight_params() const {
   return static_cast<index_t>(full_.size() + rest_.size() + top_.size());
 }

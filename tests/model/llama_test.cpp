@@ -14,101 +14,16 @@
 #include "numattn/model/ppl.h"
 #include "numattn/model/quant.h"
 #include "numattn/model/tokenizer.h"
+#include "support/tiny_llama.h"
 
 namespace numattn {
 namespace {
 
-// A tiny random Llama: 2 layers, GQA (4 query heads over 2 KV heads), vocabulary 64.
-LlamaHParams tiny_hparams() {
-  LlamaHParams h;
-  h.n_vocab = 64;
-  h.n_embd = 32;
-  h.n_layer = 2;
-  h.n_ff = 64;
-  h.n_head = 4;
-  h.n_head_kv = 2;
-  h.head_dim = 8;
-  h.n_rot = 8;
-  h.rope_base = 10000.0;
-  h.rms_eps = 1e-5;
-  h.n_ctx_train = 256;
-  return h;
-}
-
-std::vector<float> randn(std::size_t n, std::uint64_t stream, float scale) {
-  std::vector<float> v(n);
-  fill_normal(v, 1234, stream);
-  for (float& x : v) x *= scale;
-  return v;
-}
-
-// Tensors in GGUF naming, each as [out rows][in] floats.
-struct TinyTensors {
-  LlamaHParams hp;
-  std::vector<std::pair<std::string, std::vector<float>>> t;  // name, data
-  std::vector<std::pair<std::int64_t, std::int64_t>> shape;   // {in, out}
-  const std::vector<float>& get(const std::string& n) const {
-    for (const auto& [name, d] : t)
-      if (name == n) return d;
-    throw Error("no tensor " + n);
-  }
-};
-
-TinyTensors make_tiny(bool tied) {
-  TinyTensors T;
-  T.hp = tiny_hparams();
-  const auto& h = T.hp;
-  const std::int64_t E = h.n_embd, D = h.head_dim, F = h.n_ff;
-  std::uint64_t s = 0;
-  auto add = [&](const std::string& name, std::int64_t in, std::int64_t out, float scale,
-                 float offset = 0.f) {
-    auto v = randn(static_cast<std::size_t>(in * out), s++, scale);
-    for (float& x : v) x += offset;
-    T.t.emplace_back(name, std::move(v));
-    T.shape.emplace_back(in, out);
-  };
-  add("token_embd.weight", E, h.n_vocab, 1.0f);
-  add("output_norm.weight", E, 1, 0.1f, 1.0f);
-  if (!tied) add("output.weight", E, h.n_vocab, 0.3f);
-  const float ws = 1.0f / std::sqrt(static_cast<float>(E));
-  for (int l = 0; l < h.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    add(p + "attn_norm.weight", E, 1, 0.1f, 1.0f);
-    add(p + "attn_q.weight", E, h.n_head * D, 2 * ws);
-    add(p + "attn_k.weight", E, h.n_head_kv * D, 2 * ws);
-    add(p + "attn_v.weight", E, h.n_head_kv * D, ws);
-    add(p + "attn_output.weight", h.n_head * D, E, ws);
-    add(p + "ffn_norm.weight", E, 1, 0.1f, 1.0f);
-    add(p + "ffn_gate.weight", E, F, ws);
-    add(p + "ffn_up.weight", E, F, ws);
-    add(p + "ffn_down.weight", F, E, 1.0f / std::sqrt(static_cast<float>(F)));
-  }
-  return T;
-}
-
-std::string write_gguf(const TinyTensors& T, const std::string& name, GgmlType type = GgmlType::F32) {
-  const auto& h = T.hp;
-  GgufWriter w;
-  w.set("general.architecture", GgufValue::string("llama"));
-  w.set("llama.context_length", GgufValue::u32(static_cast<std::uint32_t>(h.n_ctx_train)));
-  w.set("llama.embedding_length", GgufValue::u32(static_cast<std::uint32_t>(h.n_embd)));
-  w.set("llama.block_count", GgufValue::u32(static_cast<std::uint32_t>(h.n_layer)));
-  w.set("llama.feed_forward_length", GgufValue::u32(static_cast<std::uint32_t>(h.n_ff)));
-  w.set("llama.attention.head_count", GgufValue::u32(static_cast<std::uint32_t>(h.n_head)));
-  w.set("llama.attention.head_count_kv", GgufValue::u32(static_cast<std::uint32_t>(h.n_head_kv)));
-  w.set("llama.rope.dimension_count", GgufValue::u32(static_cast<std::uint32_t>(h.n_rot)));
-  w.set("llama.rope.freq_base", GgufValue::f32(static_cast<float>(h.rope_base)));
-  w.set("llama.attention.layer_norm_rms_epsilon", GgufValue::f32(static_cast<float>(h.rms_eps)));
-  for (std::size_t i = 0; i < T.t.size(); ++i) {
-    const auto [in, out] = T.shape[i];
-    const bool vec = out == 1;
-    std::vector<std::int64_t> ne = vec ? std::vector<std::int64_t>{in} : std::vector<std::int64_t>{in, out};
-    w.add_tensor_f32(T.t[i].first, ne, T.t[i].second.data(), vec ? GgmlType::F32 : type);
-  }
-  const std::string path = ::testing::TempDir() + "/" + name;
-  w.write(path);
-  return path;
-}
+using test::make_tiny;
+using test::randn;
+using test::tiny_hparams;
+using test::TinyTensors;
+using test::write_gguf;
 
 // ---- independent float64 implementation, in Hugging Face's convention ----------------------
 //

@@ -12,6 +12,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "numattn/core/blas.h"
+#include "numattn/model/bda_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
@@ -23,7 +24,7 @@ namespace numattn::cli {
 namespace {
 struct PplCliOptions {
   std::string model = "default", text = "default", attn = "exact.flash", baseline, format = "md",
-              bos = "replace";
+              bos = "replace", bda = "none";
   std::int64_t ctx = 512, chunks = -1;
   int threads = 0;
   bool no_progress = false;
@@ -58,6 +59,12 @@ void add_ppl(CLI::App& app) {
                   "first token of each chunk: replace (by BOS), auto (only if the vocabulary's "
                   "add_bos_token is set, as llama.cpp), keep")
       ->capture_default_str();
+  sub->add_option("--bda", o->bda,
+                  "apply BD Attention at load: none | vo | qk | qkvo (qk needs position-free Q/K "
+                  "dimensions and is refused for RoPE models); KL is then measured against the "
+                  "dense model")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
   sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o] {
@@ -69,6 +76,12 @@ void add_ppl(CLI::App& app) {
     const Tokenizer tok = Tokenizer::from_gguf(file);
     auto t0 = std::chrono::steady_clock::now();
     LlamaModel model = LlamaModel::load(file, ctx);
+    std::unique_ptr<LlamaModel> dense;
+    ModelBdaReport bda;
+    if (o->bda != "none") {
+      dense = std::make_unique<LlamaModel>(model);  // the baseline of the KL divergence
+      bda = apply_bda(model, o->bda);
+    }
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     t0 = std::chrono::steady_clock::now();
     // llama.cpp tokenizes the whole file with add_special (BOS only if add_bos_token) and
@@ -80,6 +93,7 @@ void add_ppl(CLI::App& app) {
     po.chunks = o->chunks;
     po.attn = o->attn;
     po.baseline = o->baseline;
+    po.baseline_model = dense.get();
     po.bos = parse_bos_mode(o->bos);
     po.progress = !o->no_progress;
     // GEMM throughput of the linked BLAS (1024³ sgemm, BLAS threads = --threads), sampled
@@ -113,6 +127,18 @@ void add_ppl(CLI::App& app) {
     row["attn"] = model.attention_spec();
     row["baseline"] = r.has_baseline ? Row(o->baseline) : Row();
     row["ppl_baseline"] = r.has_baseline ? Row(r.ppl_baseline) : Row();
+    bool file_bda = false;
+    for (const auto& L : model.weights().layers) file_bda |= L.v_bd != nullptr;
+    row["bda"] = o->bda != "none" ? o->bda : (file_bda ? "vo (stored in the file)" : "none");
+    if (o->bda != "none") {
+      row["baseline"] = "dense model, " + (o->baseline.empty() ? model.attention_spec() : o->baseline);
+      row["ppl_rel_change"] = (r.ppl - r.ppl_baseline) / r.ppl_baseline;
+      row["bda_params_before"] = bda.params_before;
+      row["bda_params_after"] = bda.params_after;
+      row["bda_params_saved"] = bda.params_saved();
+      row["bda_kappa_max"] = bda.kappa_max;
+      row["bda_fallback_heads"] = bda.fallback_heads;
+    }
     row["gemm_gflops"] = gemm;
     row["gemm_samples"] = gs.size();
     row["roofline_tokens_per_s"] = roofline;

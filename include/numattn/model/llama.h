@@ -43,6 +43,7 @@
 #include "numattn/attention/method.h"
 #include "numattn/core/exec.h"
 #include "numattn/core/tensor.h"
+#include "numattn/transform/bd_projection.h"
 
 namespace numattn {
 
@@ -71,6 +72,10 @@ struct LlamaHParams {
 struct LlamaLayer {
   std::vector<float> attn_norm;  ///< [E]
   std::vector<float> wqkv;       ///< [(Hq+2Hkv)·D, E]: rows of Wq, then Wk, then Wv
+                                 ///< ([(Hq+Hkv)·D, E], Wq|Wk only, when v_bd is set)
+  /// BD Attention, VO pair (model/bda_model.h): when set, the value projection is this fused
+  /// BD projection (V' = V·T per KV head, what the cache then holds) and `wo` holds W_o'.
+  std::shared_ptr<const transform::BdProjection> v_bd;
   std::vector<float> wo;         ///< [E, Hq·D]
   std::vector<float> ffn_norm;   ///< [E]
   std::vector<float> w_gate_up;  ///< [2F, E]: rows of W_gate, then W_up

@@ -41,7 +41,10 @@ struct PplOptions {
   std::int64_t ctx = 512;
   std::int64_t chunks = -1;         ///< -1 = all that fit
   std::string attn = "exact.flash";
-  std::string baseline;             ///< empty = no KL divergence
+  std::string baseline;             ///< empty = no KL divergence (unless baseline_model)
+  /// Optional second model for the baseline passes (e.g. the dense model of a BDA run); its
+  /// attention is `baseline`, or `attn` when `baseline` is empty. Same hyper-parameters.
+  LlamaModel* baseline_model = nullptr;
   BosMode bos = BosMode::kReplace;
   bool progress = false;            ///< a progress bar on stderr
   /// Called after each chunk, outside the timed forward passes (e.g. to sample the BLAS

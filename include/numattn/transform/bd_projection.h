@@ -99,6 +99,20 @@ class BdProjection {
   /// heads. For checks, or to fold V' = X·W_v·T into a stacked dense GEMM when speed does
   /// not matter (the fused kernel is what saves the dh/d MACs).
   std::vector<float> effective_weight() const;
+  /// The stored form of a BD projection, for serialisation (model/bda_model.h writes it to
+  /// GGUF). `perm` = permutation(); `dense_heads` = heads kept dense, ascending; `rest` =
+  /// C_stack (d_in − r) × out row-major; `top` = r × (|dense_heads|·head_dim); `bias` empty or
+  /// out. A dense projection has r = 0 and `rest` = the full d_in × out matrix.
+  struct Parts {
+    index_t d_in = 0, heads = 0, head_dim = 0, rank = 0;
+    std::vector<index_t> perm, dense_heads;
+    std::vector<float> rest, top, bias;
+  };
+  Parts parts() const;
+  /// Rebuilds a projection from `parts()`; every size and index is checked (a corrupt file
+  /// gives numattn::Error, never a crash).
+  static BdProjection from_parts(Parts parts);
+
   /// Rows per parallel block (0 = tokens / threads, one block per thread).
   void set_block_rows(index_t rows) { block_rows_ = rows; }
 

@@ -1,0 +1,58 @@
+/// @file bda_model.h
+/// BD Attention applied to a whole Llama model, and BDA models stored as GGUF.
+///
+/// `apply_bda` rewrites every layer with transform::bda_transform (transform/bda.h): for the
+/// VO pair the value projection becomes the fused BD projection V' = X[:,S^c]·C + X[:,S]
+/// (d_model − head_dim MACs per output instead of d_model) and W_o becomes W_o' = W_v[S,:]·W_o,
+/// so P·V'·W_o' = P·V·W_o exactly in real arithmetic; the KV cache holds V' (same size).
+/// The QK pair needs position-free Q/K dimensions: Llama applies RoPE to every Q/K dimension,
+/// so "qk" and "qkvo" are refused with an error that names RoPE.
+///
+/// GGUF form (written by `write_bda_gguf`, read back by LlamaModel::load): the source file's
+/// metadata and tensors, plus `numattn.bda.pairs = "vo"`, and per BDA layer ℓ:
+/// - `blk.ℓ.attn_v_bd.perm`   metadata int32 array [E]: input channels in [S, S^c] order
+/// - `blk.ℓ.attn_v_bd.dense`  metadata int32 array: KV heads kept dense (κ above threshold)
+/// - `blk.ℓ.attn_v_bd.coef`   F32 tensor, GGUF ne {Hkv·D, E − D}: C_stack (rows in S^c order)
+/// - `blk.ℓ.attn_v_bd.top`    F32 tensor ne {n_dense·D, D}, only when some head is dense
+/// - `blk.ℓ.attn_output.weight` replaced by W_o' in F32; `blk.ℓ.attn_v.weight` removed.
+/// Coefficients are stored in float32 (as computed in float64 and rounded once), so a
+/// converted model reproduces the in-memory BDA model bit for bit.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "numattn/model/llama.h"
+#include "numattn/transform/bda.h"
+
+namespace numattn {
+
+class GgufFile;
+
+struct ModelBdaLayerReport {
+  int layer = 0;
+  double kappa_max = 1;        ///< over the heads that use BD
+  int fallback_heads = 0;      ///< KV heads kept dense
+  std::int64_t params_before = 0, params_after = 0;  ///< the layer's Q, K, V, O weights
+};
+
+struct ModelBdaReport {
+  std::string pairs;
+  std::vector<ModelBdaLayerReport> layers;
+  std::int64_t params_before = 0, params_after = 0;  ///< summed over layers
+  double kappa_max = 1;
+  int fallback_heads = 0;
+  std::int64_t params_saved() const { return params_before - params_after; }
+};
+
+/// Rewrites every layer of `model` with BDA (`pairs`: "vo"; "qk"/"qkvo" refused for RoPE
+/// models). Cost: a few ms per layer in float64. Throws numattn::Error on refusal; the model
+/// is unchanged then.
+ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
+                         const transform::BdaOptions& options = {});
+
+/// Writes `bda_model` (made by apply_bda from the model in `source`) as a GGUF file next to
+/// the source's metadata and untouched tensors (see the layout above).
+void write_bda_gguf(const GgufFile& source, const LlamaModel& bda_model, const std::string& path);
+
+}  // namespace numattn

@@ -1,0 +1,124 @@
+#include "numattn/model/bda_model.h"
+
+#include <cstring>
+
+#include "numattn/core/error.h"
+#include "numattn/model/gguf.h"
+
+namespace numattn {
+
+ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
+                         const transform::BdaOptions& options) {
+  transform::BdaOptions opt = options;
+  opt.pairs = transform::parse_bda_pairs(pairs);
+  const LlamaHParams& hp = model.hparams();
+  const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;
+  ModelBdaReport rep;
+  rep.pairs = transform::to_string(opt.pairs);
+  if (opt.pairs == transform::BdaPairs::kNone) return rep;
+  LlamaWeights& w = model.mutable_weights();
+  for (const LlamaLayer& L : w.layers)
+    NUMATTN_CHECK(!L.v_bd, "the model already has BDA applied");
+  // Transform every layer first, then commit: a refusal leaves the model untouched.
+  std::vector<transform::BdaLayer> done;
+  done.reserve(w.layers.size());
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    const LlamaLayer& L = w.layers[l];
+    transform::AttentionLayerWeights aw;
+    aw.d_model = E;
+    aw.heads = Hq;
+    aw.kv_heads = Hkv;
+    aw.head_dim = D;
+    aw.rope_dims = hp.n_rot;
+    aw.layout = transform::WeightLayout::kOutIn;
+    const float* p = L.wqkv.data();
+    aw.wq = {p, static_cast<std::size_t>(Hq * D * E)};
+    aw.wk = {p + Hq * D * E, static_cast<std::size_t>(Hkv * D * E)};
+    aw.wv = {p + (Hq + Hkv) * D * E, static_cast<std::size_t>(Hkv * D * E)};
+    aw.wo = L.wo;
+    try {
+      done.push_back(transform::bda_transform(aw, opt));
+    } catch (const Error& e) {
+      throw Error(fmt::format("BDA '{}' on layer {}: {}", rep.pairs, l, e.what()));
+    }
+  }
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    LlamaLayer& L = w.layers[l];
+    transform::BdaLayer& b = done[l];
+    L.wo = std::move(b.wo);
+    L.wqkv.resize(static_cast<std::size_t>((Hq + Hkv) * D * E));  // V rows now live in v_bd
+    L.v_bd = std::make_shared<const transform::BdProjection>(std::move(b.v_proj));
+    ModelBdaLayerReport lr;
+    lr.layer = static_cast<int>(l);
+    lr.kappa_max = b.vo.kappa_max;
+    lr.fallback_heads = static_cast<int>(b.vo.fallback_heads);
+    lr.params_before = b.params_before;
+    lr.params_after = b.params_after;
+    rep.params_before += lr.params_before;
+    rep.params_after += lr.params_after;
+    rep.kappa_max = std::max(rep.kappa_max, lr.kappa_max);
+    rep.fallback_heads += lr.fallback_heads;
+    rep.layers.push_back(lr);
+  }
+  return rep;
+}
+
+namespace {
+std::vector<std::uint8_t> f32_bytes(const std::vector<float>& v) {
+  std::vector<std::uint8_t> b(v.size() * sizeof(float));
+  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+std::vector<std::int32_t> to_i32(const std::vector<index_t>& v) {
+  return std::vector<std::int32_t>(v.begin(), v.end());
+}
+}  // namespace
+
+void write_bda_gguf(const GgufFile& source, const LlamaModel& m, const std::string& path) {
+  const LlamaHParams& hp = m.hparams();
+  const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head;
+  GgufWriter out(static_cast<std::uint32_t>(source.alignment()));
+  for (const auto& [key, value] : source.metadata())
+    if (key != "general.alignment") out.set(key, value);
+  out.set("numattn.bda.pairs", GgufValue::string("vo"));
+  out.set("numattn.bda.version", GgufValue::u32(1));
+  std::vector<char> bda(static_cast<std::size_t>(hp.n_layer), 0);
+  for (std::int64_t l = 0; l < hp.n_layer; ++l)
+    bda[static_cast<std::size_t>(l)] = m.weights().layers[static_cast<std::size_t>(l)].v_bd != nullptr;
+  auto layer_of = [](const std::string& name, const std::string& suffix) -> std::int64_t {
+    if (name.rfind("blk.", 0) != 0 || name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      return -1;
+    const std::string mid = name.substr(4, name.size() - 4 - suffix.size());
+    if (mid.empty() || mid.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoll(mid);
+  };
+  for (const GgufTensorInfo& t : source.tensors()) {
+    const std::int64_t lv = layer_of(t.name, ".attn_v.weight");
+    if (lv >= 0 && lv < hp.n_layer && bda[static_cast<std::size_t>(lv)]) continue;
+    const std::int64_t lo = layer_of(t.name, ".attn_output.weight");
+    if (lo >= 0 && lo < hp.n_layer && bda[static_cast<std::size_t>(lo)]) {
+      out.add_tensor_f32(t.name, {Hq * D, E}, m.weights().layers[static_cast<std::size_t>(lo)].wo.data());
+      continue;
+    }
+    out.add_tensor(t.name, t.type, t.ne,
+                   std::vector<std::uint8_t>(t.data, t.data + t.size_bytes));
+  }
+  for (std::int64_t l = 0; l < hp.n_layer; ++l) {
+    const auto& L = m.weights().layers[static_cast<std::size_t>(l)];
+    if (!L.v_bd) continue;
+    const transform::BdProjection::Parts p = L.v_bd->parts();
+    NUMATTN_CHECK(p.rank > 0 && p.bias.empty(), "layer {}: unexpected BD projection form", l);
+    const std::string pre = "blk." + std::to_string(l) + ".attn_v_bd.";
+    out.set(pre + "perm", GgufValue::array(to_i32(p.perm)));
+    out.set(pre + "dense", GgufValue::array(to_i32(p.dense_heads)));
+    out.add_tensor(pre + "coef", GgmlType::F32, {p.heads * p.head_dim, p.d_in - p.rank}, f32_bytes(p.rest));
+    if (!p.top.empty())
+      out.add_tensor(pre + "top", GgmlType::F32,
+                     {static_cast<std::int64_t>(p.dense_heads.size()) * p.head_dim, p.rank},
+                     f32_bytes(p.top));
+  }
+  out.write(path);
+}
+
+}  // namespace numattn

@@ -1,0 +1,37 @@
+// A tiny random Llama model written as GGUF, shared by the model-layer tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "numattn/model/gguf.h"
+#include "numattn/model/llama.h"
+#include "numattn/model/quant.h"
+
+namespace numattn::test {
+
+// A tiny random Llama: 2 layers, GQA (4 query heads over 2 KV heads), vocabulary 64.
+LlamaHParams tiny_hparams();
+
+/// n seeded N(0, scale²) values (seed 1234, stream `stream`).
+std::vector<float> randn(std::size_t n, std::uint64_t stream, float scale);
+
+// Tensors in GGUF naming, each as [out rows][in] floats.
+struct TinyTensors {
+  LlamaHParams hp;
+  std::vector<std::pair<std::string, std::vector<float>>> t;  // name, data
+  std::vector<std::pair<std::int64_t, std::int64_t>> shape;   // {in, out}
+  const std::vector<float>& get(const std::string& n) const;
+};
+
+/// Random weights of the tiny model (tied: no output.weight).
+TinyTensors make_tiny(bool tied);
+
+/// Writes the tiny model to ::testing::TempDir()/name with 2-d weights stored as `type`.
+std::string write_gguf(const TinyTensors& T, const std::string& name, GgmlType type = GgmlType::F32);
+
+}  // namespace numattn::test
