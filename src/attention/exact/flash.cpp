@@ -387,9 +387,9 @@ void FlashAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
   // (batch, kv head), so that consecutive units stream the same K/V (a global heaviest-first
   // order interleaves all heads and measured 20% slower for causal N = 4096 from cache misses),
   // and heaviest first within it, so the run ends on light units. Each unit writes only its
-  // own output rows (or its own partial state, merged below in split order), so the result does
-  // not depend on which thread ran which unit: it is bitwise reproducible for a given thread
-  // count.
+  // own output rows (or its own partial state, merged in split order by whichever thread ends
+  // the item's last split), so the result does not depend on which thread ran which unit: it
+  // is bitwise reproducible for a given thread count.
   std::vector<index_t> order(static_cast<std::size_t>(units));
   {
     std::vector<index_t> cost(static_cast<std::size_t>(units));
