@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string_view>
 #include <vector>
 
 #include "numattn/core/rng.h"
@@ -35,6 +36,18 @@ void dgemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, d
 void set_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
 
 const char* library_name() { return openblas_get_config(); }
+
+const char* core_name() { return openblas_get_corename(); }
+
+const char* recommended_coretype() {
+  if (std::string_view(openblas_get_corename()) != "Prescott") return nullptr;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return "SKYLAKEX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "HASWELL";
+  return nullptr;
+}
 
 double measure_sgemm_gflops(std::int64_t size, int reps, int threads) {
   const std::size_t nn = static_cast<std::size_t>(size * size);

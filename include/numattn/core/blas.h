@@ -26,6 +26,16 @@ void set_threads(int n);
 /// Name and version of the linked BLAS, for reports.
 const char* library_name();
 
+/// The kernel family the linked OpenBLAS chose at load time (e.g. "SkylakeX", "Prescott").
+const char* core_name();
+
+/// The OPENBLAS_CORETYPE that fits this CPU when the linked OpenBLAS did not recognise it and
+/// fell back to its generic "Prescott" (SSE3) kernels, or nullptr when no fix is needed.
+/// OpenBLAS 0.3.21 (Debian 12) predates Sapphire/Emerald Rapids and runs SSE3 GEMM there, 5–10×
+/// below its own AVX-512 kernels; the variable is read when the library loads, so a program
+/// must set it and restart itself (the numattn CLI does, see tools/numattn/main.cpp).
+const char* recommended_coretype();
+
 /// Measures float32 GEMM throughput of the linked BLAS on `size³` (median of `reps` runs),
 /// with `threads` threads in BLAS. The baseline of every efficiency figure.
 /// @return GFLOP/s under the 2·m·n·k model.
