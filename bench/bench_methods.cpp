@@ -13,12 +13,6 @@ namespace {
 
 using namespace numattn;
 
-double flops(const AttentionProblem& p) {
-  double pairs = 0;
-  for (index_t i = 0; i < p.n_q(); ++i) pairs += static_cast<double>(p.key_range(i).end - p.key_range(i).begin);
-  return 2.0 * pairs * static_cast<double>(p.d_qk() + p.d_v()) * static_cast<double>(p.batch() * p.heads());
-}
-
 void bench_sgemm(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   std::vector<float> a(static_cast<std::size_t>(n * n), 1.f), b(a), c(a);
@@ -53,7 +47,7 @@ void register_all() {
             ExecContext ctx{1};
             blas::set_threads(1);
             for (auto _ : state) method->forward(p, ctx);
-            state.counters["GFLOPS"] = benchmark::Counter(flops(p), benchmark::Counter::kIsIterationInvariantRate);
+            state.counters["GFLOPS"] = benchmark::Counter(attention_flops(p), benchmark::Counter::kIsIterationInvariantRate);
             ErrorMetrics m = compare_with_reference(p, reference_sample(p, 64, 7, ExecContext{1}));
             state.counters["rel_fro_error"] = m.rel_fro_error;
             state.counters["workspace_bytes"] = static_cast<double>(method->workspace_bytes(p, ctx));

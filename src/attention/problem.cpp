@@ -44,6 +44,16 @@ std::string AttentionProblem::describe() const {
                      kv_heads(), n_q(), n_kv(), d_qk(), d_v(), to_string(causal));
 }
 
+double attention_flops(const AttentionProblem& p) {
+  double pairs = 0;
+  for (index_t i = 0; i < p.n_q(); ++i) {
+    const KeyRange r = p.key_range(i);
+    pairs += static_cast<double>(r.end - r.begin);
+  }
+  return 2.0 * pairs * static_cast<double>(p.d_qk() + p.d_v()) *
+         static_cast<double>(p.batch() * p.heads());
+}
+
 namespace {
 void check_rank4(const char* name, const TensorView<const float>& t) {
   NUMATTN_CHECK(t.data != nullptr || t.numel() == 0, "attention: tensor '{}' has no data", name);

@@ -125,15 +125,6 @@ double time_median_ms(int reps, const std::function<void()>& fn) {
   return t[t.size() / 2];
 }
 
-double attention_flops(const AttentionProblem& p) {
-  double pairs = 0;
-  for (index_t i = 0; i < p.n_q(); ++i) {
-    KeyRange r = p.key_range(i);
-    pairs += static_cast<double>(r.end - r.begin);
-  }
-  return 2.0 * pairs * static_cast<double>(p.d_qk() + p.d_v()) * static_cast<double>(p.batch() * p.heads());
-}
-
 index_t rows_to_check(const AttentionProblem& p, long long requested) {
   const index_t total = p.batch() * p.heads() * p.n_q();
   if (requested < 0) return total <= 4096 ? total : 1024;

@@ -27,10 +27,6 @@ struct ProblemFlags {
 /// Median wall time of `fn` over `reps` runs after one warm-up, in milliseconds.
 double time_median_ms(int reps, const std::function<void()>& fn);
 
-/// Attention FLOPs of `p`: 2·(visible query-key pairs)·(Dk+Dv) summed over batch and heads
-/// (equals 2·Nq·Nk·(Dk+Dv) per head without masking; about half of it for causal).
-double attention_flops(const AttentionProblem& p);
-
 /// How many reference rows to check: `requested` < 0 means "automatic" (all rows up to 4096,
 /// else a seeded sample of 1024).
 index_t rows_to_check(const AttentionProblem& p, long long requested);

@@ -87,6 +87,11 @@ struct AttentionProblem {
   std::string describe() const;
 };
 
+/// FLOPs of exact attention on `p` under the project's FLOP model: 2·(visible query–key pairs
+/// by causal rule and window)·(Dk + Dv), summed over batch and query heads — 2·Nq·Nk·(Dk+Dv)
+/// per head without masking, about half of it for causal. GFLOP/s in every report use it.
+double attention_flops(const AttentionProblem& p);
+
 /// Throws `numattn::Error` naming the offending tensor when shapes are inconsistent.
 void validate(const AttentionProblem& p);
 
