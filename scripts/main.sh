@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/fetch_data.sh   # default model and text, cached and checksummed
-scripts/build.sh
+scripts/build.sh >&2   # build log on stderr: stdout is the report
 NUMATTN=build/bin/numattn
 CHUNKS=${NUMATTN_MAIN_CHUNKS:-20}
 
