@@ -121,8 +121,14 @@ double time_median_ms(int reps, const std::function<void()>& fn) {
     fn();
     t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median(std::move(t));
+}
+
+double median(std::vector<double> v) {
+  NUMATTN_ASSERT(!v.empty());
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 index_t rows_to_check(const AttentionProblem& p, long long requested) {

@@ -24,6 +24,9 @@ struct ProblemFlags {
   std::vector<ProblemConfig> expand() const;
 };
 
+/// Median of `v` (mean of the two middle values for an even count); `v` must not be empty.
+double median(std::vector<double> v);
+
 /// Median wall time of `fn` over `reps` runs after one warm-up, in milliseconds.
 double time_median_ms(int reps, const std::function<void()>& fn);
 

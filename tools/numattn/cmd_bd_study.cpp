@@ -37,12 +37,6 @@ struct StudyOptions {
   std::string format = "md";
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 }  // namespace
 
 void add_bd_study(CLI::App& app) {

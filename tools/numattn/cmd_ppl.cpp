@@ -102,9 +102,7 @@ void add_ppl(CLI::App& app) {
     std::vector<double> gs{blas::measure_sgemm_gflops(1024, 3, nt)};
     po.after_chunk = [&] { gs.push_back(blas::measure_sgemm_gflops(1024, 1, nt)); };
     const PplResult r = evaluate_perplexity(model, tokens, tok.bos_id(), tok.add_bos(), po, ctx);
-    std::sort(gs.begin(), gs.end());
-    const double gemm = gs.size() % 2 ? gs[gs.size() / 2]
-                                      : 0.5 * (gs[gs.size() / 2 - 1] + gs[gs.size() / 2]);
+    const double gemm = median(gs);
     // Weights each processed token multiplies through: every layer, plus the output matrix for
     // the share of positions whose logits are computed (ctx - ctx/2 of ctx).
     const double out_share = static_cast<double>(r.ctx - r.ctx / 2) / static_cast<double>(r.ctx);
