@@ -97,8 +97,8 @@ TEST(Cli, ErrorsExitNonZeroWithAMessage) {
 
 TEST(Cli, NpyInterfaceMatchesAnIndependentComputation) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / "numattn_cli_npy";
-  fs::create_directories(dir);
+  const test::ScratchDir scratch;
+  const fs::path& dir = scratch.path();
   const int H = 2, N = 5, NK = 7, D = 3;
   std::vector<float> q(H * N * D), k(H * NK * D), v(H * NK * D), mask(N * NK);
   fill_normal(q, 1, 0);
@@ -138,7 +138,6 @@ TEST(Cli, NpyInterfaceMatchesAnIndependentComputation) {
         EXPECT_NEAR(o.f32[(h * N + i) * D + d], acc, 1e-5);
       }
     }
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "numattn/core/rng.h"
 #include "numattn/core/simd.h"
 #include "numattn/core/tensor.h"
+#include "support/test_util.h"
 
 namespace numattn {
 namespace {
@@ -98,9 +99,8 @@ TEST(Blas, SgemmMatchesLoops) {
 
 class NpyTest : public ::testing::Test {
  protected:
-  std::filesystem::path dir = std::filesystem::temp_directory_path() / "numattn_npy_test";
-  void SetUp() override { std::filesystem::create_directories(dir); }
-  void TearDown() override { std::filesystem::remove_all(dir); }
+  test::ScratchDir scratch;
+  const std::filesystem::path& dir = scratch.path();
 };
 
 TEST_F(NpyTest, RoundTripsAllDtypes) {

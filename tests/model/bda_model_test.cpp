@@ -75,7 +75,7 @@ TEST(ModelBda, ConvertedGgufLoadsBackBitForBit) {
   GgufFile src = GgufFile::open(path);
   LlamaModel m = LlamaModel::load(src);
   apply_bda(m, "vo");
-  const std::string out = ::testing::TempDir() + "/bda_out.gguf";
+  const std::string out = test::temp_path("bda_out.gguf");
   write_bda_gguf(src, m, out);
   GgufFile f = GgufFile::open(out);
   EXPECT_EQ(f.get_string("numattn.bda.pairs"), "vo");
@@ -97,7 +97,7 @@ TEST(ModelBda, CorruptBdaTensorsAreRejected) {
   GgufFile src = GgufFile::open(path);
   LlamaModel m = LlamaModel::load(src);
   apply_bda(m, "vo");
-  const std::string out = ::testing::TempDir() + "/bda_bad.gguf";
+  const std::string out = test::temp_path("bda_bad.gguf");
   write_bda_gguf(src, m, out);
   // Rewrite with a permutation that repeats a channel.
   GgufFile good = GgufFile::open(out);
@@ -112,7 +112,7 @@ TEST(ModelBda, CorruptBdaTensorsAreRejected) {
   }
   for (const auto& t : good.tensors())
     w.add_tensor(t.name, t.type, t.ne, std::vector<std::uint8_t>(t.data, t.data + t.size_bytes));
-  const std::string bad = ::testing::TempDir() + "/bda_bad2.gguf";
+  const std::string bad = test::temp_path("bda_bad2.gguf");
   w.write(bad);
   EXPECT_THROW(LlamaModel::load(bad), Error);
 }

@@ -32,9 +32,8 @@ class ScopedEnv {
 };
 
 TEST(DefaultData, DefaultPathsResolveOrExplain) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("numattn_data_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test::ScratchDir scratch;
+  const auto& dir = scratch.path();
   {
     ScopedEnv env("NUMATTN_CACHE", dir.string());
     EXPECT_EQ(cache_dir(), dir.string());
@@ -59,7 +58,6 @@ TEST(DefaultData, DefaultPathsResolveOrExplain) {
     ScopedEnv home("HOME", "/home/someone");
     EXPECT_EQ(cache_dir(), "/home/someone/.cache/numattn");
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(DefaultData, FetchScriptExtractorUnitTests) {

@@ -263,8 +263,9 @@ TEST(Gguf, OpenFromDiskMatchesMemory) {
   GgufWriter w = writer_with_every_type();
   const auto x = random_floats(32 * 4, 2);
   w.add_tensor_f32("t", {32, 4}, x.data(), GgmlType::Q4_1);
-  const auto dir = std::filesystem::temp_directory_path();
-  const std::string path = (dir / ("numattn_gguf_test_" + std::to_string(::getpid()) + ".gguf")).string();
+  const test::ScratchDir scratch;
+  const auto& dir = scratch.path();
+  const std::string path = scratch.file("model.gguf");
   w.write(path);
   {
     GgufFile f = GgufFile::open(path);
@@ -522,8 +523,8 @@ TEST(GgufInfoCli, JsonAndErrors) {
   GgufWriter w = writer_with_every_type();
   const auto x = random_floats(32 * 3, 9);
   w.add_tensor_f32("blk.0.w", {32, 3}, x.data(), GgmlType::Q4_1);
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("numattn_gguf_info_" + std::to_string(::getpid()) + ".gguf")).string();
+  const test::ScratchDir scratch;
+  const std::string path = scratch.file("model.gguf");
   w.write(path);
   std::string out;
   ASSERT_EQ(test::run_command(std::string(NUMATTN_CLI_PATH) + " gguf-info --model " + path +
@@ -550,7 +551,6 @@ TEST(GgufInfoCli, JsonAndErrors) {
   EXPECT_NE(test::run_command(std::string(NUMATTN_CLI_PATH) + " gguf-info --model " + path + " 2>&1", &out), 0);
   EXPECT_NE(out.find("error:"), std::string::npos) << out;
   EXPECT_NE(out.find("corrupt GGUF"), std::string::npos) << out;
-  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "numattn/model/ppl.h"
 #include "numattn/model/quant.h"
 #include "numattn/model/tokenizer.h"
+#include "support/test_util.h"
 #include "support/tiny_llama.h"
 
 namespace numattn {
@@ -292,7 +293,7 @@ TEST(Llama, PerLayerSpecs) {
 TEST(Llama, RefusesOtherArchitectures) {
   GgufWriter w;
   w.set("general.architecture", GgufValue::string("gemma3"));
-  const std::string path = ::testing::TempDir() + "/gemma.gguf";
+  const std::string path = test::temp_path("gemma.gguf");
   w.write(path);
   try {
     LlamaModel::load(path);

@@ -3,8 +3,48 @@
 #include <array>
 #include <cstdio>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <system_error>
+#include <vector>
 
 namespace numattn::test {
+
+namespace {
+// Files handed out by temp_path(), removed when the test process exits.
+struct TempFiles {
+  std::vector<std::filesystem::path> paths;
+  ~TempFiles() {
+    std::error_code ec;
+    for (const auto& p : paths) std::filesystem::remove(p, ec);
+  }
+};
+TempFiles g_temp_files;
+}  // namespace
+
+std::string temp_path(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() /
+           ("numattn_" + std::to_string(::getpid()) + "_" + name);
+  g_temp_files.paths.push_back(p);
+  return p.string();
+}
+
+ScratchDir::ScratchDir() {
+  std::string name = "numattn";
+  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
+    name += std::string("_") + info->test_suite_name() + "_" + info->name();
+  }
+  for (char& c : name)
+    if (c == '/') c = '_';  // parametrised tests are named Suite/Test
+  path_ = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(path_);
+  std::filesystem::create_directories(path_);
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
 
 int run_command(const std::string& cmd, std::string* out) {
   FILE* f = popen(cmd.c_str(), "r");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "numattn/analysis/metrics.h"
@@ -28,6 +29,26 @@ constexpr double kExactElemC = 64.0;
 constexpr double kExactRelFro = 1e-5;
 /// LSE: |lse − lse_ref| ≤ kLseC · eps · max(1, |lse_ref|).
 constexpr double kLseC = 64.0;
+
+/// A fresh directory private to the running test: <tmp>/numattn_<suite>_<test>_<pid>. ctest runs
+/// tests in parallel processes, so a fixed name shared by two tests races (one test's clean-up
+/// deleting the other's files). Removed, without throwing, when the object goes out of scope.
+class ScratchDir {
+ public:
+  ScratchDir();
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  /// path() / name, as a string.
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// <tmp>/numattn_<pid>_<name>: a file name no other test process uses; removed at process exit.
+std::string temp_path(const std::string& name);
 
 /// Runs a captured command, returns exit status; stdout into *out.
 int run_command(const std::string& cmd, std::string* out);

@@ -4,6 +4,7 @@
 
 #include "numattn/core/error.h"
 #include "numattn/core/rng.h"
+#include "support/test_util.h"
 
 namespace numattn::test {
 
@@ -88,7 +89,7 @@ std::string write_gguf(const TinyTensors& T, const std::string& name, GgmlType t
     std::vector<std::int64_t> ne = vec ? std::vector<std::int64_t>{in} : std::vector<std::int64_t>{in, out};
     w.add_tensor_f32(T.t[i].first, ne, T.t[i].second.data(), vec ? GgmlType::F32 : type);
   }
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = temp_path(name);
   w.write(path);
   return path;
 }

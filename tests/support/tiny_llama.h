@@ -31,7 +31,7 @@ struct TinyTensors {
 /// Random weights of the tiny model (tied: no output.weight).
 TinyTensors make_tiny(bool tied);
 
-/// Writes the tiny model to ::testing::TempDir()/name with 2-d weights stored as `type`.
+/// Writes the tiny model to temp_path(name) with 2-d weights stored as `type`.
 std::string write_gguf(const TinyTensors& T, const std::string& name, GgmlType type = GgmlType::F32);
 
 }  // namespace numattn::test

@@ -18,8 +18,8 @@ namespace {
 std::string cli() { return std::string(NUMATTN_CLI_PATH); }
 
 TEST(BdCli, WritesBasisBAndCAndPrintsAccounting) {
-  const auto dir = std::filesystem::temp_directory_path() / "numattn_bd_cli";
-  std::filesystem::create_directories(dir);
+  const test::ScratchDir scratch;
+  const auto& dir = scratch.path();
   const index_t m = 30, n = 20, r = 4;
   std::vector<double> u(static_cast<std::size_t>(m * r)), v(static_cast<std::size_t>(r * n));
   fill_normal(u, 3, 1);
