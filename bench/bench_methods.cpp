@@ -59,6 +59,7 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  blas::restart_with_fast_kernels(argv);
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <string_view>
 #include <vector>
+
+#include <unistd.h>
 
 #include "numattn/core/rng.h"
 
@@ -47,6 +50,14 @@ const char* recommended_coretype() {
     return "SKYLAKEX";
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "HASWELL";
   return nullptr;
+}
+
+void restart_with_fast_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("NUMATTN_KEEP_BLAS_CORE")) return;
+  const char* core = recommended_coretype();
+  if (!core) return;
+  ::setenv("OPENBLAS_CORETYPE", core, 1);
+  ::execv("/proc/self/exe", argv);
 }
 
 double measure_sgemm_gflops(std::int64_t size, int reps, int threads) {

@@ -33,8 +33,15 @@ const char* core_name();
 /// fell back to its generic "Prescott" (SSE3) kernels, or nullptr when no fix is needed.
 /// OpenBLAS 0.3.21 (Debian 12) predates Sapphire/Emerald Rapids and runs SSE3 GEMM there, 5–10×
 /// below its own AVX-512 kernels; the variable is read when the library loads, so a program
-/// must set it and restart itself (the numattn CLI does, see tools/numattn/main.cpp).
+/// must set it and restart itself: restart_with_fast_kernels().
 const char* recommended_coretype();
+
+/// Call first thing in main(): when recommended_coretype() is not null, sets OPENBLAS_CORETYPE
+/// and re-executes the program with the same arguments (once: the restarted process finds the
+/// variable set). An explicit OPENBLAS_CORETYPE, or NUMATTN_KEEP_BLAS_CORE=1, is respected. If
+/// exec fails the program goes on with the slow kernels: results are the same, only speed differs.
+/// Used by the numattn CLI and the benchmark program, whose efficiency figures are ratios to sgemm.
+void restart_with_fast_kernels(char** argv);
 
 /// Measures float32 GEMM throughput of the linked BLAS on `size³` (median of `reps` runs),
 /// with `threads` threads in BLAS. The baseline of every efficiency figure.
