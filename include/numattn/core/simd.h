@@ -49,12 +49,10 @@ inline void exp_f32(const float* x, float* y, std::int64_t n) {
 }
 
 #if defined(__AVX512F__)
-/// 16 lanes of `exp_f32(float)`: the same reduction and polynomial (so the same ≤ 2 ulp bound
-/// and the same saturation), 2^n applied with `vscalefps`; NaN stays NaN.
-inline __m512 exp_f32(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.3365447505531f);
-  // max(lo, x)/min(hi, ·) return their second operand for NaN, so NaN propagates.
-  const __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(lo, x));
+/// The core of the 16-lane exp, for callers that clamp and mask their own way (the flash
+/// kernel's cut-off exp): for xc in [-87.4, 88], e^xc = p · 2^n with the reduction and
+/// polynomial of `exp_f32(float)`; apply 2^n with `_mm512_scalef_ps(p, n)`.
+inline __m512 exp_mantissa(__m512 xc, __m512* n_out) {
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
@@ -65,9 +63,19 @@ inline __m512 exp_f32(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  const __m512 res = _mm512_scalef_ps(p, n);
-  return _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), res);
+  *n_out = n;
+  return _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+}
+
+/// 16 lanes of `exp_f32(float)`: the same reduction and polynomial (so the same ≤ 2 ulp bound
+/// and the same saturation), 2^n applied with `vscalefps`; NaN stays NaN.
+inline __m512 exp_f32(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3365447505531f);
+  // max(lo, x)/min(hi, ·) return their second operand for NaN, so NaN propagates.
+  const __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(lo, x));
+  __m512 n;
+  const __m512 p = exp_mantissa(xc, &n);
+  return _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), _mm512_scalef_ps(p, n));
 }
 #endif
 

@@ -58,23 +58,12 @@ struct Vec {
     const __mmask16 m = _mm512_cmp_ps_mask(x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
     return _mm512_mask_mov_ps(x, m, zero());
   }
-  /// exp(x) for x ≤ 0 (including -inf), flushed to 0 below kExpCut. Same Cody–Waite reduction
-  /// and degree-6 polynomial as simd::exp_f32 (≤ 2 ulp), without the upper clamp it does not
-  /// need here.
+  /// exp(x) for x ≤ 0 (including -inf), flushed to 0 below kExpCut: simd::exp_mantissa
+  /// (≤ 2 ulp) without the upper clamp it does not need here, the mask fused into the scaling.
   static R exp_cut(R x) {
     const R cut = set1(kExpCut);
-    const R xc = _mm512_max_ps(x, cut);
-    const R n = _mm512_roundscale_ps(_mm512_mul_ps(xc, set1(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    R r = _mm512_fnmadd_ps(n, set1(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(n, set1(-2.12194440e-4f), r);
-    R p = set1(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, set1(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, set1(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, set1(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, set1(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, set1(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), set1(1.0f));
+    R n;
+    const R p = simd::exp_mantissa(_mm512_max_ps(x, cut), &n);
     return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, cut, _CMP_GE_OQ), p, n);
   }
 };
