@@ -7,6 +7,7 @@
 #include "numattn/attention/random_problem.h"
 #include "numattn/attention/reference.h"
 #include "numattn/attention/registry.h"
+#include "common/blas_restart.h"
 #include "numattn/core/blas.h"
 
 namespace {
@@ -16,7 +17,6 @@ using namespace numattn;
 void bench_sgemm(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   std::vector<float> a(static_cast<std::size_t>(n * n), 1.f), b(a), c(a);
-  blas::set_threads(1);
   for (auto _ : state)
     blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
   state.counters["GFLOPS"] = benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
@@ -45,7 +45,6 @@ void register_all() {
               return;
             }
             ExecContext ctx{1};
-            blas::set_threads(1);
             for (auto _ : state) method->forward(p, ctx);
             state.counters["GFLOPS"] = benchmark::Counter(attention_flops(p), benchmark::Counter::kIsIterationInvariantRate);
             ErrorMetrics m = compare_with_reference(p, reference_sample(p, 64, 7, ExecContext{1}));
@@ -59,7 +58,7 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  blas::restart_with_fast_kernels(argv);
+  tools::restart_with_fast_blas_kernels(argv);
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -8,6 +8,9 @@ find_package(ZLIB REQUIRED)
 find_package(Threads REQUIRED)
 target_link_libraries(numattn_deps INTERFACE fmt::fmt nlohmann_json::nlohmann_json Eigen3::Eigen
                       ZLIB::ZLIB Threads::Threads)
+# numattn starts threads only through parallel_for (core/exec.h): Eigen must not open OpenMP
+# teams of its own under -fopenmp.
+target_compile_definitions(numattn_deps INTERFACE EIGEN_DONT_PARALLELIZE)
 
 if(NUMATTN_OPENMP)
   find_package(OpenMP REQUIRED)

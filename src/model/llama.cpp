@@ -336,7 +336,6 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     NUMATTN_CHECK(t >= 0 && t < h.n_vocab, "token id {} outside the vocabulary of {}", t, h.n_vocab);
   const std::int64_t E = h.n_embd, D = h.head_dim, Hq = h.n_head, Hkv = h.n_head_kv, F = h.n_ff;
   const std::int64_t R = h.qkv_rows(), half = h.n_rot / 2;
-  blas::set_threads(1);  // we parallelise above BLAS (see linear())
   PhaseTimer timer{opt.profile};
 
   std::vector<float> x(static_cast<std::size_t>(N * E)), xn(x.size());

@@ -225,10 +225,6 @@ void BdProjection::project(const float* x, index_t tokens, index_t ldx, float* y
                 ldx, d_, ldy, out_dim());
   if (tokens <= 0) return;
   const index_t nt = ctx.num_threads();
-  // With several threads numattn parallelises above BLAS (exec.h) and BLAS must run serially
-  // inside. With one thread the BLAS setting is left alone, so a caller that runs BLAS
-  // multi-threaded (model/llama.h's prefill) gets one block and BLAS's own threads.
-  if (nt > 1) blas::set_threads(1);
   const index_t rows = block_rows_ > 0 ? block_rows_ : (tokens + nt - 1) / nt;
   const index_t nblocks = (tokens + rows - 1) / rows;
   const index_t out = out_dim();

@@ -125,7 +125,6 @@ BdaAccuracy evaluate_bda(const AttentionLayerWeights& w, const BdaLayer& layer, 
                 "evaluate_bda expects kInOut weights");
   NUMATTN_CHECK(n >= 1, "evaluate_bda needs at least one token");
   const index_t d = w.d_model, dkv = w.eff_d_kv(), H = w.heads, G = w.kv_heads, dh = w.head_dim;
-  blas::set_threads(1);
 
   std::vector<float> xq(static_cast<std::size_t>(n * d)), xkv;
   fill_normal(xq, seed, 100);

@@ -303,7 +303,6 @@ TEST(Bda, BitExactIntegerLayerInFloat32) {
   const BdaLayer L = bda_transform(rl.view(), opt);
   std::vector<float> x(static_cast<std::size_t>(n * d));
   for (auto& v : x) v = si(-3, 3);
-  blas::set_threads(1);
   auto mm = [&](const std::vector<float>& a, index_t m, index_t k, const float* b, index_t nn) {
     std::vector<float> c(static_cast<std::size_t>(m * nn));
     blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, m, nn, k, 1.f, a.data(), k, b, nn, 0.f, c.data(), nn);

@@ -24,7 +24,10 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 void add_common(CLI::App& app, int* threads, std::string* format) {
-  app.add_option("--threads", *threads, "threads (default: all cores)");
+  app.add_option("--threads", *threads,
+                 fmt::format("threads, 1..{} (default 0: all {} cores)", max_threads(),
+                             hardware_threads()))
+      ->check(CLI::Range(0, max_threads()));
   if (format)
     app.add_option("--format", *format, "output format: md, csv or json")
         ->check(CLI::IsMember({"md", "csv", "json"}));
@@ -158,7 +161,6 @@ Row run_method_row(const AttentionMethod& method, RandomProblem& prob, const Exe
     row["status"] = "skipped: " + st.reason();
     return row;
   }
-  blas::set_threads(1);
   const double ms = time_median_ms(reps, [&] { method.run(p, ctx); });
   row["time_ms"] = ms;
   row["gflops"] = attention_flops(p) / (ms * 1e-3) * 1e-9;

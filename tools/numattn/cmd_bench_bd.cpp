@@ -69,7 +69,6 @@ void add_bench_bd(CLI::App& app) {
     const auto order = o->order == "original" ? transform::InputOrder::kOriginal
                                               : transform::InputOrder::kPermuted;
     const double sgemm = blas::measure_sgemm_gflops(o->gemm_size, 3, ctx.num_threads());
-    blas::set_threads(1);
     std::vector<Row> rows;
     for (const auto& ds : split_list(o->d))
       for (const auto& dhs : split_list(o->head_dim))

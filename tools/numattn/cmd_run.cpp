@@ -99,7 +99,6 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
     }
   }
   validate(p);
-  blas::set_threads(1);
   const double ms = time_median_ms(o.reps, [&] { method.run(p, ctx); });
   Row row;
   row["method"] = method.spec();
