@@ -2,6 +2,8 @@
 // (however spelled), a failed write leaves the previous output intact, text paths are checked.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -9,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "numattn/core/error.h"
 #include "numattn/core/npy.h"
+#include "numattn/model/data.h"
 #include "support/test_util.h"
 #include "support/tiny_llama.h"
 
@@ -202,6 +206,38 @@ TEST_F(CliFiles, PplNamesADirectoryOrMissingText) {
   EXPECT_EQ(run("ppl --model " + f("none.gguf") + " --text " + f("none.txt"), &out), 1);
   EXPECT_NE(out.find("error: --text file '" + f("none.txt") + "' does not exist"),
             std::string::npos)
+      << out;
+}
+
+// Pieces that are not valid UTF-8 (half of "é", a lone continuation byte) used to abort the
+// JSON output with json.exception.type_error.316; they print escaped in every format.
+TEST(CliTokenize, PiecesAreEscapedInEveryFormat) {
+  try {
+    default_model_path();
+  } catch (const Error&) {
+    GTEST_SKIP() << "default model not cached (scripts/fetch_data.sh)";
+  }
+  // $'...' is not POSIX sh: printf builds the bytes (\303\251 = é, \200, backslash, newline).
+  const std::string text = "\"$(printf 'x\\303\\251\\200\\\\\\nq')\"";
+  std::string out;
+  ASSERT_EQ(test::run_command(cli() + " tokenize --pieces --format json --text " + text, &out), 0)
+      << out;
+  const auto j = nlohmann::json::parse(out);
+  std::string joined;
+  for (const auto& p : j["pieces"]) joined += p.get<std::string>() + "|";
+  EXPECT_NE(joined.find("\\x80"), std::string::npos) << joined;
+  EXPECT_NE(joined.find("\\\\"), std::string::npos) << joined;
+  EXPECT_NE(joined.find("\\x0a"), std::string::npos) << joined;
+  for (const char* f : {"md", "csv"}) {
+    ASSERT_EQ(test::run_command(cli() + " tokenize --pieces --format " + f + " --text " + text, &out), 0)
+        << out;
+    EXPECT_NE(out.find("\\x80"), std::string::npos) << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), f == std::string("md") ? 3 : 2)
+        << "one table row: " << out;
+  }
+  // A byte the vocabulary has no token for is refused by name.
+  EXPECT_EQ(test::run_command(cli() + " tokenize --text \"$(printf 'a\\370')\" 2>&1", &out), 1);
+  EXPECT_NE(out.find("error: byte 0xF8 at offset 1 of the text has no token"), std::string::npos)
       << out;
 }
 
