@@ -294,18 +294,20 @@ Array read_from(Source& src, const std::string& name) {
                     name, show(h.descr)));
   NUMATTN_CHECK(!h.fortran_order,
                 "'{}': Fortran-order .npy is not supported (save np.ascontiguousarray(arr))", name);
-  std::int64_t total = 1;
-  bool zero = false;
-  for (auto d : h.shape) zero |= d == 0;
-  if (zero)
-    total = 0;
-  else
-    for (auto d : h.shape) {
-      NUMATTN_CHECK(total <= kInt64Max / static_cast<std::int64_t>(elem) / d,
-                    "'{}': .npy shape {} of {} holds more than 2^63 bytes", name,
-                    shape_str(h.shape), h.descr);
-      total *= d;
-    }
+  // The nonzero dimensions are bounded even when a zero makes the array empty, so that any
+  // product of dimensions (numel(), strides) fits in int64.
+  std::int64_t nonzero = 1;
+  bool empty = false;
+  for (auto d : h.shape) {
+    empty |= d == 0;
+    if (d == 0) continue;
+    NUMATTN_CHECK(nonzero <= kInt64Max / static_cast<std::int64_t>(elem) / d,
+                  "'{}': .npy shape {} of {} is too large (its nonzero dimensions multiply to more "
+                  "than 2^63 bytes)",
+                  name, shape_str(h.shape), h.descr);
+    nonzero *= d;
+  }
+  const std::int64_t total = empty ? 0 : nonzero;
   a.shape = h.shape;
   const std::uint64_t need = static_cast<std::uint64_t>(total) * elem;
   NUMATTN_CHECK(src.left() >= need,

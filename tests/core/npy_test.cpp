@@ -119,8 +119,11 @@ TEST_F(NpyReader, RefusesBadDimensionsByName) {
   expect_refused(npy_bytes(h + "(12345678901234567890123,), }"),
                  "shape dimension 0 (12345678901234567890123, 23 digits) does not fit in int64");
   expect_refused(npy_bytes(h + "(9223372036854775808,), }"), "does not fit in int64");
-  expect_refused(npy_bytes(h + "(4294967296, 4294967296), }"), "holds more than 2^63 bytes");
-  expect_refused(npy_bytes(h + "(2305843009213693952,), }"), "holds more than 2^63 bytes");
+  expect_refused(npy_bytes(h + "(4294967296, 4294967296), }"), "multiply to more than 2^63 bytes");
+  expect_refused(npy_bytes(h + "(2305843009213693952,), }"), "multiply to more than 2^63 bytes");
+  // Empty, but numel() of it overflowed int64 (found by fuzz/npy_fuzz.cpp).
+  expect_refused(npy_bytes(h + "(4294967296, 4294967296, 0), }"),
+                 "shape (4294967296, 4294967296, 0) of <f4 is too large");
   expect_refused(npy_bytes(h + "(5), }"), "a 1-d shape is written (n,)");
   expect_refused(npy_bytes(h + "(2, 3.0), }"), "expected ',' or ')'");
   expect_refused(npy_bytes(h + "(0x10,), }"), "expected ',' or ')'");
