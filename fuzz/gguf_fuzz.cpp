@@ -2,8 +2,9 @@
 //
 // Any input must either parse or raise numattn::Error; ASan/UBSan flag everything else
 // (out-of-bounds reads, overflow, huge allocations via -rss_limit_mb / -malloc_limit_mb).
-// Seeds: run once with the environment variable NUMATTN_FUZZ_SEEDS=DIR to write a few small
-// valid files (every metadata type, every writable tensor type) into DIR.
+// Seeds: fuzz/corpus/gguf/, written by running the target once with the environment variable
+// NUMATTN_FUZZ_SEEDS=DIR (a few small valid files: every metadata type, every writable tensor
+// type, into DIR).
 #include <cstdint>
 #include <cstdlib>
 #include <string>

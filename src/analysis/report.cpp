@@ -25,7 +25,11 @@ std::string cell_text(const Row& v) {
     if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
     return fmt::format("{:.6g}", x);
   }
-  return v.dump();
+  return dump_json(v);
+}
+
+std::string dump_json(const Row& v, int indent) {
+  return v.dump(indent, ' ', false, Row::error_handler_t::replace);
 }
 
 namespace {
@@ -48,11 +52,11 @@ Row json_safe(const Row& r) {
 void print_table(std::ostream& os, const std::vector<Row>& rows, Format f, bool single) {
   if (f == Format::kJson) {
     if (single && rows.size() == 1) {
-      os << json_safe(rows[0]).dump(2) << "\n";
+      os << dump_json(json_safe(rows[0]), 2) << "\n";
     } else {
       Row arr = Row::array();
       for (const Row& r : rows) arr.push_back(json_safe(r));
-      os << arr.dump(2) << "\n";
+      os << dump_json(arr, 2) << "\n";
     }
     return;
   }

@@ -92,7 +92,7 @@ std::string normalise(const MethodInfo& info, const ParamSpec& ps, const std::st
       }
       if (pos != v.size() || !std::isfinite(x)) fail("not a finite number");
       if (x < ps.min || x > ps.max) fail(fmt::format("out of range [{:g}, {:g}]", ps.min, ps.max));
-      return fmt::format("{:g}", x);
+      return fmt::format("{}", x);  // shortest text that reads back as the same double
     }
     case ParamType::kBool:
       if (v == "true" || v == "1") return "true";
@@ -156,7 +156,9 @@ const MethodInfo* find_method(std::string_view name) {
 ParamValues bind_params(const MethodInfo& info,
                         const std::vector<std::pair<std::string, std::string>>& raw) {
   std::map<std::string, std::string> values;
-  for (const auto& [k, v] : raw) {
+  for (const auto& kv : raw) {
+    // Not a structured binding: clang before 16 cannot capture one in the lambda.
+    const std::string &k = kv.first, &v = kv.second;
     auto it = std::find_if(info.params.begin(), info.params.end(),
                            [&](const ParamSpec& p) { return p.name == k; });
     NUMATTN_CHECK(it != info.params.end(), "spec {}: unknown parameter '{}'; {}", info.name, k,

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "numattn/core/error.h"
+#include "numattn/core/file_io.h"
 #include "numattn/model/gguf.h"
 
 namespace numattn {
@@ -75,6 +76,7 @@ std::vector<std::int32_t> to_i32(const std::vector<index_t>& v) {
 }  // namespace
 
 void write_bda_gguf(const GgufFile& source, const LlamaModel& m, const std::string& path) {
+  check_outputs_distinct({{"converted model", path}}, {{"source model", source.path()}});
   const LlamaHParams& hp = m.hparams();
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head;
   GgufWriter out(static_cast<std::uint32_t>(source.alignment()));

@@ -1,9 +1,9 @@
 // GGUF v3 writer.
 #include <bit>
 #include <cstring>
-#include <fstream>
 #include <limits>
 
+#include "numattn/core/file_io.h"
 #include "numattn/model/gguf.h"
 
 // GGUF is little-endian and values are copied with memcpy.
@@ -181,11 +181,7 @@ std::vector<std::uint8_t> GgufWriter::to_bytes() const {
 
 void GgufWriter::write(const std::string& path) const {
   const std::vector<std::uint8_t> b = to_bytes();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  NUMATTN_CHECK(out.good(), "cannot write GGUF file '{}'", path);
-  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  out.close();
-  NUMATTN_CHECK(out.good(), "error while writing GGUF file '{}'", path);
+  write_file_atomically(path, b.data(), b.size(), "GGUF file");
 }
 
 }  // namespace numattn

@@ -31,8 +31,10 @@ void append_utf8(std::string& s, std::uint32_t cp) {
   }
 }
 
-// Decodes one code point at `s[i]`; returns its byte length. An invalid or truncated sequence
-// yields one byte with the sentinel code point below, which no character class contains, so
+// Decodes one code point at `s[i]`; returns its byte length. An invalid sequence (a lone
+// continuation byte, a truncated sequence, an overlong form, a surrogate, a code point above
+// U+10FFFF, bytes 0xF8..0xFF) yields one byte with the sentinel code point below, which no
+// character class contains (it splits like punctuation, as llama.cpp's U+FFFD does), so
 // malformed input still round-trips byte for byte.
 constexpr std::uint32_t kInvalidCp = 0xFFFFFFFFu;
 std::size_t decode_utf8(std::string_view s, std::size_t i, std::uint32_t& cp) {
@@ -50,7 +52,7 @@ std::size_t decode_utf8(std::string_view s, std::size_t i, std::uint32_t& cp) {
     if (cp >= 0x80) return 2;
   } else if ((b0 & 0xF0) == 0xE0 && cont(1) && cont(2)) {
     cp = ((b0 & 0x0Fu) << 12) | (c(1) << 6) | c(2);
-    if (cp >= 0x800) return 3;
+    if (cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF)) return 3;
   } else if ((b0 & 0xF8) == 0xF0 && cont(1) && cont(2) && cont(3)) {
     cp = ((b0 & 0x07u) << 18) | (c(1) << 12) | (c(2) << 6) | c(3);
     if (cp >= 0x10000 && cp <= 0x10FFFF) return 4;
@@ -267,16 +269,13 @@ void Tokenizer::bpe_piece(std::string_view piece, std::vector<std::int32_t>& out
       out.push_back(it->second);
       continue;
     }
-    // Not in the vocabulary: fall back to one token per byte, then to the unknown token.
+    // Not in the vocabulary: one token per byte (encode() checked that each byte has one).
     for (std::size_t k = 0; k < s.size();) {
       std::uint32_t cp;
       k += decode_utf8(s, k, cp);
       auto b = ab.from_cp.find(cp);
-      std::int32_t id = b == ab.from_cp.end() ? -1 : byte_token_[b->second];
-      if (id < 0) id = cfg_.unk_id;
-      NUMATTN_CHECK(id >= 0, "symbol '{}' has no token and the vocabulary has no unknown token",
-                    s);
-      out.push_back(id);
+      NUMATTN_ASSERT(b != ab.from_cp.end() && byte_token_[b->second] >= 0);
+      out.push_back(byte_token_[b->second]);
     }
   }
 }
@@ -327,6 +326,23 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
     }
     frags.swap(next);
   }
+  // Every byte of the plain text must have its byte token: the unknown token (often a control
+  // token such as <|endoftext|>) would silently change the text, and dropping bytes would too.
+  for (const Frag& f : frags) {
+    if (f.id >= 0) continue;
+    for (std::size_t k = 0; k < f.text.size(); ++k) {
+      const auto b = static_cast<unsigned char>(f.text[k]);
+      if (byte_token_[b] >= 0) continue;
+      int missing = 0;
+      for (std::int32_t t : byte_token_) missing += t < 0;
+      throw Error(fmt::format(
+          "byte 0x{:02X} at offset {} of the text has no token in this vocabulary, which lacks "
+          "{} of the 256 byte tokens{}",
+          b, static_cast<std::size_t>(f.text.data() - text.data()) + k, missing,
+          b >= 0x80 ? " (if the text is not UTF-8, convert it, e.g. iconv -f latin1 -t utf-8)"
+                    : ""));
+    }
+  }
   std::unordered_map<std::string, std::vector<std::int32_t>> cache;
   for (const Frag& f : frags) {
     if (f.id >= 0) out.push_back(f.id);
@@ -354,6 +370,19 @@ std::string Tokenizer::token_to_piece(std::int32_t id, bool render_special) cons
     auto b = ab.from_cp.find(cp);
     if (b != ab.from_cp.end()) out += static_cast<char>(b->second);
     else out.append(t, k, len);  // not a byte-alphabet character: keep its UTF-8
+    k += len;
+  }
+  return out;
+}
+
+std::string escape_piece(std::string_view bytes) {
+  std::string out;
+  for (std::size_t k = 0; k < bytes.size();) {
+    std::uint32_t cp;
+    const std::size_t len = decode_utf8(bytes, k, cp);
+    if (cp == '\\') out += "\\\\";
+    else if (cp != kInvalidCp && cp >= 0x20 && cp != 0x7F) out.append(bytes, k, len);
+    else out += fmt::format("\\x{:02x}", static_cast<unsigned char>(bytes[k]));
     k += len;
   }
   return out;

@@ -92,6 +92,27 @@ TEST(ModelBda, ConvertedGgufLoadsBackBitForBit) {
   EXPECT_TRUE(std::isfinite(r.ppl));
 }
 
+TEST(ModelBda, WritingOverTheSourceModelIsRefused) {
+  const auto path = test::write_gguf(test::make_tiny(false), "bda_self.gguf", GgmlType::Q8_0);
+  GgufFile src = GgufFile::open(path);
+  LlamaModel m = LlamaModel::load(src);
+  apply_bda(m, "vo");
+  const auto size = std::filesystem::file_size(path);
+  const std::filesystem::path p(path);
+  for (const std::string& out : {path, (p.parent_path() / "." / p.filename()).string()}) {
+    try {
+      write_bda_gguf(src, m, out);
+      ADD_FAILURE() << "overwrote the source model " << out;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is the same file as the input source model"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(std::filesystem::file_size(path), size);
+  EXPECT_EQ(GgufFile::open(path).find_tensor("blk.0.attn_v_bd.coef"), nullptr);
+}
+
 TEST(ModelBda, CorruptBdaTensorsAreRejected) {
   const auto path = test::write_gguf(test::make_tiny(false), "bda_src2.gguf");
   GgufFile src = GgufFile::open(path);

@@ -113,6 +113,103 @@ TEST(Tokenizer, RoundTripUnicodeAndBytes) {
   }
 }
 
+// Byte b's one-symbol token in tiny_config: ids 2..257 by byte value.
+std::int32_t tiny_byte_id(int b) { return 2 + b; }
+
+TEST(Tokenizer, EverySingleByteIsExactlyItsByteToken) {
+  for (const char* pre : {"gpt-2", "smollm"}) {
+    Tokenizer t(tiny_config(pre));
+    for (int b = 0; b < 256; ++b) {
+      const std::string x(1, static_cast<char>(b));
+      for (bool special : {false, true}) {
+        EXPECT_EQ(t.encode(x, false, special), (std::vector<std::int32_t>{tiny_byte_id(b)}))
+            << pre << " byte " << b;
+      }
+      EXPECT_EQ(t.decode({tiny_byte_id(b)}), x);
+    }
+  }
+}
+
+TEST(Tokenizer, InvalidUtf8IsSplitAndRoundTripsByteForByte) {
+  Tokenizer t(tiny_config("smollm"));
+  using V = std::vector<std::string>;
+  // Each invalid byte is its own code point of the punctuation-like class: ` ?[^\s\p{L}\p{N}]+`
+  // keeps runs of them (and of punctuation) together, letters and spaces split them off.
+  EXPECT_EQ(t.pre_tokenize("a\xff" "b"), (V{"a", "\xff", "b"}));
+  EXPECT_EQ(t.pre_tokenize("a \x80\xbf!c"), (V{"a", " \x80\xbf!", "c"}));
+  EXPECT_EQ(t.pre_tokenize("\xed\xa0\x80x"), (V{"\xed\xa0\x80", "x"}));  // surrogate U+D800
+  for (const std::string& x : V{"\x80", "\xbf\xbf", "\xe2\x82", "\xe2\x82 euro", "\xc0\xaf",
+                                "\xe0\x80\xaf", "\xf0\x80\x80\xaf", "\xed\xa0\x80", "\xed\xbf\xbf",
+                                "\xf4\x90\x80\x80", "\xf8\x88\x80\x80\x80", "\xfc\x84\x80\x80\x80\x80",
+                                "\xfe\xff", "ok\xc3", std::string("\0\xff\0", 3)}) {
+    const auto ids = t.encode(x);
+    EXPECT_EQ(t.decode(ids), x);
+    // No merge in the tiny vocabulary involves these bytes: one byte token per byte.
+    if (x.find_first_of(" ok") == std::string::npos) {
+      ASSERT_EQ(ids.size(), x.size());
+      for (std::size_t k = 0; k < x.size(); ++k)
+        EXPECT_EQ(ids[k], tiny_byte_id(static_cast<unsigned char>(x[k])));
+    }
+  }
+}
+
+TEST(Tokenizer, RandomByteStringsRoundTrip) {
+  for (const char* pre : {"gpt-2", "smollm"}) {
+    Tokenizer t(tiny_config(pre));
+    std::uint64_t state = 0x9E3779B97F4A7C15ull;
+    auto next = [&] {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      return state;
+    };
+    for (int n = 0; n < 300; ++n) {
+      std::string x(next() % 48, '\0');
+      for (char& c : x) {
+        // Mostly bytes that form or break UTF-8 sequences, plus the merge letters and markers.
+        static const char kPick[] = "he lo wr d12'<s>\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\x80\xff\n\t";
+        c = (next() & 1) ? static_cast<char>(next() & 0xFF) : kPick[next() % (sizeof kPick - 1)];
+      }
+      EXPECT_EQ(t.decode(t.encode(x, false, false)), x) << pre;
+      EXPECT_EQ(t.decode(t.encode(x, false, true)), x) << pre;
+    }
+  }
+}
+
+TEST(Tokenizer, BytesWithoutAByteTokenAreRefusedNotMappedToUnknown) {
+  auto c = tiny_config("smollm");
+  c.tokens[static_cast<std::size_t>(tiny_byte_id(0xF8))] = "<unused_f8>";
+  c.unk_id = 1;  // a control token, as SmolLM2's <|endoftext|>
+  Tokenizer t(c);
+  EXPECT_EQ(t.decode(t.encode("hello")), "hello");
+  try {
+    const auto ids = t.encode("ab \xf8 c");
+    ADD_FAILURE() << "encoded to " << ids.size() << " ids";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("byte 0xF8 at offset 3 of the text has no token in this "
+                                         "vocabulary, which lacks 1 of the 256 byte tokens"),
+              std::string::npos)
+        << e.what();
+  }
+  // Inside a special token the byte is no text byte.
+  c.tokens.push_back("<\xf8>");
+  c.token_types.push_back(3);
+  Tokenizer s(c);
+  EXPECT_EQ(s.encode("<\xf8>", false, true), (std::vector<std::int32_t>{s.vocab_size() - 1}));
+  EXPECT_THROW(s.encode("<\xf8>", false, false), Error);
+}
+
+TEST(Tokenizer, EscapedPiecesArePrintableAndReversible) {
+  EXPECT_EQ(escape_piece("caf\xc3\xa9 \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xf0\x9f\x98\x80");  // valid
+  EXPECT_EQ(escape_piece("a\\b"), "a\\\\b");
+  EXPECT_EQ(escape_piece("\n\t\x7f"), "\\x0a\\x09\\x7f");
+  EXPECT_EQ(escape_piece("\xc3"), "\\xc3");               // half of é
+  EXPECT_EQ(escape_piece("\xa9"), "\\xa9");               // the other half
+  EXPECT_EQ(escape_piece("\xed\xa0\x80"), "\\xed\\xa0\\x80");  // surrogate: not UTF-8
+  EXPECT_EQ(escape_piece("\xc0\xaf"), "\\xc0\\xaf");        // overlong '/'
+  EXPECT_EQ(escape_piece(std::string("\0", 1)), "\\x00");
+}
+
 TEST(Tokenizer, RefusesUnsupported) {
   auto c = tiny_config("gpt-2");
   c.model = "llama";
@@ -172,6 +269,36 @@ TEST(TokenizerDefaultModel, MatchesHuggingFaceFixtures) {
     ++n;
   }
   EXPECT_GE(n, 20);
+}
+
+// SmolLM2's vocabulary has 235 of the 256 byte tokens. Each present byte is exactly its
+// token; each missing one is refused by name (it used to become <|endoftext|>, id 0).
+TEST(TokenizerDefaultModel, EverySingleByteIsItsByteTokenOrRefused) {
+  auto path = cached(default_model_path);
+  if (!path) GTEST_SKIP() << "default model not cached (scripts/fetch_data.sh)";
+  Tokenizer t = Tokenizer::from_gguf_path(*path);
+  std::vector<int> refused;
+  for (int b = 0; b < 256; ++b) {
+    const std::string x(1, static_cast<char>(b));
+    try {
+      const auto ids = t.encode(x, false, false);
+      ASSERT_EQ(ids.size(), 1u) << "byte " << b;
+      EXPECT_EQ(t.token_type(ids[0]), TokenType::kNormal) << "byte " << b;
+      EXPECT_EQ(t.token_to_piece(ids[0]), x) << "byte " << b;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("byte 0x{:02X} at offset 0", b)),
+                std::string::npos)
+          << e.what();
+      refused.push_back(b);
+    }
+  }
+  EXPECT_EQ(refused, (std::vector<int>{0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2,
+                                       0xF5, 0xF6, 0xF7, 0xF8, 0xF9, 0xFA, 0xFB, 0xFC, 0xFD, 0xFE,
+                                       0xFF}));
+  // Invalid UTF-8 made of present bytes round-trips.
+  for (const std::string& x : {std::string("a\x80" "b"), std::string("\xe2\x82 \xed\xa0\x80"),
+                               std::string("\xc3(\xa9")})
+    EXPECT_EQ(t.decode(t.encode(x)), x);
 }
 
 TEST(TokenizerDefaultModel, WholeDefaultTextMatchesHuggingFace) {

@@ -5,6 +5,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "numattn/core/file_io.h"
 #include "numattn/core/npy.h"
 #include "numattn/decomp/basis_decomposition.h"
 
@@ -76,6 +77,11 @@ void add_bd(CLI::App& app) {
                   "write PREFIX.basis.npy (int64), PREFIX.B.npy, PREFIX.C.npy (float64)");
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o] {
+    if (!o->out_prefix.empty())
+      check_outputs_distinct({{"--out-prefix", o->out_prefix + ".basis.npy"},
+                              {"--out-prefix", o->out_prefix + ".B.npy"},
+                              {"--out-prefix", o->out_prefix + ".C.npy"}},
+                             {{"--in", o->in}, {"--u", o->u}, {"--v", o->v}});
     decomp::BasisDecomposition bd;
     bd.set_form(decomp::parse_form(o->axis)).set_strategy(decomp::parse_strategy(o->strategy));
     if (o->rank > 0)

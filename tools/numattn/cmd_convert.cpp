@@ -6,6 +6,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "numattn/core/file_io.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
@@ -33,11 +34,15 @@ void add_convert(CLI::App& app) {
   sub->add_option("--kappa-threshold", o->kappa_threshold,
                   "KV heads whose basis block has a larger condition number stay dense")
       ->capture_default_str();
-  sub->add_option("--out", o->out, "output GGUF path")->required();
+  sub->add_option("--out", o->out,
+                  "output GGUF path (written atomically: a failed or killed convert leaves a "
+                  "previous file intact; must not be the --model file)")
+      ->required();
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o] {
     ExecContext ctx{o->threads};
     const std::string path = resolve_model_path(o->model);
+    check_outputs_distinct({{"--out", o->out}}, {{"--model", path}});
     GgufFile src = GgufFile::open(path);
     LlamaModel model = LlamaModel::load(src, ctx);
     const auto t0 = std::chrono::steady_clock::now();

@@ -130,7 +130,7 @@ void run_gguf_info(const GgufInfoOptions& o) {
     for (const auto& [name, cb] : by_type) types[name] = {{"tensors", cb.first}, {"bytes", cb.second}};
     j["tensor_types"] = types;
     if (!o.no_tensors) j["tensors"] = tensor_rows;
-    std::cout << j.dump(2) << "\n";
+    std::cout << dump_json(j, 2) << "\n";
     return;
   }
   if (fmt == Format::kCsv) {  // CSV: the tensor table only (one schema per output)

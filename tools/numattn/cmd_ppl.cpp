@@ -4,14 +4,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 
 #include "cli_common.h"
 #include "commands.h"
 #include "numattn/core/blas.h"
+#include "numattn/core/file_io.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
@@ -29,14 +28,6 @@ struct PplCliOptions {
   int threads = 0;
   bool no_progress = false;
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  NUMATTN_CHECK(in.good(), "cannot open text file '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 }  // namespace
 
 void add_ppl(CLI::App& app) {
@@ -72,6 +63,7 @@ void add_ppl(CLI::App& app) {
     const int nt = ctx.num_threads();
     const std::string mpath = resolve_model_path(o->model);
     const std::string tpath = resolve_text_path(o->text);
+    const std::string text = read_file(tpath, "--text file");  // before the slow model load
     GgufFile file = GgufFile::open(mpath);
     const Tokenizer tok = Tokenizer::from_gguf(file);
     auto t0 = std::chrono::steady_clock::now();
@@ -86,7 +78,7 @@ void add_ppl(CLI::App& app) {
     t0 = std::chrono::steady_clock::now();
     // llama.cpp tokenizes the whole file with add_special (BOS only if add_bos_token) and
     // without parsing special-token markers in the text.
-    const auto tokens = tok.encode(read_file(tpath), tok.add_bos(), false);
+    const auto tokens = tok.encode(text, tok.add_bos(), false);
     const double tok_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     PplOptions po;
     po.ctx = o->ctx;

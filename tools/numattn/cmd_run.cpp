@@ -7,6 +7,7 @@
 #include "numattn/attention/reference.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
+#include "numattn/core/file_io.h"
 #include "numattn/core/npy.h"
 
 namespace numattn::cli {
@@ -146,6 +147,8 @@ void add_run(CLI::App& app) {
   sub->add_option("--out", o->out, "write the output to this .npy (same layout as the inputs)");
   sub->add_option("--lse-out", o->lse_out, "write the natural-log LSE [B,H,Nq] to this .npy");
   sub->callback([o] {
+    check_outputs_distinct({{"--out", o->out}, {"--lse-out", o->lse_out}},
+                           {{"--q", o->q}, {"--k", o->k}, {"--v", o->v}, {"--mask", o->mask}});
     ExecContext ctx{o->threads};
     auto method = create_method(o->method);
     if (!o->q.empty() || !o->k.empty() || !o->v.empty()) {

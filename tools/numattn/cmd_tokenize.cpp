@@ -26,7 +26,10 @@ void add_tokenize(CLI::App& app) {
   sub->add_flag("--add-bos", o->add_bos, "prepend the BOS token");
   sub->add_flag("--no-special", o->no_special,
                 "treat control-token markers such as <|im_start|> as plain text");
-  sub->add_flag("--pieces", o->pieces, "also list each token's text");
+  sub->add_flag("--pieces", o->pieces,
+                "also list each token's text, printable in every format: control characters and "
+                "bytes that are not valid UTF-8 (part of a multi-byte character) as \\xNN, a "
+                "backslash as \\\\");
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o] {
     const std::string path = resolve_model_path(o->model);
@@ -38,7 +41,7 @@ void add_tokenize(CLI::App& app) {
     row["ids"] = ids;
     if (o->pieces) {
       std::vector<std::string> p;
-      for (auto id : ids) p.push_back(tok.token_to_piece(id));
+      for (auto id : ids) p.push_back(escape_piece(tok.token_to_piece(id)));
       row["pieces"] = p;
     }
     print_table(std::cout, {row}, parse_format(o->format), true);

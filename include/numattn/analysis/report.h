@@ -24,7 +24,13 @@ using Row = nlohmann::ordered_json;
 /// Prints `rows`. JSON: one array of objects (or the single object when `single`).
 void print_table(std::ostream& os, const std::vector<Row>& rows, Format f, bool single = false);
 
-/// One cell as text (md/csv): numbers `%.6g`, strings as is, null as "".
+/// One cell as text (md/csv): numbers `%.6g`, strings as is, null as "", arrays and objects
+/// as JSON (`dump_json`).
 std::string cell_text(const Row& v);
+
+/// `v` as JSON text (`indent` < 0: one line). Strings hold arbitrary bytes (paths, prompts,
+/// GGUF metadata) but JSON needs UTF-8: bytes that are not valid UTF-8 are written as U+FFFD
+/// instead of throwing. Every JSON that numattn prints goes through here.
+std::string dump_json(const Row& v, int indent = -1);
 
 }  // namespace numattn

@@ -52,7 +52,8 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
                          const transform::BdaOptions& options = {});
 
 /// Writes `bda_model` (made by apply_bda from the model in `source`) as a GGUF file next to
-/// the source's metadata and untouched tensors (see the layout above).
+/// the source's metadata and untouched tensors (see the layout above). The file is written
+/// atomically (core/file_io.h); a `path` that is the source file itself is refused.
 void write_bda_gguf(const GgufFile& source, const LlamaModel& bda_model, const std::string& path);
 
 }  // namespace numattn

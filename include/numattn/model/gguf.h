@@ -268,7 +268,8 @@ class GgufWriter {
 
   /// The whole file as bytes.
   std::vector<std::uint8_t> to_bytes() const;
-  /// Writes the file (throws numattn::Error on I/O failure).
+  /// Writes the file atomically (core/file_io.h: on any failure the previous file at `path`
+  /// is left unchanged). Throws numattn::Error on I/O failure, naming the path and the reason.
   void write(const std::string& path) const;
 
  private:

@@ -11,8 +11,16 @@
 /// 3. each piece's UTF-8 bytes are mapped to GPT-2's printable `bytes_to_unicode` alphabet
 ///    (space → `Ġ`, newline → `Ċ`) and the adjacent pair with the lowest merge rank is merged
 ///    until no ranked pair remains (ties: leftmost first);
-/// 4. the symbols are looked up in the vocabulary (a missing symbol falls back to its bytes,
-///    then to the unknown token).
+/// 4. the symbols are looked up in the vocabulary (a missing symbol falls back to its byte
+///    tokens).
+/// Any byte sequence is accepted, valid UTF-8 or not: an invalid sequence (lone continuation
+/// byte, truncated or overlong sequence, surrogate, 0xF8..0xFF) is split byte by byte and
+/// pre-tokenized like punctuation, and each byte still maps to its own byte token, so
+/// `decode(encode(x)) == x`. A vocabulary may lack some byte tokens (SmolLM2's lacks 21 bytes
+/// that valid UTF-8 text rarely or never contains: 0x04 0x06 0x13 0x14 0x16 0x1D 0xC0 0xC1 0xF1
+/// 0xF2 0xF5..0xFF); a text holding such a byte is refused by `encode` with an Error naming the
+/// byte and its offset. The unknown token is never produced: in GGUF files it is often a
+/// control token (SmolLM2: `<|endoftext|>`), which would silently change the text.
 /// Decoding maps normal tokens back through the byte alphabet; control tokens render as their
 /// text when asked to (`render_special`), else as nothing.
 ///
@@ -58,6 +66,13 @@ struct TokenizerConfig {
   bool add_bos = false;                     ///< tokenizer.ggml.add_bos_token
 };
 
+/// `bytes` (e.g. a token's piece) as printable UTF-8 text from which every byte can be
+/// recovered: valid UTF-8 characters from U+0020 on, except U+007F, stand for themselves; a
+/// backslash is written `\\`; every other byte (a control character, or a byte that is not
+/// part of valid UTF-8, such as a token holding half of a multi-byte character) is written
+/// `\xNN` (lowercase hex). `numattn tokenize --pieces` prints pieces this way in every format.
+std::string escape_piece(std::string_view bytes);
+
 class Tokenizer {
  public:
   /// Validates the config (model and pre-tokenizer supported, ids in range, merge syntax).
@@ -68,8 +83,9 @@ class Tokenizer {
   /// Opens a GGUF file and reads its tokenizer only.
   static Tokenizer from_gguf_path(const std::string& path);
 
-  /// Token ids of `text`. `add_bos` prepends BOS; `parse_special` recognises control tokens
-  /// (e.g. `<|im_start|>`) written in the text.
+  /// Token ids of `text` (any bytes). `add_bos` prepends BOS; `parse_special` recognises
+  /// control tokens (e.g. `<|im_start|>`) written in the text. Throws `numattn::Error` for a
+  /// byte without a byte token in this vocabulary (see above).
   std::vector<std::int32_t> encode(std::string_view text, bool add_bos = false,
                                    bool parse_special = true) const;
   /// The text of `ids` (exact inverse of `encode` for text without special tokens).
