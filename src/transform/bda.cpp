@@ -83,8 +83,9 @@ BdaLayer bda_transform(const AttentionLayerWeights& w, const BdaOptions& opt) {
     NUMATTN_CHECK(w.rope_dims == 0,
                   "BDA: the QK pair cannot be rewritten: RoPE rotates {} of the {} dimensions of "
                   "each Q/K head, and a rotary position R(p) does not commute with the BD "
-                  "transform, so Q'·K'ᵀ would differ from Q·Kᵀ. Use --bda vo (the VO pair "
-                  "carries no RoPE), or decoupled RoPE with the position-free slice only",
+                  "transform, so Q'·K'ᵀ would differ from Q·Kᵀ. Use the VO pair alone "
+                  "(pairs \"vo\": it carries no RoPE), or decoupled RoPE with the position-free "
+                  "slice only",
                   w.rope_dims, dh);
   if (opt.pairs != BdaPairs::kNone)
     NUMATTN_CHECK(dh <= dkv, "BDA: head_dim {} exceeds the K/V input dim {}: no basis of {} "
