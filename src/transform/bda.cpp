@@ -114,7 +114,7 @@ BdaLayer bda_transform(const AttentionLayerWeights& w, const BdaOptions& opt) {
   if (has_qk(opt.pairs)) {
     std::vector<MatrixXd> blocks;
     const bool transform_bk = opt.key_bias == KeyBias::kTransform;
-    L.k_proj = BdProjection::from_weights(dkv, G, dh, wk,
+    L.k_proj = build_bd_projection(dkv, G, dh, wk,
                                           transform_bk ? std::span<const double>(bk)
                                                        : std::span<const double>(),
                                           opt.strategy, opt.kappa_threshold, &L.qk.heads, &blocks);
@@ -151,7 +151,7 @@ BdaLayer bda_transform(const AttentionLayerWeights& w, const BdaOptions& opt) {
         o += b * wo.middleRows(j * dh, dh);
       }
     }
-    L.v_proj = BdProjection::from_weights(dkv, G, dh, wv,
+    L.v_proj = build_bd_projection(dkv, G, dh, wv,
                                           transform_bv ? std::span<const double>(bv)
                                                        : std::span<const double>(),
                                           opt.strategy, opt.kappa_threshold, &L.vo.heads, &blocks);
