@@ -204,7 +204,8 @@ KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens) : capacity_(ma
   NUMATTN_CHECK(max_tokens > 0, "KV cache capacity must be positive, got {}", max_tokens);
   constexpr const char* what = "KV cache size";
   const std::int64_t per = checked_mul(checked_mul(max_tokens, hp.n_head_kv, what), hp.head_dim, what);
-  const std::int64_t bytes = checked_mul(checked_mul(per, 2 * hp.n_layer, what), 4, what);
+  const std::int64_t bytes =
+      checked_mul(checked_mul(checked_mul(per, hp.n_layer, what), 2, what), 4, what);
   check_memory(static_cast<std::uint64_t>(bytes),
                fmt::format("a KV cache of {} positions ({} layers × K,V × {} KV heads × {} dims, "
                            "float32)",

@@ -12,6 +12,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "numattn/core/blas.h"
+#include "numattn/core/memory.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
@@ -103,7 +104,10 @@ void add_ppl(CLI::App& app) {
     std::unique_ptr<LlamaModel> dense;
     ModelBdaReport bda;
     if (o->bda != "none") {
-      dense = std::make_unique<LlamaModel>(model);  // the baseline of the KL divergence
+      // The baseline of the KL divergence: a second copy of every weight.
+      check_memory(4 * static_cast<std::uint64_t>(hp.weight_count(model.weights().output.empty())),
+                   "a dense copy of the model (the KL baseline of --bda)");
+      dense = std::make_unique<LlamaModel>(model);
       bda = apply_bda(model, o->bda);
     }
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -37,7 +37,7 @@ namespace numattn {
 /// What happens to the first token of each chunk.
 enum class BosMode {
   kAuto,     ///< replaced by BOS only if the vocabulary's add_bos_token is set: the file's own
-             ///< rule, as llama.cpp (the default; matches llama.cpp's perplexity to ~1e-4)
+             ///< rule, as llama.cpp does (the default)
   kReplace,  ///< always replaced by BOS, whatever the file says
   kKeep,     ///< never replaced
 };
