@@ -1,7 +1,9 @@
 #include "numattn/attention/random_problem.h"
 
 #include <cmath>
+#include <initializer_list>
 
+#include "numattn/core/memory.h"
 #include "numattn/core/rng.h"
 
 namespace numattn {
@@ -41,9 +43,23 @@ RandomProblem::RandomProblem(const ProblemConfig& c) : cfg_(c) {
   NUMATTN_CHECK(B >= 1 && H >= 1 && Hk >= 1 && N >= 1 && Nk >= 1 && D >= 1 && Dv >= 1,
                 "problem sizes must be >= 1 (batch={} heads={} kv_heads={} n={} n_kv={} d={} dv={})",
                 B, H, Hk, N, Nk, D, Dv);
-  NUMATTN_CHECK(H % Hk == 0, "--heads ({}) must be a multiple of --kv-heads ({})", H, Hk);
-  const double total = static_cast<double>(B) * (H * N * (D + Dv) + Hk * Nk * (D + Dv));
-  NUMATTN_CHECK(total * 4 < 64e9, "problem needs {:.1f} GB, more than this tool allows", total * 4e-9);
+  NUMATTN_CHECK_OPTION(H % Hk == 0, "kv_heads", "heads ({}) must be a multiple of kv_heads ({})",
+                       H, Hk);
+  // q, k, v, out and lse, sized with checked products so that a huge shape is refused by
+  // the memory check instead of wrapping around into a small (or negative) size.
+  constexpr const char* what = "random problem size";
+  auto prod = [&](std::initializer_list<index_t> f) {
+    index_t p = 1;
+    for (index_t x : f) p = checked_mul(p, x, what);
+    return p;
+  };
+  const index_t dims = checked_add(D, Dv, what);
+  const index_t floats = checked_add(
+      checked_add(prod({B, H, N, dims}), prod({B, Hk, Nk, dims}), what), prod({B, H, N}), what);
+  check_memory(static_cast<std::uint64_t>(checked_mul(floats, 4, what)),
+               fmt::format("the random problem (batch={} heads={} kv_heads={} n={} n_kv={} d={} "
+                           "dv={}: q, k, v, out, lse in float32)",
+                           B, H, Hk, N, Nk, D, Dv));
   q_.resize(static_cast<std::size_t>(B * H * N * D));
   k_.resize(static_cast<std::size_t>(B * Hk * Nk * D));
   v_.resize(static_cast<std::size_t>(B * Hk * Nk * Dv));

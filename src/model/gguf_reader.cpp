@@ -15,6 +15,8 @@
 
 #include "numattn/model/gguf.h"
 
+#include "numattn/core/memory.h"
+
 // GGUF is little-endian and values are copied with memcpy.
 static_assert(std::endian::native == std::endian::little, "numattn GGUF I/O assumes a little-endian host");
 
@@ -71,10 +73,6 @@ namespace {
 constexpr std::uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr int kMaxArrayDepth = 8;             // nesting guard against stack exhaustion
 constexpr std::uint32_t kMaxDims = 4;         // GGML_MAX_DIMS
-
-bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
-  return !__builtin_mul_overflow(a, b, out);
-}
 }  // namespace
 
 class GgufParser {
@@ -290,7 +288,7 @@ class GgufParser {
     for (std::uint32_t d = 0; d < n_dims; ++d) {
       const std::uint64_t ne = read_count("tensor dimension");
       if (ne > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
-          !checked_mul(n_nonzero, ne == 0 ? 1 : ne, &n_nonzero) ||
+          mul_overflows(n_nonzero, ne == 0 ? 1 : ne, &n_nonzero) ||
           n_nonzero > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
         fail_at(at, "tensor '{}': the element count overflows int64 (dimension {} = {})", t.name,
                 d, ne);
@@ -306,8 +304,8 @@ class GgufParser {
       fail_at(at, "tensor '{}': ne[0] = {} is not a multiple of the {} block size {}", t.name,
               t.ne[0], ti->name, ti->block_elems);
     // Bytes = (n_el / block_elems) · block_bytes, checked (cf. CVE-2026-33298).
-    if (!checked_mul(n_el / static_cast<std::uint64_t>(ti->block_elems),
-                     static_cast<std::uint64_t>(ti->block_bytes), &t.size_bytes))
+    if (mul_overflows(n_el / static_cast<std::uint64_t>(ti->block_elems),
+                      static_cast<std::uint64_t>(ti->block_bytes), &t.size_bytes))
       fail_at(at, "tensor '{}': the byte size overflows", t.name);
     t.offset = read<std::uint64_t>("tensor offset");
     f.tensor_index_.emplace(t.name, static_cast<std::size_t>(index));

@@ -7,6 +7,7 @@
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/error.h"
+#include "numattn/core/memory.h"
 #include "numattn/core/simd.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/quant.h"
@@ -96,26 +97,54 @@ void rms_norm_rows(const float* x, const float* w, float* y, std::int64_t n, std
   }
 }
 
-std::int64_t key_int(const GgufFile& f, const std::string& key, std::int64_t def = -1) {
-  if (def < 0) return f.get_int(key);
-  return f.get_int(key, def);
+// GGUF keys of the hyper-parameters (llama.cpp's LLM_KV_* names for arch "llama").
+constexpr const char* kKeyEmbd = "llama.embedding_length";
+constexpr const char* kKeyBlocks = "llama.block_count";
+constexpr const char* kKeyFf = "llama.feed_forward_length";
+constexpr const char* kKeyHeads = "llama.attention.head_count";
+constexpr const char* kKeyHeadsKv = "llama.attention.head_count_kv";
+constexpr const char* kKeyKeyLen = "llama.attention.key_length";
+constexpr const char* kKeyValueLen = "llama.attention.value_length";
+constexpr const char* kKeyRot = "llama.rope.dimension_count";
+constexpr const char* kKeyRopeBase = "llama.rope.freq_base";
+constexpr const char* kKeyEps = "llama.attention.layer_norm_rms_epsilon";
+constexpr const char* kKeyCtx = "llama.context_length";
+constexpr const char* kKeyVocab = "llama.vocab_size";
+// Tensors per layer (norms, q, k, v or its BD form, o, gate, up, down).
+constexpr std::int64_t kTensorsPerLayer = 9;
+
+// Tensor `name` must exist, have ne = {in} (out == 0: a vector) or {in, out} (GGUF order; any
+// trailing dimensions 1, as llama.cpp accepts) and a type numattn can dequantize. `why` says
+// which keys give the expected shape, so a disagreement names both sides.
+void check_tensor(const GgufFile& f, const std::string& name, std::int64_t in, std::int64_t out,
+                  const std::string& why) {
+  const GgufTensorInfo* t = f.find_tensor(name);
+  NUMATTN_CHECK(t != nullptr, "{}: tensor {} is missing (the llama hyper-parameters need it)",
+                f.path(), name);
+  auto dim = [&](std::size_t i) { return i < t->ne.size() ? t->ne[i] : 1; };
+  NUMATTN_CHECK(dim(0) == in && dim(1) == (out == 0 ? 1 : out) && dim(2) == 1 && dim(3) == 1,
+                "{}: tensor {} has shape {}, but the hyper-parameters give {} ({}): the file's "
+                "metadata disagrees with its tensors",
+                f.path(), name, t->shape_string(),
+                out == 0 ? fmt::format("[{}]", in) : fmt::format("[{}, {}]", in, out), why);
+  NUMATTN_CHECK(ggml_type_info(t->type).dequantizable,
+                "{}: tensor {} has type {}, which numattn cannot dequantize", f.path(), name,
+                ggml_type_name(t->type));
 }
 
-// Dequantizes tensor `name` into `dst`, checking its GGUF shape is {in, out}.
-void load_matrix(const GgufFile& f, const std::string& name, std::int64_t in, std::int64_t out,
-                 float* dst, const ExecContext& ctx) {
+// Dequantizes a tensor that read_hparams has checked, refusing non-finite weights.
+void load_tensor(const GgufFile& f, const std::string& name, std::vector<float>& dst,
+                 std::int64_t n, const ExecContext& ctx) {
   const GgufTensorInfo& t = f.tensor(name);
-  NUMATTN_CHECK(t.ne.size() >= 1 && t.ne[0] == in && t.n_rows() == out,
-                "{}: tensor {} has shape {}, expected [{}, {}] (GGUF order: in, out)", f.path(),
-                name, t.shape_string(), in, out);
-  dequantize_tensor(t, dst, ctx);
+  NUMATTN_ASSERT(t.n_elements() == n);
+  dst.resize(static_cast<std::size_t>(n));
+  dequantize_tensor(t, dst.data(), ctx, NonFinite::kRefuse);
 }
-
-std::vector<float> load_vector(const GgufFile& f, const std::string& name, std::int64_t n,
-                               const ExecContext& ctx) {
-  std::vector<float> v(static_cast<std::size_t>(n));
-  load_matrix(f, name, n, 1, v.data(), ctx);
-  return v;
+void load_tensor(const GgufFile& f, const std::string& name, float* dst, std::int64_t n,
+                 const ExecContext& ctx) {
+  const GgufTensorInfo& t = f.tensor(name);
+  NUMATTN_ASSERT(t.n_elements() == n);
+  dequantize_tensor(t, dst, ctx, NonFinite::kRefuse);
 }
 
 }  // namespace
@@ -129,11 +158,83 @@ std::int64_t LlamaHParams::layer_weights() const {
   return qkv_rows() * n_embd + n_embd * n_head * head_dim + 3 * n_ff * n_embd;
 }
 
+std::int64_t LlamaHParams::weight_count(bool tied) const {
+  constexpr const char* what =
+      "llama weight count from embedding_length, block_count, feed_forward_length, head_count, "
+      "head_count_kv, key_length and the vocabulary";
+  auto mul = [&](std::int64_t a, std::int64_t b) { return checked_mul(a, b, what); };
+  auto add = [&](std::int64_t a, std::int64_t b) { return checked_add(a, b, what); };
+  const std::int64_t qkv = mul(add(n_head, mul(2, n_head_kv)), head_dim);
+  std::int64_t layer = add(mul(2, n_embd), mul(qkv, n_embd));      // norms, Wq|Wk|Wv
+  layer = add(layer, mul(n_embd, mul(n_head, head_dim)));         // Wo
+  layer = add(layer, mul(3, mul(n_ff, n_embd)));                  // gate, up, down
+  const std::int64_t emb = mul(n_vocab, n_embd);
+  return add(add(add(emb, n_embd), mul(n_layer, layer)), tied ? 0 : emb);
+}
+
+void LlamaHParams::validate(const std::string& source) const {
+  const std::string at = source.empty() ? "" : source + ": ";
+  auto at_least_1 = [&](std::int64_t v, const char* key, const char* field) {
+    NUMATTN_CHECK(v >= 1, "{}{} ({}) = {}: must be at least 1", at, key, field, v);
+  };
+  at_least_1(n_vocab, "rows of token_embd.weight", "n_vocab");
+  at_least_1(n_embd, kKeyEmbd, "n_embd");
+  at_least_1(n_layer, kKeyBlocks, "n_layer");
+  at_least_1(n_ff, kKeyFf, "n_ff");
+  at_least_1(n_head, kKeyHeads, "n_head");
+  at_least_1(n_head_kv, kKeyHeadsKv, "n_head_kv");
+  at_least_1(head_dim, kKeyKeyLen, "head_dim");
+  NUMATTN_CHECK(n_head % n_head_kv == 0,
+                "{}{} = {} is not a multiple of {} = {}: grouped-query attention needs whole groups",
+                at, kKeyHeads, n_head, kKeyHeadsKv, n_head_kv);
+  NUMATTN_CHECK(n_rot >= 0 && n_rot % 2 == 0 && n_rot <= head_dim,
+                "{}{} (n_rot) = {}: must be even and between 0 and the head dim {}", at, kKeyRot,
+                n_rot, head_dim);
+  NUMATTN_CHECK(std::isfinite(rms_eps) && rms_eps > 0 && rms_eps < 1,
+                "{}{} (rms_eps) = {}: must be finite and in (0, 1)", at, kKeyEps, rms_eps);
+  NUMATTN_CHECK(std::isfinite(rope_base) && rope_base > 0,
+                "{}{} (rope_base) = {}: must be finite and positive", at, kKeyRopeBase, rope_base);
+  NUMATTN_CHECK(n_ctx_train >= 1 && n_ctx_train <= kMaxContextLength,
+                "{}{} (n_ctx_train) = {}: must be between 1 and {}", at, kKeyCtx, n_ctx_train,
+                kMaxContextLength);
+  weight_count(false);  // every weight size fits in 64 bits (throws otherwise)
+}
+
 KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens) : capacity_(max_tokens) {
   NUMATTN_CHECK(max_tokens > 0, "KV cache capacity must be positive, got {}", max_tokens);
-  const auto per = static_cast<std::size_t>(max_tokens * hp.n_head_kv * hp.head_dim);
-  k_.assign(static_cast<std::size_t>(hp.n_layer), std::vector<float>(per));
-  v_.assign(static_cast<std::size_t>(hp.n_layer), std::vector<float>(per));
+  constexpr const char* what = "KV cache size";
+  const std::int64_t per = checked_mul(checked_mul(max_tokens, hp.n_head_kv, what), hp.head_dim, what);
+  const std::int64_t bytes =
+      checked_mul(checked_mul(checked_mul(per, hp.n_layer, what), 2, what), 4, what);
+  check_memory(static_cast<std::uint64_t>(bytes),
+               fmt::format("a KV cache of {} positions ({} layers × K,V × {} KV heads × {} dims, "
+                           "float32)",
+                           max_tokens, hp.n_layer, hp.n_head_kv, hp.head_dim));
+  k_.assign(static_cast<std::size_t>(hp.n_layer), std::vector<float>(static_cast<std::size_t>(per)));
+  v_.assign(static_cast<std::size_t>(hp.n_layer), std::vector<float>(static_cast<std::size_t>(per)));
+}
+
+AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer) {
+  const auto specs = split_spec_list(spec);
+  NUMATTN_CHECK(n_layer <= 0 || specs.size() == 1 || static_cast<std::int64_t>(specs.size()) == n_layer,
+                "attention spec list has {} entries; give one for all layers or one per layer ({})",
+                specs.size(), n_layer);
+  AttentionMethods a;
+  for (const auto& sp : specs) a.push_back(create_method(sp));
+  if (n_layer > 0 && a.size() == 1) a.assign(static_cast<std::size_t>(n_layer), a.front());
+  return a;
+}
+
+std::string attention_spec(const AttentionMethods& methods) {
+  NUMATTN_CHECK(!methods.empty(), "no attention methods");
+  std::string first = methods.front()->spec(), all;
+  bool same = true;
+  for (std::size_t l = 0; l < methods.size(); ++l) {
+    const std::string sp = methods[l]->spec();
+    same = same && sp == first;
+    all += (l ? ";" : "") + sp;
+  }
+  return same ? first : all;
 }
 
 std::vector<std::string> split_spec_list(const std::string& specs) {
@@ -156,10 +257,8 @@ std::vector<std::string> split_spec_list(const std::string& specs) {
 }
 
 LlamaModel::LlamaModel(LlamaHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(w)) {
+  hp_.validate();
   check_shapes();
-  NUMATTN_CHECK(hp_.n_rot % 2 == 0 && hp_.n_rot <= hp_.head_dim,
-                "rope.dimension_count {} must be even and at most the head dim {}", hp_.n_rot,
-                hp_.head_dim);
   rope_inv_freq_.resize(static_cast<std::size_t>(hp_.n_rot / 2));
   for (std::int64_t i = 0; i < hp_.n_rot / 2; ++i)
     rope_inv_freq_[static_cast<std::size_t>(i)] =
@@ -168,12 +267,7 @@ LlamaModel::LlamaModel(LlamaHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(
 }
 
 void LlamaModel::check_shapes() const {
-  const auto& h = hp_;
-  NUMATTN_CHECK(h.n_vocab > 0 && h.n_embd > 0 && h.n_layer > 0 && h.n_ff > 0 && h.n_head > 0 &&
-                    h.n_head_kv > 0 && h.head_dim > 0,
-                "llama hyper-parameters must be positive");
-  NUMATTN_CHECK(h.n_head % h.n_head_kv == 0, "head_count {} is not a multiple of head_count_kv {}",
-                h.n_head, h.n_head_kv);
+  const auto& h = hp_;  // validated: the products below cannot overflow
   auto need = [](const std::vector<float>& v, std::int64_t n, const std::string& what) {
     NUMATTN_CHECK(static_cast<std::int64_t>(v.size()) == n, "{} has {} values, expected {}", what,
                   v.size(), n);
@@ -205,87 +299,138 @@ LlamaModel LlamaModel::load(const std::string& path, const ExecContext& ctx) {
   return load(GgufFile::open(path), ctx);
 }
 
-LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
+LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
   const std::string arch = f.architecture();
   NUMATTN_CHECK(arch == "llama",
                 "{}: architecture '{}' is not supported; the forward pass implements 'llama'",
                 f.path(), arch);
-  LlamaHParams hp;
-  hp.n_embd = key_int(f, "llama.embedding_length");
-  hp.n_layer = key_int(f, "llama.block_count");
-  hp.n_ff = key_int(f, "llama.feed_forward_length");
-  hp.n_head = key_int(f, "llama.attention.head_count");
-  hp.n_head_kv = f.get_int("llama.attention.head_count_kv", hp.n_head);
-  NUMATTN_CHECK(hp.n_head > 0 && (f.has("llama.attention.key_length") || hp.n_embd % hp.n_head == 0),
-                "{}: embedding_length {} is not a multiple of head_count {}", f.path(), hp.n_embd,
-                hp.n_head);
-  hp.head_dim = f.get_int("llama.attention.key_length", hp.n_embd / hp.n_head);
-  NUMATTN_CHECK(f.get_int("llama.attention.value_length", hp.head_dim) == hp.head_dim,
-                "{}: value_length != key_length is not supported", f.path());
-  hp.n_rot = f.get_int("llama.rope.dimension_count", hp.head_dim);
-  hp.rope_base = f.get_double("llama.rope.freq_base", 10000.0);
-  hp.rms_eps = f.get_double("llama.attention.layer_norm_rms_epsilon", 1e-5);
-  hp.n_ctx_train = f.get_int("llama.context_length", 0);
-  const GgufTensorInfo& emb = f.tensor("token_embd.weight");
-  hp.n_vocab = emb.n_rows();
-  NUMATTN_CHECK(f.get_int("llama.vocab_size", hp.n_vocab) == hp.n_vocab,
-                "{}: llama.vocab_size disagrees with token_embd rows {}", f.path(), hp.n_vocab);
   NUMATTN_CHECK(!f.has("llama.rope.scaling.type") ||
                     f.get_string("llama.rope.scaling.type") == "none",
                 "{}: RoPE scaling '{}' is not supported", f.path(),
                 f.get_string("llama.rope.scaling.type", ""));
+  LlamaHParams hp;
+  hp.n_embd = f.get_int(kKeyEmbd);
+  hp.n_layer = f.get_int(kKeyBlocks);
+  hp.n_ff = f.get_int(kKeyFf);
+  hp.n_head = f.get_int(kKeyHeads);
+  hp.n_head_kv = f.get_int(kKeyHeadsKv, hp.n_head);
+  if (f.has(kKeyKeyLen)) {
+    hp.head_dim = f.get_int(kKeyKeyLen);
+  } else {
+    NUMATTN_CHECK(hp.n_head >= 1 && hp.n_embd % hp.n_head == 0,
+                  "{}: {} = {} is not a multiple of {} = {}, and there is no {} to give the head "
+                  "dim",
+                  f.path(), kKeyEmbd, hp.n_embd, kKeyHeads, hp.n_head, kKeyKeyLen);
+    hp.head_dim = hp.n_embd / hp.n_head;
+  }
+  NUMATTN_CHECK(f.get_int(kKeyValueLen, hp.head_dim) == hp.head_dim,
+                "{}: {} = {} differs from the key length {}; that is not supported", f.path(),
+                kKeyValueLen, f.get_int(kKeyValueLen, hp.head_dim), hp.head_dim);
+  hp.n_rot = f.get_int(kKeyRot, hp.head_dim);
+  hp.rope_base = f.get_double(kKeyRopeBase, 10000.0);
+  hp.rms_eps = f.get_double(kKeyEps, 1e-5);
+  hp.n_ctx_train = f.get_int(kKeyCtx);  // required, as in llama.cpp
+  const GgufTensorInfo& emb = f.tensor("token_embd.weight");
+  hp.n_vocab = emb.ne.size() >= 2 ? emb.ne[1] : 0;
+  hp.validate(f.path());
+
+  const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff, Hq = hp.n_head,
+                     Hkv = hp.n_head_kv, V = hp.n_vocab;
+  NUMATTN_CHECK(f.get_int(kKeyVocab, V) == V, "{}: {} = {} disagrees with the {} rows of tensor "
+                "token_embd.weight", f.path(), kKeyVocab, f.get_int(kKeyVocab, V), V);
+  if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->is_array())
+    NUMATTN_CHECK(static_cast<std::int64_t>(toks->array_size()) == V,
+                  "{}: the vocabulary tokenizer.ggml.tokens has {} tokens, but tensor "
+                  "token_embd.weight has {} rows: token ids would index past the embeddings",
+                  f.path(), toks->array_size(), V);
+  // Each layer needs its own tensors: a cheap bound before looking for them one by one.
+  const auto n_tensors = static_cast<std::int64_t>(f.tensors().size());
+  NUMATTN_CHECK(hp.n_layer <= (n_tensors - 2) / kTensorsPerLayer,
+                "{}: {} = {}, but the file has only {} tensors ({} per layer are needed)", f.path(),
+                kKeyBlocks, hp.n_layer, n_tensors, kTensorsPerLayer);
+
+  const std::string e_why = fmt::format("{} = {}", kKeyEmbd, E);
+  const std::string hd = f.has(kKeyKeyLen) ? std::string(kKeyKeyLen) : "embedding_length / head_count";
+  const std::string q_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, kKeyHeads, Hq, D, hd);
+  const std::string kv_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, kKeyHeadsKv, Hkv, D, hd);
+  const std::string f_why = fmt::format("{}; {} = {}", e_why, kKeyFf, F);
+  check_tensor(f, "token_embd.weight", E, V, e_why);
+  check_tensor(f, "output_norm.weight", E, 0, e_why);
+  if (f.find_tensor("output.weight")) check_tensor(f, "output.weight", E, V, e_why + ", vocabulary of token_embd.weight");
+  for (std::int64_t l = 0; l < hp.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    check_tensor(f, p + "attn_norm.weight", E, 0, e_why);
+    check_tensor(f, p + "ffn_norm.weight", E, 0, e_why);
+    check_tensor(f, p + "attn_q.weight", E, Hq * D, q_why);
+    check_tensor(f, p + "attn_k.weight", E, Hkv * D, kv_why);
+    if (f.find_tensor(p + "attn_v_bd.coef")) {
+      // A BDA file (model/bda_model.h); the values of perm/dense are checked by from_parts.
+      NUMATTN_CHECK(E > D, "{}: BDA layer {} needs {} > head dim ({} <= {})", f.path(), l, kKeyEmbd, E, D);
+      check_tensor(f, p + "attn_v_bd.coef", Hkv * D, E - D, kv_why + " (BD coefficients)");
+      const std::size_t n_perm = f.at(p + "attn_v_bd.perm").array_size();
+      NUMATTN_CHECK(static_cast<std::int64_t>(n_perm) == E,
+                    "{}: {}attn_v_bd.perm has {} entries, expected {} ({})", f.path(), p, n_perm, E, e_why);
+      const auto nd = static_cast<std::int64_t>(f.at(p + "attn_v_bd.dense").array_size());
+      NUMATTN_CHECK(nd <= Hkv, "{}: {}attn_v_bd.dense lists {} heads, but {} = {}", f.path(), p,
+                    nd, kKeyHeadsKv, Hkv);
+      if (nd > 0) check_tensor(f, p + "attn_v_bd.top", nd * D, D, kv_why + " (BD dense heads)");
+    } else {
+      check_tensor(f, p + "attn_v.weight", E, Hkv * D, kv_why);
+    }
+    check_tensor(f, p + "attn_output.weight", Hq * D, E, q_why);
+    check_tensor(f, p + "ffn_gate.weight", E, F, f_why);
+    check_tensor(f, p + "ffn_up.weight", E, F, f_why);
+    check_tensor(f, p + "ffn_down.weight", F, E, f_why);
+  }
+  return hp;
+}
+
+LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
+  const LlamaHParams hp = read_hparams(f);
+  const bool tied = f.find_tensor("output.weight") == nullptr;
+  // Every size below is a checked tensor's: weight_count(tied) bounds them all.
+  check_memory(static_cast<std::uint64_t>(checked_mul(hp.weight_count(tied), 4, "model weight bytes")),
+               fmt::format("loading {} ({} float32 weights)", f.path(), hp.weight_count(tied)));
 
   LlamaWeights w;
-  const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff;
-  w.token_embd.resize(static_cast<std::size_t>(hp.n_vocab * E));
-  load_matrix(f, "token_embd.weight", E, hp.n_vocab, w.token_embd.data(), ctx);
-  w.output_norm = load_vector(f, "output_norm.weight", E, ctx);
-  if (f.find_tensor("output.weight")) {
-    w.output.resize(static_cast<std::size_t>(hp.n_vocab * E));
-    load_matrix(f, "output.weight", E, hp.n_vocab, w.output.data(), ctx);
-  }
+  const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff, Hq = hp.n_head, Hkv = hp.n_head_kv;
+  load_tensor(f, "token_embd.weight", w.token_embd, hp.n_vocab * E, ctx);
+  load_tensor(f, "output_norm.weight", w.output_norm, E, ctx);
+  if (!tied) load_tensor(f, "output.weight", w.output, hp.n_vocab * E, ctx);
   w.layers.resize(static_cast<std::size_t>(hp.n_layer));
   for (std::int64_t l = 0; l < hp.n_layer; ++l) {
     auto& L = w.layers[static_cast<std::size_t>(l)];
     const std::string p = "blk." + std::to_string(l) + ".";
-    L.attn_norm = load_vector(f, p + "attn_norm.weight", E, ctx);
-    L.ffn_norm = load_vector(f, p + "ffn_norm.weight", E, ctx);
+    load_tensor(f, p + "attn_norm.weight", L.attn_norm, E, ctx);
+    load_tensor(f, p + "ffn_norm.weight", L.ffn_norm, E, ctx);
     // A BDA file (model/bda_model.h) stores the VO pair's fused projection instead of attn_v.
     const bool bd = f.find_tensor(p + "attn_v_bd.coef") != nullptr;
-    L.wqkv.resize(static_cast<std::size_t>((bd ? hp.n_head + hp.n_head_kv : hp.n_head + 2 * hp.n_head_kv) * D * E));
+    L.wqkv.resize(static_cast<std::size_t>((bd ? Hq + Hkv : Hq + 2 * Hkv) * D * E));
     float* q = L.wqkv.data();
-    float* k = q + hp.n_head * D * E;
-    load_matrix(f, p + "attn_q.weight", E, hp.n_head * D, q, ctx);
-    load_matrix(f, p + "attn_k.weight", E, hp.n_head_kv * D, k, ctx);
+    float* k = q + Hq * D * E;
+    load_tensor(f, p + "attn_q.weight", q, Hq * D * E, ctx);
+    load_tensor(f, p + "attn_k.weight", k, Hkv * D * E, ctx);
     if (bd) {
       transform::BdProjection::Parts parts;
       parts.d_in = E;
-      parts.heads = hp.n_head_kv;
+      parts.heads = Hkv;
       parts.head_dim = D;
       parts.rank = D;
-      NUMATTN_CHECK(E > D, "{}: BDA layer {} needs n_embd > head_dim", f.path(), l);
       for (std::int64_t c : f.at(p + "attn_v_bd.perm").int_array()) parts.perm.push_back(c);
       for (std::int64_t c : f.at(p + "attn_v_bd.dense").int_array()) parts.dense_heads.push_back(c);
-      parts.rest.resize(static_cast<std::size_t>((E - D) * hp.n_head_kv * D));
-      load_matrix(f, p + "attn_v_bd.coef", hp.n_head_kv * D, E - D, parts.rest.data(), ctx);
-      if (!parts.dense_heads.empty()) {
-        const auto nd = static_cast<std::int64_t>(parts.dense_heads.size());
-        NUMATTN_CHECK(nd <= hp.n_head_kv, "{}: layer {} lists {} dense heads", f.path(), l, nd);
-        parts.top.resize(static_cast<std::size_t>(D * nd * D));
-        load_matrix(f, p + "attn_v_bd.top", nd * D, D, parts.top.data(), ctx);
-      }
+      load_tensor(f, p + "attn_v_bd.coef", parts.rest, (E - D) * Hkv * D, ctx);
+      const auto nd = static_cast<std::int64_t>(parts.dense_heads.size());
+      if (nd > 0) load_tensor(f, p + "attn_v_bd.top", parts.top, D * nd * D, ctx);
       L.v_bd = std::make_shared<const transform::BdProjection>(
           transform::BdProjection::from_parts(std::move(parts)));
     } else {
-      load_matrix(f, p + "attn_v.weight", E, hp.n_head_kv * D, k + hp.n_head_kv * D * E, ctx);
+      load_tensor(f, p + "attn_v.weight", k + Hkv * D * E, Hkv * D * E, ctx);
     }
-    L.wo.resize(static_cast<std::size_t>(E * hp.n_head * D));
-    load_matrix(f, p + "attn_output.weight", hp.n_head * D, E, L.wo.data(), ctx);
+    load_tensor(f, p + "attn_output.weight", L.wo, E * Hq * D, ctx);
     L.w_gate_up.resize(static_cast<std::size_t>(2 * F * E));
-    load_matrix(f, p + "ffn_gate.weight", E, F, L.w_gate_up.data(), ctx);
-    load_matrix(f, p + "ffn_up.weight", E, F, L.w_gate_up.data() + F * E, ctx);
-    L.w_down.resize(static_cast<std::size_t>(E * F));
-    load_matrix(f, p + "ffn_down.weight", F, E, L.w_down.data(), ctx);
+    load_tensor(f, p + "ffn_gate.weight", L.w_gate_up.data(), F * E, ctx);
+    load_tensor(f, p + "ffn_up.weight", L.w_gate_up.data() + F * E, F * E, ctx);
+    load_tensor(f, p + "ffn_down.weight", L.w_down, E * F, ctx);
   }
   return LlamaModel(hp, std::move(w));
 }
@@ -295,30 +440,10 @@ const float* LlamaModel::output_matrix() const {
 }
 
 void LlamaModel::set_attention(const std::string& spec) {
-  const auto specs = split_spec_list(spec);
-  NUMATTN_CHECK(specs.size() == 1 || static_cast<std::int64_t>(specs.size()) == hp_.n_layer,
-                "attention spec list has {} entries; give one for all layers or one per layer ({})",
-                specs.size(), hp_.n_layer);
-  std::vector<std::shared_ptr<const AttentionMethod>> a;
-  if (specs.size() == 1) {
-    std::shared_ptr<const AttentionMethod> m = create_method(specs[0]);
-    a.assign(static_cast<std::size_t>(hp_.n_layer), m);
-  } else {
-    for (const auto& s : specs) a.push_back(create_method(s));
-  }
-  attn_ = std::move(a);
+  attn_ = make_attention_methods(spec, hp_.n_layer);
 }
 
-std::string LlamaModel::attention_spec() const {
-  std::string first = attn_.front()->spec(), all;
-  bool same = true;
-  for (std::size_t l = 0; l < attn_.size(); ++l) {
-    const std::string s = attn_[l]->spec();
-    same = same && s == first;
-    all += (l ? ";" : "") + s;
-  }
-  return same ? first : all;
-}
+std::string LlamaModel::attention_spec() const { return numattn::attention_spec(attn_); }
 
 std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, KvCache& cache,
                                        const ExecContext& ctx, const ForwardOptions& opt) const {
@@ -334,8 +459,22 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
                 opt.logits_begin, N);
   for (std::int32_t t : tokens)
     NUMATTN_CHECK(t >= 0 && t < h.n_vocab, "token id {} outside the vocabulary of {}", t, h.n_vocab);
+  const AttentionMethods& attn = opt.attention.empty() ? attn_ : opt.attention;
+  NUMATTN_CHECK(static_cast<std::int64_t>(attn.size()) == h.n_layer,
+                "forward: {} attention methods given for {} layers (make_attention_methods)",
+                attn.size(), h.n_layer);
   const std::int64_t E = h.n_embd, D = h.head_dim, Hq = h.n_head, Hkv = h.n_head_kv, F = h.n_ff;
   const std::int64_t R = h.qkv_rows(), half = h.n_rot / 2;
+  const std::int64_t n_out = N - opt.logits_begin;
+  {
+    // Activations (x, xn, qkv, att, gate|up, act, captures, cos|sin) and the logits.
+    constexpr const char* what = "forward activation size";
+    const std::int64_t per_token = 2 * E + R + Hq * D + 3 * F + 2 * half + (opt.capture ? (Hq + Hkv) * D : 0);
+    const std::int64_t floats = checked_add(checked_mul(N, per_token, what),
+                                            checked_mul(n_out, h.n_vocab, what), what);
+    check_memory(static_cast<std::uint64_t>(checked_mul(floats, 4, what)),
+                 fmt::format("a forward pass of {} tokens ({} rows of logits)", N, n_out));
+  }
   PhaseTimer timer{opt.profile};
 
   std::vector<float> x(static_cast<std::size_t>(N * E)), xn(x.size());
@@ -471,16 +610,13 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     p.out = TensorView<float>(att.data(), {1, Hq, N, D}, {N * Hq * D, D, Hq * D, 1});
     p.causal = Causal::kBottomRight;
     // Parallel over heads inside; a decode step's attention is too small to wake the team.
-    attn_[static_cast<std::size_t>(l)]->run(p, by_tokens ? ctx : ExecContext{1});
+    attn[static_cast<std::size_t>(l)]->run(p, by_tokens ? ctx : ExecContext{1});
     timer.lap(&ForwardProfile::attention);
     region([&](std::int64_t t0, std::int64_t t1, bool main) {
       post(l, t0, t1, main);
       if (l + 1 < h.n_layer) pre(l + 1, t0, t1, main);
     });
   }
-  cache.n_past_ = p0 + N;
-
-  const std::int64_t n_out = N - opt.logits_begin;
   std::vector<float> logits(static_cast<std::size_t>(n_out * h.n_vocab));
   if (n_out > 0) {
     rms_norm_rows(x.data() + opt.logits_begin * E, w_.output_norm.data(), xn.data(), n_out, E,
@@ -490,24 +626,52 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     linear(ctx, xn.data(), n_out, E, output_matrix(), h.n_vocab, logits.data(), false);
     timer.lap(&ForwardProfile::output_gemm);
   }
+  // The weights are finite (checked at load), so a NaN/Inf here comes from the attention
+  // method or an overflow; a perplexity or a greedy choice made from it would be garbage that
+  // looks like a result. One pass over the logits, small next to the GEMM that made them.
+  const auto bad = std::find_if(logits.begin(), logits.end(), [](float v) { return !std::isfinite(v); });
+  if (bad != logits.end()) {
+    const auto i = static_cast<std::int64_t>(bad - logits.begin());
+    const std::int64_t row = opt.logits_begin + i / h.n_vocab;
+    throw Error(fmt::format(
+        "non-finite logit {} at position {} (token {} of this call), vocabulary index {}, with "
+        "attention {}: the forward pass overflowed or the attention method returned a "
+        "non-finite value",
+        *bad, p0 + row, row, i % h.n_vocab, numattn::attention_spec(attn)));
+  }
+  cache.n_past_ = p0 + N;  // only now: after a throw the cache still ends where it did
   return logits;
 }
 
+void check_generation(std::int64_t max_tokens, std::int64_t prompt_tokens, const LlamaHParams* hp) {
+  NUMATTN_CHECK_OPTION(max_tokens >= 1, "max_tokens", "must be at least 1, got {}", max_tokens);
+  if (hp == nullptr || prompt_tokens < 0) return;
+  NUMATTN_CHECK_OPTION(prompt_tokens >= 1, "prompt", "is empty (it encodes to no token)");
+  const std::int64_t n_ctx = hp->n_ctx_train;
+  NUMATTN_CHECK_OPTION(prompt_tokens < n_ctx, "prompt",
+                       "has {} tokens, but the model's trained context ({}) is {} tokens and "
+                       "generation needs room for at least one more",
+                       prompt_tokens, kKeyCtx, n_ctx);
+  NUMATTN_CHECK_OPTION(max_tokens <= n_ctx - prompt_tokens, "max_tokens",
+                       "{} new tokens after a prompt of {} exceed the model's trained context ({}) "
+                       "of {} tokens; at most {} fit",
+                       max_tokens, prompt_tokens, kKeyCtx, n_ctx, n_ctx - prompt_tokens);
+}
+
 std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector<std::int32_t>& prompt,
-                                          int max_tokens, std::int32_t eos_id,
+                                          std::int64_t max_tokens, std::int32_t eos_id,
                                           const ExecContext& ctx,
                                           const std::function<void(std::int32_t)>& on_token,
                                           ForwardProfile* profile) {
-  NUMATTN_CHECK(!prompt.empty(), "generation needs a non-empty prompt");
+  check_generation(max_tokens, static_cast<std::int64_t>(prompt.size()), &m.hparams());
   std::vector<std::int32_t> out;
-  if (max_tokens <= 0) return out;
   KvCache cache = m.make_cache(static_cast<std::int64_t>(prompt.size()) + max_tokens);
   const std::int64_t V = m.hparams().n_vocab;
   ForwardOptions opt;
   opt.logits_begin = static_cast<std::int64_t>(prompt.size()) - 1;
   opt.profile = profile;
   std::vector<float> logits = m.forward(prompt, cache, ctx, opt);
-  for (int i = 0; i < max_tokens; ++i) {
+  for (std::int64_t i = 0; i < max_tokens; ++i) {
     const auto best = static_cast<std::int32_t>(
         std::max_element(logits.begin(), logits.begin() + V) - logits.begin());
     out.push_back(best);

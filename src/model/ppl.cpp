@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "numattn/core/error.h"
+#include "numattn/model/llama.h"
 
 namespace numattn {
 
@@ -14,7 +15,16 @@ BosMode parse_bos_mode(const std::string& s) {
   if (s == "replace") return BosMode::kReplace;
   if (s == "auto") return BosMode::kAuto;
   if (s == "keep") return BosMode::kKeep;
-  throw Error("--bos must be replace, auto or keep, got '" + s + "'");
+  throw OptionError("bos", "must be auto, replace or keep, got '" + s + "'");
+}
+
+const char* to_string(BosMode m) {
+  switch (m) {
+    case BosMode::kAuto: return "auto";
+    case BosMode::kReplace: return "replace";
+    case BosMode::kKeep: return "keep";
+  }
+  return "?";
 }
 
 void log_softmax(const float* logits, std::int64_t n, std::vector<double>& out) {
@@ -39,44 +49,77 @@ void progress_bar(std::int64_t done, std::int64_t total, double ppl, double tps,
   std::fflush(stderr);
 }
 
+// Spec errors of option `option` as OptionError, so that a caller sees which spec was bad.
+AttentionMethods option_methods(const char* option, const std::string& spec, std::int64_t n_layer) {
+  try {
+    return make_attention_methods(spec, n_layer);
+  } catch (const OptionError&) {
+    throw;
+  } catch (const Error& e) {
+    throw OptionError(option, e.what());
+  }
+}
+
 }  // namespace
 
-PplResult evaluate_perplexity(LlamaModel& model, const std::vector<std::int32_t>& tokens,
+void check_ppl_options(const PplOptions& opt, const LlamaHParams* hp, std::int64_t n_tokens) {
+  NUMATTN_CHECK_OPTION(opt.ctx >= 4, "ctx", "a chunk needs at least 4 tokens, got {}", opt.ctx);
+  NUMATTN_CHECK_OPTION(opt.chunks == -1 || opt.chunks >= 1, "chunks",
+                       "must be -1 (all that fit) or at least 1, got {}", opt.chunks);
+  const std::int64_t n_layer = hp ? hp->n_layer : 0;
+  option_methods("attn", opt.attn, n_layer);
+  if (!opt.baseline.empty()) option_methods("baseline", opt.baseline, n_layer);
+  if (hp)
+    NUMATTN_CHECK_OPTION(opt.ctx <= hp->n_ctx_train || opt.allow_long_ctx, "ctx",
+                         "{} tokens is beyond the model's trained context of {} "
+                         "(llama.context_length): positions past it were never trained; set "
+                         "`allow_long_ctx` to evaluate them anyway",
+                         opt.ctx, hp->n_ctx_train);
+  if (n_tokens >= 0)
+    NUMATTN_CHECK(n_tokens / 2 >= opt.ctx,
+                  "the text has {} tokens; perplexity with ctx {} needs at least twice that "
+                  "(two chunks)",
+                  n_tokens, opt.ctx);
+}
+
+PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::int32_t>& tokens,
                               std::int32_t bos_id, bool add_bos, const PplOptions& opt,
                               const ExecContext& ctx) {
-  const std::int64_t n_ctx = opt.ctx;
-  NUMATTN_CHECK(n_ctx >= 4, "--ctx must be at least 4, got {}", n_ctx);
   const auto n_tok = static_cast<std::int64_t>(tokens.size());
-  NUMATTN_CHECK(n_tok >= 2 * n_ctx,
-                "the text has {} tokens; perplexity at ctx {} needs at least {} (2·ctx)", n_tok,
-                n_ctx, 2 * n_ctx);
+  check_ppl_options(opt, &model.hparams(), n_tok);
+  const std::int64_t n_ctx = opt.ctx;
   std::int64_t n_chunk = n_tok / n_ctx;
-  if (opt.chunks >= 0) n_chunk = std::min(n_chunk, opt.chunks);
-  NUMATTN_CHECK(n_chunk > 0, "--chunks must be positive");
+  if (opt.chunks >= 1) n_chunk = std::min(n_chunk, opt.chunks);
   const bool replace = opt.bos == BosMode::kReplace || (opt.bos == BosMode::kAuto && add_bos);
   NUMATTN_CHECK(!replace || bos_id >= 0, "BOS replacement asked for but the vocabulary has no BOS");
   const std::int64_t first = n_ctx / 2;
   const std::int64_t V = model.hparams().n_vocab;
   const std::int64_t n_rows = n_ctx - 1 - first;  // scored positions per chunk
 
-  model.set_attention(opt.attn);
-  const std::string attn_spec = model.attention_spec();
   const bool kl = !opt.baseline.empty() || opt.baseline_model != nullptr;
-  LlamaModel& base_model = opt.baseline_model ? *opt.baseline_model : model;
-  const std::string base_spec = opt.baseline.empty() ? attn_spec : opt.baseline;
+  const LlamaModel& base_model = opt.baseline_model ? *opt.baseline_model : model;
   if (opt.baseline_model) {
     const LlamaHParams &a = model.hparams(), &b = opt.baseline_model->hparams();
     NUMATTN_CHECK(a.n_vocab == b.n_vocab && a.n_layer == b.n_layer && a.n_embd == b.n_embd &&
                       a.n_head == b.n_head && a.n_head_kv == b.n_head_kv && a.head_dim == b.head_dim,
                   "the baseline model has other hyper-parameters than the evaluated one");
-    opt.baseline_model->set_attention(base_spec);
   }
+  ForwardOptions fo;
+  fo.logits_begin = first;
+  fo.attention = option_methods("attn", opt.attn, model.hparams().n_layer);
+  ForwardOptions fb;
+  fb.logits_begin = first;
+  fb.attention = opt.baseline.empty() ? fo.attention
+                                      : option_methods("baseline", opt.baseline, model.hparams().n_layer);
   KvCache cache = model.make_cache(n_ctx);
 
   PplResult r;
+  r.attn_spec = attention_spec(fo.attention);
+  if (kl) r.baseline_spec = attention_spec(fb.attention);
   r.ctx = n_ctx;
   r.chunks = n_chunk;
   r.has_baseline = kl;
+  fo.profile = &r.profile;
   std::vector<double> kld;
   std::int64_t agree = 0;
   double nll_sum = 0, nll2_sum = 0, base_nll_sum = 0;
@@ -88,22 +131,22 @@ PplResult evaluate_perplexity(LlamaModel& model, const std::vector<std::int32_t>
   for (std::int64_t c = 0; c < n_chunk; ++c) {
     std::vector<std::int32_t> chunk(tokens.begin() + c * n_ctx, tokens.begin() + (c + 1) * n_ctx);
     if (replace) chunk[0] = bos_id;
-    ForwardOptions fo;
-    fo.logits_begin = first;
-    fo.profile = &r.profile;
-    cache.clear();
+    // Which chunk a forward error (a non-finite logit) happened in: its position alone
+    // does not say where in the text it is.
+    auto run = [&](const LlamaModel& m, const ForwardOptions& o, const char* which) {
+      cache.clear();
+      try {
+        return m.forward(chunk, cache, ctx, o);
+      } catch (const Error& e) {
+        throw Error(fmt::format("perplexity chunk {} of {} (text tokens {}..{}), {} pass: {}", c,
+                                n_chunk, c * n_ctx, (c + 1) * n_ctx - 1, which, e.what()));
+      }
+    };
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<float> logits = model.forward(chunk, cache, ctx, fo);
+    const std::vector<float> logits = run(model, fo, "evaluated");
     r.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::vector<float> base;
-    if (kl) {
-      if (!opt.baseline_model) model.set_attention(base_spec);
-      cache.clear();
-      ForwardOptions fb;
-      fb.logits_begin = first;
-      base = base_model.forward(chunk, cache, ctx, fb);
-      if (!opt.baseline_model) model.set_attention(attn_spec);
-    }
+    if (kl) base = run(base_model, fb, "baseline");
     // Row j - first of the logits (position j) predicts token j + 1.
     parallel_for(ctx, n_rows, [&](std::int64_t i) {
       std::vector<double> lp, lb;

@@ -4,8 +4,10 @@
 #include "numattn/model/quant.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace numattn {
 
@@ -221,18 +223,36 @@ void dequantize_rows(const GgufTensorInfo& t, std::int64_t row_begin, std::int64
   dequantize_row(t.type, t.data + row_begin * rb, dst, row_count * ne0);
 }
 
-void dequantize_tensor(const GgufTensorInfo& t, float* dst, const ExecContext& ctx) {
+void dequantize_tensor(const GgufTensorInfo& t, float* dst, const ExecContext& ctx,
+                       NonFinite non_finite) {
   const std::int64_t rows = t.n_rows(), ne0 = t.row_elems();
   ggml_type_info(t.type);
   if (rows == 0 || ne0 == 0) return;  // nothing to do (and no loop over 2^60 empty rows)
   // Chunks of ~64 k elements: enough work per item, and any thread count gives the same bytes.
   const std::int64_t rows_per_chunk = std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(ne0, 1));
   const std::int64_t chunks = rows / rows_per_chunk + (rows % rows_per_chunk != 0);
+  // Lowest non-finite element index seen by any chunk (the minimum, so the message does not
+  // depend on which thread finished first).
+  std::atomic<std::int64_t> first_bad{std::numeric_limits<std::int64_t>::max()};
   parallel_for(ctx, chunks, [&](std::int64_t c) {
     const std::int64_t r0 = c * rows_per_chunk;
     const std::int64_t nr = std::min(rows_per_chunk, rows - r0);
-    dequantize_rows(t, r0, nr, dst + r0 * ne0);
+    float* out = dst + r0 * ne0;
+    dequantize_rows(t, r0, nr, out);
+    if (non_finite == NonFinite::kKeep) return;
+    const std::int64_t n = nr * ne0;
+    std::int64_t i = 0;
+    while (i < n && std::isfinite(out[i])) ++i;
+    if (i == n) return;
+    std::int64_t seen = first_bad.load();
+    while (r0 * ne0 + i < seen && !first_bad.compare_exchange_weak(seen, r0 * ne0 + i)) {
+    }
   });
+  const std::int64_t bad = first_bad.load();
+  NUMATTN_CHECK(bad == std::numeric_limits<std::int64_t>::max(),
+                "tensor {} (ne {}) holds a non-finite value: row {}, column {} (flat index {}) "
+                "is {}; the file's weights are corrupt",
+                t.name, t.shape_string(), bad / ne0, bad % ne0, bad, dst[bad]);
 }
 
 std::vector<float> dequantize_tensor(const GgufTensorInfo& t, const ExecContext& ctx) {

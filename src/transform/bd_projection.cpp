@@ -1,7 +1,5 @@
 #include "numattn/transform/bd_projection.h"
 
-#include <Eigen/LU>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,8 +8,6 @@
 #include "numattn/core/error.h"
 
 namespace numattn::transform {
-
-using decomp::MatrixXd;
 
 BdProjection BdProjection::dense(index_t d_in, index_t heads, index_t head_dim,
                                  std::span<const float> w, std::span<const float> bias) {
@@ -35,93 +31,6 @@ BdProjection BdProjection::dense(index_t d_in, index_t heads, index_t head_dim,
   for (index_t h = 0; h < heads; ++h) p.dense_list_.push_back(h);
   p.full_.assign(w.begin(), w.end());
   p.bias_.assign(bias.begin(), bias.end());
-  return p;
-}
-
-BdProjection BdProjection::from_weights(index_t d_in, index_t heads, index_t head_dim,
-                                        const MatrixXd& w, std::span<const double> bias,
-                                        decomp::BasisStrategy strategy, double kappa_threshold,
-                                        std::vector<BdHeadReport>* report,
-                                        std::vector<MatrixXd>* basis_blocks) {
-  NUMATTN_CHECK(d_in >= 1 && heads >= 1 && head_dim >= 1,
-                "projection needs d_in, heads, head_dim >= 1 (got {}, {}, {})", d_in, heads,
-                head_dim);
-  NUMATTN_CHECK(head_dim <= d_in,
-                "BD needs head_dim <= input dim (head_dim {} > d_in {}): the basis is head_dim "
-                "input channels", head_dim, d_in);
-  const index_t out = heads * head_dim;
-  NUMATTN_CHECK(w.rows() == d_in && w.cols() == out, "projection weight is {}x{}, expected {}x{}",
-                w.rows(), w.cols(), d_in, out);
-  NUMATTN_CHECK(bias.empty() || static_cast<index_t>(bias.size()) == out,
-                "projection bias has {} values, expected {}", bias.size(), out);
-  NUMATTN_CHECK(w.allFinite(), "projection weight has NaN or Inf entries");
-
-  std::vector<MatrixXd> hw;
-  hw.reserve(static_cast<std::size_t>(heads));
-  for (index_t h = 0; h < heads; ++h) hw.emplace_back(w.middleCols(h * head_dim, head_dim));
-  decomp::BasisDecomposition bd;
-  bd.set_rank(head_dim).set_form(decomp::BdForm::kRows).set_strategy(strategy).compute(hw);
-  NUMATTN_CHECK(bd.info() != decomp::ComputationInfo::kInvalidInput, "BD of the projection: {}",
-                bd.message());
-  // kNumericalIssue (a singular head block) is not an error here: that head falls back.
-
-  const index_t r = head_dim;
-  BdProjection p;
-  p.d_ = d_in;
-  p.heads_ = heads;
-  p.dh_ = head_dim;
-  p.r_ = r;
-  const auto& s = bd.basis();
-  const auto& sc = bd.complement();
-  p.perm_.assign(s.begin(), s.end());
-  p.perm_.insert(p.perm_.end(), sc.begin(), sc.end());
-  p.dense_.assign(static_cast<std::size_t>(heads), 0);
-  for (index_t h = 0; h < heads; ++h) {
-    const double k = bd.cond_basis(h);
-    const bool bad = !(k <= kappa_threshold) || !bd.coefficients(h).allFinite();
-    p.dense_[static_cast<std::size_t>(h)] = bad ? 1 : 0;
-    if (bad) p.dense_list_.push_back(h);
-    if (report) report->push_back({k, bad});
-    if (basis_blocks) basis_blocks->push_back(bd.basis_block(h));
-  }
-  const index_t nd = static_cast<index_t>(p.dense_list_.size());
-  p.rest_.assign(static_cast<std::size_t>((d_in - r) * out), 0.f);
-  p.top_.assign(static_cast<std::size_t>(r * nd * head_dim), 0.f);
-  for (index_t h = 0; h < heads; ++h) {
-    const index_t c0 = h * head_dim;
-    if (!p.head_dense(h)) {
-      const MatrixXd& c = bd.coefficients(h);  // (d−r) × r, rows in S^c order
-      for (index_t i = 0; i < d_in - r; ++i)
-        for (index_t j = 0; j < head_dim; ++j)
-          p.rest_[static_cast<std::size_t>(i * out + c0 + j)] = static_cast<float>(c(i, j));
-    } else {
-      for (index_t i = 0; i < d_in - r; ++i)
-        for (index_t j = 0; j < head_dim; ++j)
-          p.rest_[static_cast<std::size_t>(i * out + c0 + j)] =
-              static_cast<float>(w(sc[static_cast<std::size_t>(i)], c0 + j));
-    }
-  }
-  for (index_t k = 0; k < nd; ++k) {
-    const index_t h = p.dense_list_[static_cast<std::size_t>(k)];
-    for (index_t i = 0; i < r; ++i)
-      for (index_t j = 0; j < head_dim; ++j)
-        p.top_[static_cast<std::size_t>(i * nd * head_dim + k * head_dim + j)] =
-            static_cast<float>(w(s[static_cast<std::size_t>(i)], h * head_dim + j));
-  }
-  if (!bias.empty()) {
-    p.bias_.resize(static_cast<std::size_t>(out));
-    for (index_t h = 0; h < heads; ++h) {
-      Eigen::RowVectorXd bh(head_dim);
-      for (index_t j = 0; j < head_dim; ++j) bh(j) = bias[static_cast<std::size_t>(h * head_dim + j)];
-      if (!p.head_dense(h)) {
-        // b'_h = b_h·T_h = b_h·B_h^{-1}, i.e. B_hᵀ·b'_hᵀ = b_hᵀ.
-        const Eigen::MatrixXd bt = bd.basis_block(h).transpose();
-        bh = Eigen::PartialPivLU<Eigen::MatrixXd>(bt).solve(bh.transpose()).transpose();
-      }
-      for (index_t j = 0; j < head_dim; ++j)
-        p.bias_[static_cast<std::size_t>(h * head_dim + j)] = static_cast<float>(bh(j));
-    }
-  }
   return p;
 }
 
@@ -220,7 +129,7 @@ index_t BdProjection::macs_per_token() const {
 
 void BdProjection::project(const float* x, index_t tokens, index_t ldx, float* y, index_t ldy,
                            InputOrder order, const ExecContext& ctx) const {
-  NUMATTN_CHECK(d_ > 0, "BdProjection is empty (build it with dense() or from_weights())");
+  NUMATTN_CHECK(d_ > 0, "BdProjection is empty (build it with dense() or build_bd_projection())");
   NUMATTN_CHECK(ldx >= d_ && ldy >= out_dim(), "project: ldx {} < d_in {} or ldy {} < out {}",
                 ldx, d_, ldy, out_dim());
   if (tokens <= 0) return;

@@ -83,8 +83,9 @@ BdaLayer bda_transform(const AttentionLayerWeights& w, const BdaOptions& opt) {
     NUMATTN_CHECK(w.rope_dims == 0,
                   "BDA: the QK pair cannot be rewritten: RoPE rotates {} of the {} dimensions of "
                   "each Q/K head, and a rotary position R(p) does not commute with the BD "
-                  "transform, so Q'·K'ᵀ would differ from Q·Kᵀ. Use --bda vo (the VO pair "
-                  "carries no RoPE), or decoupled RoPE with the position-free slice only",
+                  "transform, so Q'·K'ᵀ would differ from Q·Kᵀ. Use the VO pair alone "
+                  "(pairs \"vo\": it carries no RoPE), or decoupled RoPE with the position-free "
+                  "slice only",
                   w.rope_dims, dh);
   if (opt.pairs != BdaPairs::kNone)
     NUMATTN_CHECK(dh <= dkv, "BDA: head_dim {} exceeds the K/V input dim {}: no basis of {} "
@@ -113,7 +114,7 @@ BdaLayer bda_transform(const AttentionLayerWeights& w, const BdaOptions& opt) {
   if (has_qk(opt.pairs)) {
     std::vector<MatrixXd> blocks;
     const bool transform_bk = opt.key_bias == KeyBias::kTransform;
-    L.k_proj = BdProjection::from_weights(dkv, G, dh, wk,
+    L.k_proj = build_bd_projection(dkv, G, dh, wk,
                                           transform_bk ? std::span<const double>(bk)
                                                        : std::span<const double>(),
                                           opt.strategy, opt.kappa_threshold, &L.qk.heads, &blocks);
@@ -150,7 +151,7 @@ BdaLayer bda_transform(const AttentionLayerWeights& w, const BdaOptions& opt) {
         o += b * wo.middleRows(j * dh, dh);
       }
     }
-    L.v_proj = BdProjection::from_weights(dkv, G, dh, wv,
+    L.v_proj = build_bd_projection(dkv, G, dh, wv,
                                           transform_bv ? std::span<const double>(bv)
                                                        : std::span<const double>(),
                                           opt.strategy, opt.kappa_threshold, &L.vo.heads, &blocks);

@@ -24,6 +24,7 @@ LlamaModel small_model(bool zero_output) {
   h.n_head_kv = 1;
   h.head_dim = 4;
   h.n_rot = 4;
+  h.n_ctx_train = 64;
   LlamaWeights w;
   std::uint64_t s = 0;
   auto rnd = [&](std::int64_t n, float scale, float off = 0.f) {
@@ -73,6 +74,7 @@ TEST(Perplexity, MatchesDirectComputationAndStderrFormula) {
   PplOptions o;
   o.ctx = 20;
   o.chunks = 2;
+  o.bos = BosMode::kReplace;
   const PplResult r = evaluate_perplexity(m, toks, 7, false, o, ExecContext{1});
   ASSERT_EQ(r.tokens_scored, 2 * 9);
   // Recompute: chunk c, first token replaced by BOS (7), score positions 10..18 -> 11..19.
@@ -95,10 +97,34 @@ TEST(Perplexity, MatchesDirectComputationAndStderrFormula) {
   EXPECT_NEAR(r.ppl_stderr, std::exp(mean) * std::sqrt((s2 / n - mean * mean) / (n - 1)), 1e-4);
   // keep: the first token is not replaced, so results differ.
   o.bos = BosMode::kKeep;
-  EXPECT_NE(evaluate_perplexity(m, toks, 7, false, o, ExecContext{1}).ppl, r.ppl);
+  const double keep = evaluate_perplexity(m, toks, 7, false, o, ExecContext{1}).ppl;
+  EXPECT_NE(keep, r.ppl);
   // auto follows add_bos.
   o.bos = BosMode::kAuto;
   EXPECT_EQ(evaluate_perplexity(m, toks, 7, true, o, ExecContext{1}).ppl, r.ppl);
+  EXPECT_EQ(evaluate_perplexity(m, toks, 7, false, o, ExecContext{1}).ppl, keep);
+}
+
+TEST(Perplexity, DefaultBosFollowsTheFile) {
+  // The file's add_bos_token rule is the default (llama.cpp's): no BOS when it says false.
+  LlamaModel m = small_model(false);
+  const auto toks = stream(64);
+  PplOptions o;
+  o.ctx = 20;
+  EXPECT_EQ(o.bos, BosMode::kAuto);
+  const double dflt_no = evaluate_perplexity(m, toks, 7, false, o, ExecContext{1}).ppl;
+  const double dflt_yes = evaluate_perplexity(m, toks, 7, true, o, ExecContext{1}).ppl;
+  o.bos = BosMode::kKeep;
+  EXPECT_EQ(dflt_no, evaluate_perplexity(m, toks, 7, true, o, ExecContext{1}).ppl);
+  o.bos = BosMode::kReplace;
+  EXPECT_EQ(dflt_yes, evaluate_perplexity(m, toks, 7, false, o, ExecContext{1}).ppl);
+  EXPECT_EQ(parse_bos_mode("auto"), BosMode::kAuto);
+  try {
+    parse_bos_mode("always");
+    FAIL();
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.option(), "bos");
+  }
 }
 
 TEST(Perplexity, KlAgainstBaseline) {
@@ -113,7 +139,8 @@ TEST(Perplexity, KlAgainstBaseline) {
   EXPECT_LT(r.kld_p99, 1e-9);
   EXPECT_EQ(r.top1_agreement, 1.0);
   EXPECT_NEAR(r.ppl, r.ppl_baseline, 1e-5 * r.ppl);
-  EXPECT_NE(m.attention_spec().find("naive"), std::string::npos);  // restored after baseline
+  EXPECT_NE(r.attn_spec.find("naive"), std::string::npos);
+  EXPECT_NE(r.baseline_spec.find("flash"), std::string::npos);
 }
 
 TEST(Perplexity, RefusesShortText) {
@@ -121,6 +148,124 @@ TEST(Perplexity, RefusesShortText) {
   PplOptions o;
   o.ctx = 64;
   EXPECT_THROW(evaluate_perplexity(m, stream(100), 0, false, o, ExecContext{1}), Error);
+}
+
+// The option that check_ppl_options (or evaluate_perplexity) names for `o`, "" if none.
+std::string refused_option(const PplOptions& o, const LlamaHParams* hp = nullptr) {
+  try {
+    check_ppl_options(o, hp);
+  } catch (const OptionError& e) {
+    return e.option() + ": " + e.detail();
+  }
+  return "";
+}
+
+TEST(Perplexity, OptionsAreCheckedBeforeAnyWork) {
+  const LlamaModel m = small_model(false);  // n_ctx_train 64, 2 layers
+  auto with = [](auto change) {
+    PplOptions o;
+    o.ctx = 32;
+    change(o);
+    return o;
+  };
+  EXPECT_EQ(refused_option(with([](PplOptions&) {})), "");
+  EXPECT_EQ(refused_option(with([](PplOptions& o) { o.ctx = 0; })).rfind("ctx: ", 0), 0u);
+  EXPECT_EQ(refused_option(with([](PplOptions& o) { o.ctx = -512; })).rfind("ctx: ", 0), 0u);
+  EXPECT_EQ(refused_option(with([](PplOptions& o) { o.ctx = 3; })).rfind("ctx: ", 0), 0u);
+  EXPECT_EQ(refused_option(with([](PplOptions& o) { o.chunks = 0; })).rfind("chunks: ", 0), 0u);
+  EXPECT_EQ(refused_option(with([](PplOptions& o) { o.chunks = -2; })).rfind("chunks: ", 0), 0u);
+  EXPECT_EQ(refused_option(with([](PplOptions& o) { o.attn = "exact.nope"; })).rfind("attn: ", 0), 0u);
+  EXPECT_EQ(refused_option(with([](PplOptions& o) { o.baseline = "exact.flash(x=1)"; })).rfind("baseline: ", 0), 0u);
+  // Against the model: a per-layer list of the wrong length, and the trained context.
+  const LlamaHParams& hp = m.hparams();
+  EXPECT_EQ(refused_option(with([](PplOptions& o) { o.attn = "exact.flash;exact.flash;exact.flash"; }), &hp).rfind("attn: ", 0), 0u);
+  const std::string longer = refused_option(with([](PplOptions& o) { o.ctx = 65; }), &hp);
+  EXPECT_EQ(longer.rfind("ctx: ", 0), 0u) << longer;
+  EXPECT_NE(longer.find("64"), std::string::npos) << longer;
+  EXPECT_NE(longer.find("llama.context_length"), std::string::npos) << longer;
+  EXPECT_NE(longer.find("`allow_long_ctx`"), std::string::npos) << longer;
+  EXPECT_EQ(refused_option(with([](PplOptions& o) { o.ctx = 65; o.allow_long_ctx = true; }), &hp), "");
+  // evaluate_perplexity applies the same checks.
+  PplOptions o = with([](PplOptions& x) { x.ctx = 65; });
+  EXPECT_THROW(evaluate_perplexity(m, stream(200), 0, false, o, ExecContext{1}), OptionError);
+  o.allow_long_ctx = true;
+  EXPECT_NO_THROW(evaluate_perplexity(m, stream(200), 0, false, o, ExecContext{1}));
+}
+
+TEST(Perplexity, EvaluationNeverChangesTheModel) {
+  // The attention of the evaluation (and of the baseline) is passed per forward call, so an
+  // exception in the middle leaves the model as it was; so does a normal run.
+  LlamaModel m = small_model(false);
+  m.set_attention("exact.reference");
+  PplOptions o;
+  o.ctx = 16;
+  o.attn = "exact.naive";
+  o.baseline = "exact.flash";
+  int chunks_done = 0;
+  o.after_chunk = [&] {
+    if (++chunks_done == 2) throw Error("interrupted");
+  };
+  EXPECT_THROW(evaluate_perplexity(m, stream(100), 0, false, o, ExecContext{2}), Error);
+  EXPECT_EQ(chunks_done, 2);
+  EXPECT_EQ(m.attention_spec(), "exact.reference");
+  o.after_chunk = nullptr;
+  const PplResult r = evaluate_perplexity(m, stream(100), 0, false, o, ExecContext{2});
+  EXPECT_EQ(m.attention_spec(), "exact.reference");
+  EXPECT_NE(r.attn_spec.find("naive"), std::string::npos);
+  EXPECT_NE(r.baseline_spec.find("flash"), std::string::npos);
+}
+
+TEST(Perplexity, NonFiniteLogitsAreAnErrorNamingThePosition) {
+  // Finite weights whose logits overflow float32 (|w_out| = 3e38): the evaluation must fail,
+  // naming where, instead of reporting a NaN or infinite perplexity.
+  const LlamaModel good = small_model(false);
+  LlamaWeights w = good.weights();
+  for (float& x : w.output) x = x > 0 ? 3e38f : -3e38f;
+  const LlamaModel bad(good.hparams(), std::move(w));
+  KvCache c = bad.make_cache(8);
+  try {
+    bad.forward({1, 2, 3}, c, ExecContext{1});
+    FAIL() << "non-finite logits returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite logit"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("position 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(c.n_past(), 0);  // the cache did not advance
+  PplOptions o;
+  o.ctx = 16;
+  try {
+    evaluate_perplexity(bad, stream(100), 0, false, o, ExecContext{1});
+    FAIL() << "a perplexity from non-finite logits";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chunk 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("position 8"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(generate_greedy(bad, {1, 2, 3}, 2, -1, ExecContext{1}), Error);
+}
+
+TEST(Generation, RequestsAreBoundedByTheTrainedContext) {
+  const LlamaModel m = small_model(false);  // n_ctx_train 64
+  auto refused = [&](std::int64_t max_tokens, std::int64_t prompt) -> std::string {
+    try {
+      check_generation(max_tokens, prompt, &m.hparams());
+    } catch (const OptionError& e) {
+      return e.option() + ": " + e.detail();
+    }
+    return "";
+  };
+  EXPECT_EQ(refused(1, 63), "");
+  EXPECT_EQ(refused(60, 4), "");
+  EXPECT_EQ(refused(0, 4).rfind("max_tokens: ", 0), 0u);
+  EXPECT_EQ(refused(-5, 4).rfind("max_tokens: ", 0), 0u);
+  const std::string huge = refused(5'000'000'000, 4);
+  EXPECT_EQ(huge.rfind("max_tokens: ", 0), 0u) << huge;
+  EXPECT_NE(huge.find("at most 60"), std::string::npos) << huge;
+  EXPECT_NE(huge.find("llama.context_length"), std::string::npos) << huge;
+  EXPECT_EQ(refused(1, 64).rfind("prompt: ", 0), 0u);
+  EXPECT_EQ(refused(1, 0).rfind("prompt: ", 0), 0u);
+  // generate_greedy refuses before allocating a cache for 5e9 positions.
+  EXPECT_THROW(generate_greedy(m, {1, 2, 3, 4}, 5'000'000'000, -1, ExecContext{1}), OptionError);
+  EXPECT_EQ(generate_greedy(m, {1, 2, 3, 4}, 3, -1, ExecContext{1}).size(), 3u);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "numattn/analysis/metrics.h"
@@ -45,6 +46,25 @@ class ScratchDir {
 
  private:
   std::filesystem::path path_;
+};
+
+/// Sets environment variable `name` to `value` for its scope (restoring the previous value),
+/// e.g. NUMATTN_MEMORY_AVAILABLE to stand in for a machine with little memory.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::string name, const std::string& value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+/// A machine with `bytes` of available memory (core/memory.h) for the scope of a test.
+struct MemoryCap : ScopedEnv {
+  explicit MemoryCap(const std::string& bytes) : ScopedEnv("NUMATTN_MEMORY_AVAILABLE", bytes) {}
 };
 
 /// <tmp>/numattn_<pid>_<name>: a file name no other test process uses; removed at process exit.

@@ -94,4 +94,36 @@ std::string write_gguf(const TinyTensors& T, const std::string& name, GgmlType t
   return path;
 }
 
+std::string rewrite_gguf(const std::string& src, const GgufEdit& edit, const std::string& name) {
+  const GgufFile f = GgufFile::open(src);
+  GgufWriter w(static_cast<std::uint32_t>(f.alignment()));
+  auto edited = [&](const std::string& key) -> const std::optional<GgufValue>* {
+    for (const auto& [k, v] : edit.keys)
+      if (k == key) return &v;
+    return nullptr;
+  };
+  for (const auto& [key, value] : f.metadata()) {
+    if (key == "general.alignment") continue;
+    const auto* e = edited(key);
+    if (!e) w.set(key, value);
+    else if (e->has_value()) w.set(key, **e);
+  }
+  for (const auto& [key, value] : edit.keys)
+    if (value && !f.has(key)) w.set(key, *value);
+  auto replaced = [&](const std::string& tname) {
+    for (const auto& t : edit.tensors)
+      if (t.name == tname) return true;
+    for (const auto& d : edit.drop_tensors)
+      if (d == tname) return true;
+    return false;
+  };
+  for (const GgufTensorInfo& t : f.tensors())
+    if (!replaced(t.name))
+      w.add_tensor(t.name, t.type, t.ne, std::vector<std::uint8_t>(t.data, t.data + t.size_bytes));
+  for (const auto& t : edit.tensors) w.add_tensor_f32(t.name, t.ne, t.data.data(), t.type);
+  const std::string path = temp_path(name);
+  w.write(path);
+  return path;
+}
+
 }  // namespace numattn::test

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,5 +34,23 @@ TinyTensors make_tiny(bool tied);
 
 /// Writes the tiny model to temp_path(name) with 2-d weights stored as `type`.
 std::string write_gguf(const TinyTensors& T, const std::string& name, GgmlType type = GgmlType::F32);
+
+/// Changes to a GGUF file, for crafting hostile variants of a valid one.
+struct GgufEdit {
+  /// Metadata to set (added at the end if new); std::nullopt drops the key.
+  std::vector<std::pair<std::string, std::optional<GgufValue>>> keys;
+  /// Tensors to replace (or add) with float32 data of shape `ne` stored as `type`.
+  struct Tensor {
+    std::string name;
+    std::vector<std::int64_t> ne;
+    std::vector<float> data;
+    GgmlType type = GgmlType::F32;
+  };
+  std::vector<Tensor> tensors;
+  std::vector<std::string> drop_tensors;
+};
+
+/// A copy of the GGUF file `src` with `edit` applied, written to temp_path(name).
+std::string rewrite_gguf(const std::string& src, const GgufEdit& edit, const std::string& name);
 
 }  // namespace numattn::test

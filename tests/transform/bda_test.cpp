@@ -203,7 +203,7 @@ TEST(BdProjection, ApplyThroughBdEqualsDenseApply) {
   fill_normal(x, test::base_seed(), 5);
   std::vector<BdHeadReport> rep;
   std::vector<MatrixXd> blocks;
-  BdProjection p = BdProjection::from_weights(d, H, dh, w, b, BasisStrategy::kMaxMin, kInf, &rep, &blocks);
+  BdProjection p = build_bd_projection(d, H, dh, w, b, BasisStrategy::kMaxMin, kInf, &rep, &blocks);
   ASSERT_TRUE(p.is_bd());
   EXPECT_EQ(p.macs_per_token(), (d - dh) * H * dh);
   for (index_t rows : {index_t{0}, index_t{5}}) {
@@ -241,7 +241,7 @@ TEST(BdProjection, ApplyThroughBdEqualsDenseApply) {
     std::vector<double> ks;
     for (const auto& r : rep) ks.push_back(r.kappa);
     std::sort(ks.begin(), ks.end());
-    BdProjection mixed = BdProjection::from_weights(d, H, dh, w, b, BasisStrategy::kMaxMin, ks[2]);
+    BdProjection mixed = build_bd_projection(d, H, dh, w, b, BasisStrategy::kMaxMin, ks[2]);
     EXPECT_GT(mixed.dense_head_count(), 0);
     EXPECT_LT(mixed.dense_head_count(), H);
     const std::vector<float> weff = mixed.effective_weight();
@@ -258,7 +258,7 @@ TEST(BdProjection, ApplyThroughBdEqualsDenseApply) {
       }
   }
   // All heads dense (threshold 0): the kernel computes X·W + b itself.
-  BdProjection dense_all = BdProjection::from_weights(d, H, dh, w, b, BasisStrategy::kMaxMin, 0.0);
+  BdProjection dense_all = build_bd_projection(d, H, dh, w, b, BasisStrategy::kMaxMin, 0.0);
   EXPECT_EQ(dense_all.dense_head_count(), H);
   std::vector<float> w32(w64.begin(), w64.end()), b32(b.begin(), b.end());
   BdProjection plain = BdProjection::dense(d, H, dh, w32, b32);

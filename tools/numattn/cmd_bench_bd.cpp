@@ -11,7 +11,7 @@
 #include "commands.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/rng.h"
-#include "numattn/transform/bd_projection.h"
+#include "numattn/transform/bd_projection_builder.h"
 
 namespace numattn::cli {
 
@@ -91,7 +91,7 @@ void add_bench_bd(CLI::App& app) {
           std::fprintf(stderr, "bench-bd: BD of %lld x %lld (%lld heads) ...\n",
                        static_cast<long long>(d), static_cast<long long>(out),
                        static_cast<long long>(h));
-          auto bd = transform::BdProjection::from_weights(
+          auto bd = transform::build_bd_projection(
               d, h, dh, w, {}, strategy, std::numeric_limits<double>::infinity(), &rep, &blocks);
           auto dense = transform::BdProjection::dense(d, h, dh, w32);
           bd.set_block_rows(o->block_rows);

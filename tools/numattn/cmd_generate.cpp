@@ -16,7 +16,8 @@ namespace numattn::cli {
 namespace {
 struct GenerateOptions {
   std::string model = "default", prompt, attn = "exact.flash", format = "md";
-  int max_tokens = 32, threads = 0;
+  std::int64_t max_tokens = 32;
+  int threads = 0;
   bool chat = false;
 };
 }  // namespace
@@ -26,7 +27,9 @@ void add_generate(CLI::App& app) {
   auto* sub = app.add_subcommand("generate", "greedy text generation with the KV cache");
   sub->add_option("--model", o->model, "GGUF file, or 'default'")->capture_default_str();
   sub->add_option("--prompt", o->prompt, "prompt text")->required();
-  sub->add_option("--max-tokens", o->max_tokens, "tokens to generate")->capture_default_str();
+  sub->add_option("--max-tokens", o->max_tokens,
+                  "tokens to generate (prompt + max-tokens must fit the model's trained context)")
+      ->capture_default_str();
   sub->add_option("--attn", o->attn, "attention spec (one, or one per layer separated by ';')")
       ->capture_default_str();
   sub->add_flag("--chat", o->chat,
@@ -34,14 +37,24 @@ void add_generate(CLI::App& app) {
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o] {
     ExecContext ctx{o->threads};
+    // Every request check comes before the model's weights are read (a few seconds): the
+    // flags alone first, then the prompt's length against the file's trained context.
+    check_generation(o->max_tokens);
+    try {
+      make_attention_methods(o->attn, 0);
+    } catch (const Error& e) {
+      throw OptionError("attn", e.what());
+    }
     const std::string path = resolve_model_path(o->model);
     GgufFile file = GgufFile::open(path);
+    const LlamaHParams hp = LlamaModel::read_hparams(file);
     const Tokenizer tok = Tokenizer::from_gguf(file);
-    LlamaModel model = LlamaModel::load(file, ctx);
-    model.set_attention(o->attn);
     std::string prompt = o->prompt;
     if (o->chat) prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
     const auto ids = tok.encode(prompt, tok.add_bos(), true);
+    check_generation(o->max_tokens, static_cast<std::int64_t>(ids.size()), &hp);
+    LlamaModel model = LlamaModel::load(file, ctx);
+    model.set_attention(o->attn);
     const bool md = o->format == "md";
     if (md) {
       std::cout << o->prompt << std::flush;

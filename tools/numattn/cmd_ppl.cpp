@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/file_io.h"
+#include "numattn/core/memory.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
@@ -23,10 +24,10 @@ namespace numattn::cli {
 namespace {
 struct PplCliOptions {
   std::string model = "default", text = "default", attn = "exact.flash", baseline, format = "md",
-              bos = "replace", bda = "none";
+              bos = "auto", bda = "none";
   std::int64_t ctx = 512, chunks = -1;
   int threads = 0;
-  bool no_progress = false;
+  bool no_progress = false, allow_long_ctx = false;
 };
 }  // namespace
 
@@ -38,8 +39,12 @@ void add_ppl(CLI::App& app) {
   sub->add_option("--model", o->model, "GGUF file, or 'default'")->capture_default_str();
   sub->add_option("--text", o->text, "UTF-8 text file, or 'default' (Jane Austen)")
       ->capture_default_str();
-  sub->add_option("--ctx", o->ctx, "tokens per chunk (the second half is scored)")
+  sub->add_option("--ctx", o->ctx,
+                  "tokens per chunk (the second half is scored); at least 4, at most the "
+                  "model's trained context (llama.context_length) unless --allow-long-ctx")
       ->capture_default_str();
+  sub->add_flag("--allow-long-ctx", o->allow_long_ctx,
+                "allow --ctx beyond the model's trained context (positions never trained)");
   sub->add_option("--chunks", o->chunks, "chunks to evaluate (-1 = all)")->capture_default_str();
   sub->add_option("--attn", o->attn, "attention spec: one for all layers, or one per layer "
                                      "separated by ';'")
@@ -47,8 +52,8 @@ void add_ppl(CLI::App& app) {
   sub->add_option("--baseline", o->baseline,
                   "baseline attention spec for kld_mean, kld_p99, top1_agreement (e.g. exact.flash)");
   sub->add_option("--bos", o->bos,
-                  "first token of each chunk: replace (by BOS), auto (only if the vocabulary's "
-                  "add_bos_token is set, as llama.cpp), keep")
+                  "first token of each chunk: auto (replaced by BOS if the vocabulary's "
+                  "add_bos_token is set, as llama.cpp), replace (always), keep (never)")
       ->capture_default_str();
   sub->add_option("--bda", o->bda,
                   "apply BD Attention at load: none | vo | qk | qkvo (qk needs position-free Q/K "
@@ -61,33 +66,44 @@ void add_ppl(CLI::App& app) {
   sub->callback([o] {
     ExecContext ctx{o->threads};
     const int nt = ctx.num_threads();
+    PplOptions po;
+    po.ctx = o->ctx;
+    po.chunks = o->chunks;
+    po.allow_long_ctx = o->allow_long_ctx;
+    po.attn = o->attn;
+    po.baseline = o->baseline;
+    po.bos = parse_bos_mode(o->bos);
+    po.progress = !o->no_progress;
+    // Options are checked as soon as what they depend on is known, each before the slow step
+    // that follows: the flags alone before any file is opened, then against the model's
+    // header before its weights are read, then against the text's length.
+    check_ppl_options(po);
     const std::string mpath = resolve_model_path(o->model);
     const std::string tpath = resolve_text_path(o->text);
     const std::string text = read_file(tpath, "--text file");  // before the slow model load
     GgufFile file = GgufFile::open(mpath);
+    const LlamaHParams hp = LlamaModel::read_hparams(file);
+    check_ppl_options(po, &hp);
     const Tokenizer tok = Tokenizer::from_gguf(file);
     auto t0 = std::chrono::steady_clock::now();
-    LlamaModel model = LlamaModel::load(file, ctx);
-    std::unique_ptr<LlamaModel> dense;
-    ModelBdaReport bda;
-    if (o->bda != "none") {
-      dense = std::make_unique<LlamaModel>(model);  // the baseline of the KL divergence
-      bda = apply_bda(model, o->bda);
-    }
-    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    t0 = std::chrono::steady_clock::now();
     // llama.cpp tokenizes the whole file with add_special (BOS only if add_bos_token) and
     // without parsing special-token markers in the text.
     const auto tokens = tok.encode(text, tok.add_bos(), false);
     const double tok_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    PplOptions po;
-    po.ctx = o->ctx;
-    po.chunks = o->chunks;
-    po.attn = o->attn;
-    po.baseline = o->baseline;
+    check_ppl_options(po, &hp, static_cast<std::int64_t>(tokens.size()));
+    t0 = std::chrono::steady_clock::now();
+    LlamaModel model = LlamaModel::load(file, ctx);
+    std::unique_ptr<LlamaModel> dense;
+    ModelBdaReport bda;
+    if (o->bda != "none") {
+      // The baseline of the KL divergence: a second copy of every weight.
+      check_memory(4 * static_cast<std::uint64_t>(hp.weight_count(model.weights().output.empty())),
+                   "a dense copy of the model (the KL baseline of --bda)");
+      dense = std::make_unique<LlamaModel>(model);
+      bda = apply_bda(model, o->bda);
+    }
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     po.baseline_model = dense.get();
-    po.bos = parse_bos_mode(o->bos);
-    po.progress = !o->no_progress;
     // GEMM throughput of the linked BLAS (1024³ sgemm, BLAS threads = --threads), sampled
     // before the run and after every chunk, so that it sees the same machine load as the
     // forward passes; the median sample is the roofline's FLOP rate.
@@ -114,14 +130,14 @@ void add_ppl(CLI::App& app) {
     row["kld_p99"] = r.has_baseline ? Row(r.kld_p99) : Row();
     row["top1_agreement"] = r.has_baseline ? Row(r.top1_agreement) : Row();
     row["tokens_per_s"] = r.tokens_per_s;
-    row["attn"] = model.attention_spec();
-    row["baseline"] = r.has_baseline ? Row(o->baseline) : Row();
+    row["attn"] = r.attn_spec;
+    row["baseline"] = r.has_baseline ? Row(r.baseline_spec) : Row();
     row["ppl_baseline"] = r.has_baseline ? Row(r.ppl_baseline) : Row();
     bool file_bda = false;
     for (const auto& L : model.weights().layers) file_bda |= L.v_bd != nullptr;
     row["bda"] = o->bda != "none" ? o->bda : (file_bda ? "vo (stored in the file)" : "none");
     if (o->bda != "none") {
-      row["baseline"] = "dense model, " + (o->baseline.empty() ? model.attention_spec() : o->baseline);
+      row["baseline"] = "dense model, " + r.baseline_spec;
       row["ppl_rel_change"] = (r.ppl - r.ppl_baseline) / r.ppl_baseline;
       row["bda_params_before"] = bda.params_before;
       row["bda_params_after"] = bda.params_after;

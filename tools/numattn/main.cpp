@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.h"
 #include "common/blas_restart.h"
@@ -14,6 +15,26 @@ std::vector<CommandEntry>& command_table() {
   return table;
 }
 }  // namespace numattn::cli
+
+namespace {
+// The library names an option as its field (OptionError); every flag is that name with dashes.
+std::string flag_name(std::string option) {
+  std::replace(option.begin(), option.end(), '_', '-');
+  return "--" + option;
+}
+// Other options a library message mentions are written in backquotes (`allow_long_ctx`).
+std::string flags_in(const std::string& detail) {
+  std::string out;
+  std::size_t pos = 0;
+  for (std::size_t a; (a = detail.find('`', pos)) != std::string::npos;) {
+    const std::size_t b = detail.find('`', a + 1);
+    if (b == std::string::npos) break;
+    out += detail.substr(pos, a - pos) + flag_name(detail.substr(a + 1, b - a - 1));
+    pos = b + 1;
+  }
+  return out + detail.substr(pos);
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"numattn: attention computed, approximated, transformed and studied numerically"};
@@ -29,6 +50,10 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     std::fprintf(stderr, "error: %s\nRun with --help for more information.\n", e.what());
     return e.get_exit_code();
+  } catch (const numattn::OptionError& e) {
+    std::fprintf(stderr, "error: %s: %s\n", flag_name(e.option()).c_str(),
+                 flags_in(e.detail()).c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -32,6 +32,16 @@
 /// GEMM and would compete with the team for the same cores.
 /// Cost per token: 2·(weights of all linear layers) FLOPs + attention (≈ 4·n_ctx·D per head).
 /// Memory: 4 bytes per weight (≈ 540 MB for SmolLM2-135M) + KV cache 2·L·Hkv·D·n_ctx floats.
+/// Every one of these allocations (weights at load, the KV cache, a forward call's activations
+/// and logits) is sized with checked arithmetic and compared with the machine's available
+/// memory first (core/memory.h): a request that does not fit is refused by a numattn::Error
+/// that gives both numbers, never a std::bad_alloc.
+///
+/// Untrusted files: `load` validates every hyper-parameter (ranges, divisibility, finite
+/// positive rms_eps and rope.freq_base, context_length) and checks it against the shapes and
+/// types of the tensors it sizes *before* allocating anything, so the sizes it allocates are
+/// those of tensors that lie inside the file. Errors name the file, the GGUF key and the
+/// tensor. Dequantized weights must be finite (the first NaN/Inf is named by tensor and index).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +59,10 @@ namespace numattn {
 
 class GgufFile;
 
+/// Largest `llama.context_length` accepted: 2^24 tokens (the longest trained contexts are
+/// around 10^7); anything larger is a corrupt or hostile file.
+inline constexpr std::int64_t kMaxContextLength = std::int64_t{1} << 24;
+
 /// Hyper-parameters (GGUF `llama.*` keys).
 struct LlamaHParams {
   std::int64_t n_vocab = 0;
@@ -61,11 +75,21 @@ struct LlamaHParams {
   std::int64_t n_rot = 0;       ///< rope.dimension_count (default D)
   double rope_base = 10000.0;   ///< rope.freq_base
   double rms_eps = 1e-5;        ///< attention.layer_norm_rms_epsilon
-  std::int64_t n_ctx_train = 0; ///< context_length
+  std::int64_t n_ctx_train = 0; ///< context_length (trained context, tokens)
   /// Rows of the stacked Wq|Wk|Wv matrix: (Hq + 2·Hkv)·D.
   std::int64_t qkv_rows() const { return (n_head + 2 * n_head_kv) * head_dim; }
   /// Number of weights of the linear layers of one layer (what a token multiplies through).
   std::int64_t layer_weights() const;
+  /// float32 values of all weights: embeddings, norms, every layer, and the output matrix
+  /// unless `tied`. Checked arithmetic (throws numattn::Error on overflow).
+  std::int64_t weight_count(bool tied) const;
+  /// Throws numattn::Error, naming the field and its GGUF key (prefixed by `source`, e.g. the
+  /// file, when given), unless: every count is >= 1; head_count is a multiple of
+  /// head_count_kv; n_rot (rope.dimension_count) is even, >= 0 and <= head_dim; rms_eps is
+  /// finite and in (0, 1); rope_base is finite and > 0; 1 <= n_ctx_train <= kMaxContextLength;
+  /// and every weight size fits in 64 bits. After it, qkv_rows() and layer_weights() cannot
+  /// overflow.
+  void validate(const std::string& source = "") const;
 };
 
 /// One decoder layer's float32 weights, row-major `[out, in]`.
@@ -113,6 +137,8 @@ struct ForwardProfile {
 class KvCache {
  public:
   KvCache() = default;
+  /// 2·L·max_tokens·Hkv·D floats; throws numattn::Error if max_tokens < 1, if the size
+  /// overflows, or if it exceeds the available memory (both numbers named).
   KvCache(const LlamaHParams& hp, std::int64_t max_tokens);
   std::int64_t n_past() const { return n_past_; }
   std::int64_t capacity() const { return capacity_; }
@@ -128,6 +154,17 @@ class KvCache {
   std::vector<std::vector<float>> k_, v_;
 };
 
+/// Attention methods of a forward pass: one for all layers, or one per layer.
+using AttentionMethods = std::vector<std::shared_ptr<const AttentionMethod>>;
+/// Builds the methods of a spec list: one spec for all layers, or one per layer separated by
+/// ';' (or by ',' outside parentheses), e.g. "exact.flash" or "exact.naive;exact.flash;...".
+/// With `n_layer` > 0 a list must have 1 or `n_layer` entries; with 0 only the specs are
+/// checked (to validate options before a model is loaded). Throws numattn::Error for a bad
+/// spec or count.
+AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer);
+/// The canonical spec list of `methods` (one spec if all layers agree).
+std::string attention_spec(const AttentionMethods& methods);
+
 /// Options of one forward call.
 struct ForwardOptions {
   /// Logits are returned for the new tokens `[logits_begin, N)` (relative to this call);
@@ -135,15 +172,29 @@ struct ForwardOptions {
   std::int64_t logits_begin = 0;
   CaptureFn capture;               ///< optional: called once per layer
   ForwardProfile* profile = nullptr;  ///< optional: phase times are added here
+  /// Attention for this call instead of the model's own (set_attention): one method for all
+  /// layers or one per layer (make_attention_methods). Empty = the model's. The model is never
+  /// changed, so evaluations with other methods need no mutable model and cannot leave it
+  /// altered when they throw.
+  AttentionMethods attention;
 };
 
 class LlamaModel {
  public:
   /// Reads hyper-parameters and dequantizes all weights (rows in parallel over `ctx`).
-  /// Refuses other architectures and missing tensors by name.
+  /// First `read_hparams` (no allocation before it passes), then the memory check, then
+  /// dequantization, which refuses a non-finite weight by tensor name and element index.
   static LlamaModel load(const GgufFile& file, const ExecContext& ctx = {});
   static LlamaModel load(const std::string& path, const ExecContext& ctx = {});
-  /// From weights in memory (tests, weight transforms). Shapes are checked.
+  /// The hyper-parameters of a llama GGUF file, validated (LlamaHParams::validate) and checked
+  /// against every tensor the model reads: presence, shape ([in, out] in GGUF order, as the
+  /// keys give them), and a dequantizable type; `llama.vocab_size` and the tokenizer's token
+  /// count must equal token_embd's rows. Reads no weights: cheap enough to check options
+  /// against the model before loading it. Throws numattn::Error naming the file, the key and
+  /// the tensor; refuses other architectures and RoPE scaling.
+  static LlamaHParams read_hparams(const GgufFile& file);
+  /// From weights in memory (tests, weight transforms). Hyper-parameters are validated and
+  /// shapes checked.
   LlamaModel(LlamaHParams hp, LlamaWeights w);
 
   const LlamaHParams& hparams() const { return hp_; }
@@ -152,20 +203,23 @@ class LlamaModel {
   LlamaWeights& mutable_weights() { return w_; }
   const float* output_matrix() const;
 
-  /// Sets the attention method of every layer from a spec: one spec for all layers, or a
-  /// list with one spec per layer separated by ';' (or by ',' outside parentheses),
-  /// e.g. "exact.flash" or "exact.naive;exact.flash;...". Default: exact.flash everywhere.
+  /// Sets the attention method of every layer from a spec list (make_attention_methods).
+  /// Default: exact.flash everywhere.
   void set_attention(const std::string& spec);
   /// The canonical spec list (one spec if all layers agree).
   std::string attention_spec() const;
   const AttentionMethod& attention(int layer) const { return *attn_[static_cast<std::size_t>(layer)]; }
 
-  /// A cache sized for `max_tokens` positions.
+  /// A cache sized for `max_tokens` positions (memory-checked, see KvCache).
   KvCache make_cache(std::int64_t max_tokens) const { return KvCache(hp_, max_tokens); }
 
   /// Runs `tokens` (N of them) at positions cache.n_past()..+N-1, appends their K/V to the
   /// cache, and returns logits `[N - logits_begin, V]` row-major.
   /// Batched prefill and token-by-token decoding give the same result (up to rounding).
+  /// Throws numattn::Error for a token id outside the vocabulary, a full cache, activations
+  /// that do not fit in the available memory, and a non-finite logit (naming its position
+  /// and vocabulary index: with finite weights it means the attention method or the
+  /// arithmetic overflowed); after a throw the cache holds the positions it held before.
   std::vector<float> forward(const std::vector<std::int32_t>& tokens, KvCache& cache,
                              const ExecContext& ctx, const ForwardOptions& opt = {}) const;
 
@@ -179,12 +233,20 @@ class LlamaModel {
   LlamaHParams hp_;
   LlamaWeights w_;
   std::vector<double> rope_inv_freq_;  ///< [n_rot/2], float64 so θ = pos·f stays accurate at long positions
-  std::vector<std::shared_ptr<const AttentionMethod>> attn_;
+  AttentionMethods attn_;
 };
 
+/// Checks a generation request before any work: `max_tokens` >= 1 (OptionError "max_tokens"),
+/// and, when `hp` is given and `prompt_tokens` >= 0, that the prompt is not empty, that it fits
+/// the trained context (OptionError "prompt") and that prompt + max_tokens does (OptionError
+/// "max_tokens", naming the limit llama.context_length and the largest allowed value).
+void check_generation(std::int64_t max_tokens, std::int64_t prompt_tokens = -1,
+                      const LlamaHParams* hp = nullptr);
+
 /// Greedy generation with the KV cache: returns the new token ids (stops at `eos_id` if >= 0).
+/// The request is checked by check_generation first.
 std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector<std::int32_t>& prompt,
-                                          int max_tokens, std::int32_t eos_id,
+                                          std::int64_t max_tokens, std::int32_t eos_id,
                                           const ExecContext& ctx,
                                           const std::function<void(std::int32_t)>& on_token = {},
                                           ForwardProfile* profile = nullptr);

@@ -4,7 +4,8 @@
 ///
 /// Protocol: the stream is cut into `n_chunk = min(chunks, n_tokens / ctx)` chunks of `ctx`
 /// tokens (the remainder is dropped); each chunk runs from an empty KV cache, with its first
-/// token replaced by BOS (see `BosMode`); only the second half is scored: with
+/// token replaced by BOS when the vocabulary says add_bos_token, as llama.cpp does (see
+/// `BosMode`); only the second half is scored: with
 /// `first = ctx / 2`, the logits at positions `first .. ctx-2` predict tokens
 /// `first+1 .. ctx-1`, so `ctx - 1 - first` tokens per chunk (255 at ctx 512).
 /// `PPL = exp(mean NLL)`; its standard error is llama.cpp's:
@@ -17,6 +18,10 @@
 ///
 /// Cost: per chunk one forward pass of `ctx` tokens (two with a baseline), plus the output
 /// GEMM for `ctx - 1 - first` rows only (logits are computed only where they are scored).
+///
+/// The model is not modified: the attention specs reach the forward passes through
+/// ForwardOptions::attention, so an exception (a bad spec, a non-finite logit, a callback that
+/// throws) leaves the model as it was.
 #pragma once
 
 #include <cstdint>
@@ -31,21 +36,27 @@ namespace numattn {
 
 /// What happens to the first token of each chunk.
 enum class BosMode {
-  kReplace,  ///< always replaced by BOS (the project's default)
-  kAuto,     ///< replaced only if the vocabulary's add_bos_token is set (llama.cpp exactly)
+  kAuto,     ///< replaced by BOS only if the vocabulary's add_bos_token is set: the file's own
+             ///< rule, as llama.cpp does (the default)
+  kReplace,  ///< always replaced by BOS, whatever the file says
   kKeep,     ///< never replaced
 };
-BosMode parse_bos_mode(const std::string& s);  ///< "replace" | "auto" | "keep"
+/// "auto" | "replace" | "keep"; throws OptionError("bos") otherwise.
+BosMode parse_bos_mode(const std::string& s);
+const char* to_string(BosMode m);
 
 struct PplOptions {
-  std::int64_t ctx = 512;
-  std::int64_t chunks = -1;         ///< -1 = all that fit
+  std::int64_t ctx = 512;           ///< tokens per chunk, >= 4
+  std::int64_t chunks = -1;         ///< -1 = all that fit, else >= 1
+  /// Evaluate with ctx beyond the model's trained context (llama.context_length); refused
+  /// otherwise, since positions past it were never trained.
+  bool allow_long_ctx = false;
   std::string attn = "exact.flash";
   std::string baseline;             ///< empty = no KL divergence (unless baseline_model)
   /// Optional second model for the baseline passes (e.g. the dense model of a BDA run); its
   /// attention is `baseline`, or `attn` when `baseline` is empty. Same hyper-parameters.
-  LlamaModel* baseline_model = nullptr;
-  BosMode bos = BosMode::kReplace;
+  const LlamaModel* baseline_model = nullptr;
+  BosMode bos = BosMode::kAuto;
   bool progress = false;            ///< a progress bar on stderr
   /// Called after each chunk, outside the timed forward passes (e.g. to sample the BLAS
   /// throughput under the same machine load as the run).
@@ -53,6 +64,8 @@ struct PplOptions {
 };
 
 struct PplResult {
+  std::string attn_spec;      ///< canonical spec list of `attn`
+  std::string baseline_spec;  ///< canonical spec list of the baseline passes (empty: none)
   std::int64_t ctx = 0, chunks = 0, tokens_scored = 0, tokens_processed = 0;
   double nll_mean = 0, ppl = 0, ppl_stderr = 0;
   bool has_baseline = false;
@@ -67,9 +80,18 @@ struct PplResult {
 /// Natural-log log-softmax of one row of logits (float64 accumulation).
 void log_softmax(const float* logits, std::int64_t n, std::vector<double>& out);
 
-/// Runs the protocol on `tokens`. `bos_id`/`add_bos` come from the tokenizer. The model's
-/// attention is set to `opt.attn` (and temporarily to the baseline).
-PplResult evaluate_perplexity(LlamaModel& model, const std::vector<std::int32_t>& tokens,
+/// Checks `opt` with what is known so far, so that a caller can refuse bad options before
+/// loading a model or reading a text: always ctx >= 4, chunks == -1 or >= 1 and that `attn`
+/// and `baseline` parse; with `hp` (LlamaModel::read_hparams reads it without the weights)
+/// also that ctx fits the trained context unless allow_long_ctx, and that spec lists have 1 or
+/// n_layer entries; with `n_tokens` >= 0 also that the text has at least 2·ctx tokens.
+/// Throws OptionError naming the option (ctx, chunks, attn, baseline) or numattn::Error.
+void check_ppl_options(const PplOptions& opt, const LlamaHParams* hp = nullptr,
+                       std::int64_t n_tokens = -1);
+
+/// Runs the protocol on `tokens` (after check_ppl_options). `bos_id`/`add_bos` come from the
+/// tokenizer. Throws numattn::Error naming the chunk and position of a non-finite logit.
+PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::int32_t>& tokens,
                               std::int32_t bos_id, bool add_bos, const PplOptions& opt,
                               const ExecContext& ctx);
 

@@ -42,9 +42,20 @@ void dequantize_row(GgmlType type, const void* src, float* dst, std::int64_t n);
 void dequantize_rows(const GgufTensorInfo& t, std::int64_t row_begin, std::int64_t row_count,
                      float* dst);
 
+/// What dequantize_tensor does with NaN and ±Inf values (a file may hold them in F32/F16
+/// data or in a block scale).
+enum class NonFinite {
+  kKeep,    ///< copy them (inspection tools)
+  kRefuse,  ///< throw numattn::Error naming the tensor, the first non-finite element as
+            ///< [row, column] (GGUF order: column < ne[0]) and its value (model loading)
+};
+
 /// Dequantizes the whole tensor into `dst` (`t.n_elements()` floats, ne[0] fastest), rows in
-/// parallel over `ctx`.
-void dequantize_tensor(const GgufTensorInfo& t, float* dst, const ExecContext& ctx = {});
+/// parallel over `ctx`. With NonFinite::kRefuse each chunk is scanned right after it is
+/// written (while it is in cache); the error names the lowest offending index whatever the
+/// thread count.
+void dequantize_tensor(const GgufTensorInfo& t, float* dst, const ExecContext& ctx = {},
+                       NonFinite non_finite = NonFinite::kKeep);
 /// Same, into a new vector.
 std::vector<float> dequantize_tensor(const GgufTensorInfo& t, const ExecContext& ctx = {});
 

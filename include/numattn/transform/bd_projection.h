@@ -26,13 +26,17 @@
 /// thread inside (exec.h; this sets the global OpenBLAS thread count to 1). With ExecContext{1}
 /// the kernel makes one block and leaves the BLAS thread count alone, which is what a caller
 /// that runs BLAS multi-threaded (model/llama.h's prefill GEMMs) should pass.
+///
+/// This header is the float32 runtime only and pulls in no Eigen, so the model headers that
+/// hold a BdProjection stay light; the float64 builder that computes one from a weight matrix
+/// (Eigen-based) is transform/bd_projection_builder.h.
 #pragma once
 
 #include <span>
 #include <vector>
 
 #include "numattn/core/exec.h"
-#include "numattn/decomp/basis_decomposition.h"
+#include "numattn/core/tensor.h"
 
 namespace numattn::transform {
 
@@ -43,12 +47,6 @@ namespace numattn::transform {
 ///   down-projection whose output rows were permuted offline): no copy at all.
 enum class InputOrder { kOriginal, kPermuted };
 
-/// What the BD of one projection found, per head.
-struct BdHeadReport {
-  double kappa = 1;    ///< cond(W_h[S,:])
-  bool dense = false;  ///< kept dense (κ above threshold): output is Y_h, not Y'_h
-};
-
 class BdProjection {
  public:
   BdProjection() = default;
@@ -57,20 +55,6 @@ class BdProjection {
   /// `w` is d_in × (heads·head_dim) row-major, `bias` empty or heads·head_dim.
   static BdProjection dense(index_t d_in, index_t heads, index_t head_dim,
                             std::span<const float> w, std::span<const float> bias = {});
-
-  /// BD of a projection given in float64 (d_in × heads·head_dim row-major `w`): one shared
-  /// basis S (|S| = head_dim) chosen by `strategy` over the heads' W_h (row form; maxmin for
-  /// several heads, pivoted for one, see decomp/basis_decomposition.h), coefficients in float64,
-  /// stored in float32. Heads with κ > `kappa_threshold` stay dense (pass +inf to never fall
-  /// back). `bias` (optional) is the projection's bias b; the stored bias is b_h·T_h.
-  /// `report`, if given, gets S, κ and dense flags per head, and `basis_blocks` gets W_h[S,:]
-  /// (= T_h^{-1}, what the partner side Q or O multiplies by).
-  /// Throws numattn::Error if head_dim > d_in or the shapes disagree.
-  static BdProjection from_weights(index_t d_in, index_t heads, index_t head_dim,
-                                   const decomp::MatrixXd& w, std::span<const double> bias,
-                                   decomp::BasisStrategy strategy, double kappa_threshold,
-                                   std::vector<BdHeadReport>* report = nullptr,
-                                   std::vector<decomp::MatrixXd>* basis_blocks = nullptr);
 
   /// Y = projection of X: `x` is tokens × d_in (row stride `ldx`), `y` tokens × out_dim()
   /// (row stride `ldy`), float32. Cost: tokens·(d_in−r)·out + tokens·r·(dense heads' columns)

@@ -66,7 +66,7 @@
 #include <vector>
 
 #include "numattn/decomp/basis_decomposition.h"
-#include "numattn/transform/bd_projection.h"
+#include "numattn/transform/bd_projection_builder.h"
 
 namespace numattn::transform {
 

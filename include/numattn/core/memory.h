@@ -1,0 +1,46 @@
+/// @file memory.h
+/// Checked size arithmetic and the available-memory guard that every big allocation from
+/// untrusted sizes (file metadata, flags) goes through.
+///
+/// Sizes that come from a file or a user are multiplied with `checked_mul` (never plain `*`):
+/// an overflow is a user mistake (a hostile or corrupt input) and raises `numattn::Error` naming
+/// what was being sized, not a wrapped value that later becomes a 4 GB `resize`.
+///
+/// Before allocating, `check_memory(bytes, what)` compares the estimated need with the memory
+/// the machine has available now and refuses, naming both numbers, when it does not fit: the
+/// alternative is `std::bad_alloc` at best and the kernel's OOM killer at worst.
+///
+/// Available memory: `MemAvailable` of /proc/meminfo (what the kernel estimates can be
+/// allocated without swapping), or `sysconf(_SC_AVPHYS_PAGES) · page size` where there is no
+/// /proc. The environment variable `NUMATTN_MEMORY_AVAILABLE` (a byte count, decimal) replaces
+/// the measurement: tests use it to exercise the refusal on small inputs, and a user can use
+/// it to cap what numattn will take on a shared machine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace numattn {
+
+/// a·b for sizes: throws numattn::Error naming `what` if either is negative or the product
+/// overflows int64.
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::string_view what);
+/// a+b for sizes, same rules.
+std::int64_t checked_add(std::int64_t a, std::int64_t b, std::string_view what);
+/// Unsigned a·b: false (and *out unspecified) on overflow. For parsers that report overflow
+/// with their own context (the GGUF reader names the byte offset).
+bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t* out);
+
+/// Bytes the machine can allocate now (see the file comment; the environment override wins).
+/// Throws numattn::Error when NUMATTN_MEMORY_AVAILABLE is set but not a byte count.
+std::uint64_t available_memory_bytes();
+
+/// Throws numattn::Error "<what> needs X of memory but only Y are available" when `bytes`
+/// exceeds available_memory_bytes().
+void check_memory(std::uint64_t bytes, std::string_view what);
+
+/// "1.50 GiB", "12.0 MiB", "512 B": a byte count for messages.
+std::string format_bytes(std::uint64_t bytes);
+
+}  // namespace numattn

@@ -1,0 +1,86 @@
+#include "numattn/core/memory.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "numattn/core/error.h"
+
+namespace numattn {
+
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::string_view what) {
+  std::int64_t r = 0;
+  NUMATTN_CHECK(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &r),
+                "{}: the size {} × {} is negative or overflows 64 bits", what, a, b);
+  return r;
+}
+
+std::int64_t checked_add(std::int64_t a, std::int64_t b, std::string_view what) {
+  std::int64_t r = 0;
+  NUMATTN_CHECK(a >= 0 && b >= 0 && !__builtin_add_overflow(a, b, &r),
+                "{}: the size {} + {} is negative or overflows 64 bits", what, a, b);
+  return r;
+}
+
+bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
+namespace {
+
+// MemAvailable in bytes, or 0 when /proc/meminfo has no such line (old kernels, no /proc).
+std::uint64_t meminfo_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::uint64_t available_memory_bytes() {
+  if (const char* env = std::getenv("NUMATTN_MEMORY_AVAILABLE"); env && *env) {
+    const std::string s(env);
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+    NUMATTN_CHECK(s.find_first_not_of("0123456789") == std::string::npos && errno == 0 &&
+                      end == s.c_str() + s.size(),
+                  "NUMATTN_MEMORY_AVAILABLE='{}' is not a byte count (decimal digits only)", s);
+    return v;
+  }
+  if (const std::uint64_t m = meminfo_available(); m > 0) return m;
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
+  return std::numeric_limits<std::uint64_t>::max();  // unknown: do not refuse on a guess
+}
+
+std::string format_bytes(std::uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  if (u == 0) return fmt::format("{} B", bytes);
+  return fmt::format("{:.{}f} {}", v, v < 10 ? 2 : (v < 100 ? 1 : 0), units[u]);
+}
+
+void check_memory(std::uint64_t bytes, std::string_view what) {
+  const std::uint64_t avail = available_memory_bytes();
+  NUMATTN_CHECK(bytes <= avail,
+                "{} needs {} ({} bytes) of memory, but only {} ({} bytes) are available", what,
+                format_bytes(bytes), bytes, format_bytes(avail), avail);
+}
+
+}  // namespace numattn

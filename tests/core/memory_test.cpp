@@ -1,0 +1,107 @@
+// Checked size arithmetic and the available-memory guard (core/memory.h), and its use by the
+// random problems of `run`/`bench` (which had a fixed 64 GB cap and unchecked products).
+#include "numattn/core/memory.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "numattn/attention/random_problem.h"
+#include "numattn/core/error.h"
+#include "support/test_util.h"
+
+namespace numattn {
+namespace {
+
+using test::MemoryCap;
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Memory, CheckedArithmeticRefusesOverflowAndNegativeSizes) {
+  constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(checked_mul(1 << 20, 1 << 20, "x"), std::int64_t{1} << 40);
+  EXPECT_EQ(checked_mul(0, kMax, "x"), 0);
+  EXPECT_EQ(checked_add(kMax - 1, 1, "x"), kMax);
+  const std::string m = message_of([] { checked_mul(std::int64_t{1} << 32, std::int64_t{1} << 31, "the KV cache"); });
+  EXPECT_NE(m.find("the KV cache"), std::string::npos) << m;
+  EXPECT_NE(m.find("4294967296 × 2147483648"), std::string::npos) << m;
+  EXPECT_THROW(checked_mul(-1, 4, "x"), Error);
+  EXPECT_THROW(checked_add(kMax, 1, "x"), Error);
+  EXPECT_THROW(checked_add(-3, 1, "x"), Error);
+  std::uint64_t out = 0;
+  EXPECT_FALSE(mul_overflows(1ull << 32, 1ull << 31, &out));
+  EXPECT_EQ(out, 1ull << 63);
+  EXPECT_TRUE(mul_overflows(1ull << 32, 1ull << 32, &out));
+}
+
+TEST(Memory, AvailableMemoryIsMeasuredOrOverridden) {
+  {
+    MemoryCap cap("12345");
+    EXPECT_EQ(available_memory_bytes(), 12345u);
+    EXPECT_NO_THROW(check_memory(12345, "x"));
+    const std::string m = message_of([] { check_memory(12346, "a test buffer"); });
+    EXPECT_NE(m.find("a test buffer"), std::string::npos) << m;
+    EXPECT_NE(m.find("12346 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("12345 bytes"), std::string::npos) << m;
+  }
+  for (const char* bad : {"12k", "-5", "1e9", " 7", "99999999999999999999999"}) {
+    MemoryCap cap(bad);
+    const std::string m = message_of([] { available_memory_bytes(); });
+    EXPECT_NE(m.find("NUMATTN_MEMORY_AVAILABLE"), std::string::npos) << bad << ": " << m;
+  }
+  // Measured: a running machine has some memory available, and not more than 2^60 bytes.
+  const std::uint64_t now = available_memory_bytes();
+  EXPECT_GT(now, 0u);
+  EXPECT_LT(now, 1ull << 60);
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(3ull << 30), "3.00 GiB");
+}
+
+TEST(Memory, RandomProblemsAreCheckedAgainstAvailableMemory) {
+  ProblemConfig c;
+  c.heads = 2;
+  c.n = 1000;
+  c.d = 10;
+  // q, k, v, out: 4 × 2 × 1000 × 10 floats, lse 2 × 1000: 82000 floats, 328000 bytes.
+  {
+    MemoryCap cap("328000");
+    EXPECT_NO_THROW(RandomProblem p(c));
+  }
+  {
+    MemoryCap cap("327999");
+    const std::string m = message_of([&] { RandomProblem p(c); });
+    EXPECT_NE(m.find("328000 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("327999 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("heads=2"), std::string::npos) << m;
+  }
+  // Sizes whose product overflows int64: refused, never a wrapped-around small allocation.
+  c.n = std::int64_t{1} << 40;
+  c.d = std::int64_t{1} << 30;
+  EXPECT_THROW(RandomProblem p(c), Error);
+  // The message names the options as the library knows them, not as CLI flags.
+  c.n = 8;
+  c.d = 4;
+  c.heads = 8;
+  c.kv_heads = 3;
+  try {
+    RandomProblem p(c);
+    FAIL();
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.option(), "kv_heads");
+    EXPECT_EQ(std::string(e.what()).find("--"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace numattn

@@ -1,0 +1,92 @@
+// The model subcommands' flags and files end to end: each bad flag is reported by name before
+// anything slow happens (a nonexistent model path shows the check did not even open it), the
+// trained context bounds ppl --ctx and generate --max-tokens, and a hostile GGUF ends in an
+// error that names its key with exit status 1.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "numattn/core/error.h"
+#include "numattn/model/data.h"
+#include "numattn/model/gguf.h"
+#include "support/test_util.h"
+#include "support/tiny_llama.h"
+
+namespace numattn {
+namespace {
+
+struct Result {
+  int rc;
+  std::string out;  // stdout and stderr
+};
+
+Result cli(const std::string& args) {
+  Result r;
+  r.rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " 2>&1", &r.out);
+  return r;
+}
+
+void expect_error(const std::string& args, const std::vector<std::string>& must_contain,
+                  const std::string& must_not_contain = "") {
+  const Result r = cli(args);
+  EXPECT_EQ(r.rc, 1) << args << "\n" << r.out;
+  EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << args << "\n" << r.out;
+  for (const auto& s : must_contain) EXPECT_NE(r.out.find(s), std::string::npos) << args << "\n" << r.out;
+  if (!must_not_contain.empty())
+    EXPECT_EQ(r.out.find(must_not_contain), std::string::npos) << args << "\n" << r.out;
+}
+
+TEST(ModelCli, BadFlagsAreReportedBeforeTheModelIsOpened) {
+  const std::string none = "--model /nonexistent/model.gguf --text /nonexistent/text.txt";
+  expect_error("ppl " + none + " --ctx 0", {"error: --ctx: ", "at least 4"}, "nonexistent");
+  expect_error("ppl " + none + " --ctx -512", {"error: --ctx: "}, "nonexistent");
+  expect_error("ppl " + none + " --chunks 0", {"error: --chunks: "}, "nonexistent");
+  expect_error("ppl " + none + " --chunks -7", {"error: --chunks: "}, "nonexistent");
+  expect_error("ppl " + none + " --attn exact.bogus", {"error: --attn: ", "exact.bogus"}, "nonexistent");
+  expect_error("ppl " + none + " --baseline 'exact.flash(nope=1)'", {"error: --baseline: "}, "nonexistent");
+  expect_error("ppl " + none + " --bos sometimes", {"error: --bos: ", "auto"}, "nonexistent");
+  const std::string gen = "generate --model /nonexistent/model.gguf --prompt hi";
+  expect_error(gen + " --max-tokens 0", {"error: --max-tokens: "}, "nonexistent");
+  expect_error(gen + " --max-tokens -3", {"error: --max-tokens: "}, "nonexistent");
+  expect_error(gen + " --attn exact.bogus", {"error: --attn: "}, "nonexistent");
+}
+
+TEST(ModelCli, TrainedContextBoundsPplBeforeTheWeightsAreRead) {
+  // The tiny model (trained context 256) has no vocabulary: any step past the context check
+  // fails on the tokenizer, so an error about --ctx shows the check came first.
+  const std::string tiny = test::write_gguf(test::make_tiny(false), "cli_tiny.gguf");
+  expect_error("ppl --model " + tiny + " --text /dev/null --ctx 1024",
+               {"error: --ctx: ", "1024", "256", "llama.context_length", "--allow-long-ctx"});
+  const Result r = cli("ppl --model " + tiny + " --text /dev/null --ctx 1024 --allow-long-ctx");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_EQ(r.out.find("--ctx"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokenizer"), std::string::npos) << r.out;
+}
+
+TEST(ModelCli, HostileGgufEndsInANamedError) {
+  test::GgufEdit e;
+  e.keys.emplace_back("llama.embedding_length", GgufValue::u32(1u << 22));
+  const std::string base = test::write_gguf(test::make_tiny(false), "cli_base.gguf");
+  const std::string bad = test::rewrite_gguf(base, e, "cli_hostile.gguf");
+  for (const std::string cmd : {"ppl --text /dev/null", "generate --prompt hi"})
+    expect_error(cmd + " --model " + bad, {"llama.embedding_length", "token_embd.weight"});
+}
+
+TEST(ModelCli, DefaultModelRefusesRequestsBeyondItsContext) {
+  try {
+    default_model_path();
+  } catch (const Error&) {
+    GTEST_SKIP() << "default model not cached";
+  }
+  // SmolLM2-135M: llama.context_length = 8192. Both refusals come before the weights load.
+  expect_error("generate --model default --prompt 'The capital of France is' --max-tokens 5000000000",
+               {"error: --max-tokens: ", "5000000000", "8192", "at most"});
+  expect_error("ppl --model default --text default --ctx 9000", {"error: --ctx: ", "8192"});
+  std::string words;  // 9000 tokens or more
+  for (int i = 0; i < 9000; ++i) words += " the";
+  expect_error("generate --model default --max-tokens 1 --prompt '" + words + "'",
+               {"error: --prompt: ", "8192"});
+}
+
+}  // namespace
+}  // namespace numattn
