@@ -26,7 +26,9 @@ std::string cli() { return NUMATTN_CLI_PATH; }
 
 // Runs the CLI with stdout and stderr captured together.
 int run(const std::string& args, std::string* out) {
-  return test::run_command(cli() + " " + args + " 2>&1", out);
+  const int rc = test::run_command(cli() + " " + args + " 2>&1", out);
+  *out = test::strip_notes(*out);
+  return rc;
 }
 
 std::string slurp(const std::string& p) {

@@ -23,6 +23,7 @@ struct Result {
 Result cli(const std::string& args) {
   Result r;
   r.rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " 2>&1", &r.out);
+  r.out = test::strip_notes(r.out);
   return r;
 }
 

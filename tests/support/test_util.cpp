@@ -58,6 +58,18 @@ ScopedEnv::~ScopedEnv() {
   else ::unsetenv(name_.c_str());
 }
 
+std::string strip_notes(const std::string& s) {
+  std::string out;
+  std::size_t pos = 0;
+  while (pos < s.size()) {
+    std::size_t end = s.find('\n', pos);
+    end = end == std::string::npos ? s.size() : end + 1;
+    if (s.compare(pos, 9, "numattn: ") != 0) out.append(s, pos, end - pos);
+    pos = end;
+  }
+  return out;
+}
+
 int run_command(const std::string& cmd, std::string* out) {
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return -1;

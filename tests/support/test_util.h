@@ -73,4 +73,8 @@ std::string temp_path(const std::string& name);
 /// Runs a captured command, returns exit status; stdout into *out.
 int run_command(const std::string& cmd, std::string* out);
 
+/// `s` without the CLI's informational lines (those starting with "numattn: ", such as the
+/// OpenBLAS kernel restart notice), so a test can check that stderr starts with "error: ".
+std::string strip_notes(const std::string& s);
+
 }  // namespace numattn::test
