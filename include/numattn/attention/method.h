@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "numattn/attention/accuracy.h"
 #include "numattn/attention/problem.h"
 #include "numattn/core/error.h"
 #include "numattn/core/exec.h"
@@ -57,6 +58,8 @@ struct MethodInfo {
   std::string memory_complexity;  ///< extra memory beyond inputs and output
   std::vector<ParamSpec> params;
   Capabilities caps;
+  /// Its error promise (accuracy.h); the conformance test holds the method to it.
+  AccuracyContract accuracy;
 };
 
 /// Validated parameter values of one method, in schema order.

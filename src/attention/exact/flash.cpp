@@ -365,6 +365,11 @@ const MethodInfo& FlashAttention::describe() {
     };
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
               .window = true, .lse = true, .decode = true};
+    // One SIMD vector of rows, ragged key tiles and forced splits reach the branches the
+    // defaults do not (partial blocks, 1..RJ-1 key tails, split-KV merging at every shape).
+    m.accuracy = AccuracyContract::exact({{{"block_q", "16"}, {"block_k", "7"}},
+                                          {{"block_q", "40"}, {"block_k", "33"}, {"split_kv", "3"}},
+                                          {{"split_kv", "2"}}});
     return m;
   }();
   return info;

@@ -27,6 +27,7 @@ const MethodInfo& NaiveAttention::describe() {
     m.memory_complexity = "O(threads·256·Nk)";
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
               .window = true, .lse = true, .decode = false};
+    m.accuracy = AccuracyContract::exact();
     return m;
   }();
   return info;

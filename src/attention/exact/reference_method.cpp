@@ -19,6 +19,7 @@ const MethodInfo& ReferenceAttention::describe() {
     m.memory_complexity = "O(Nk) per thread";
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
               .window = true, .lse = true, .decode = false};
+    m.accuracy = AccuracyContract::exact();
     return m;
   }();
   return info;
