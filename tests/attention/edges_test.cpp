@@ -72,6 +72,30 @@ TEST(Edges, QueriesThatSeeNoKeyReadNothing) {
   }
 }
 
+TEST(Edges, GarbageInKeysNoQuerySeesLeavesAnEmptyRowEmpty) {
+  // Kernels multiply zero weights by the hidden key's NaN (0·NaN = NaN), so the row that sees
+  // nothing comes out NaN and is settled in float64: it must stay 0 / -inf, with no error.
+  RandomProblem prob(small(2, 1, 6, 40, 8));
+  std::vector<std::uint8_t> allowed(6 * 40, 1);
+  for (int i = 0; i < 6; ++i) allowed[static_cast<std::size_t>(i * 40 + 6)] = 0;  // key 6: nobody
+  for (int j = 0; j < 40; ++j) allowed[static_cast<std::size_t>(2 * 40 + j)] = 0;  // row 2: nothing
+  prob.set_bool_mask(allowed);
+  at(prob.v_data(), prob.problem().v, 0, 0, 6, 3) = kNaN;
+  at(prob.k_data(), prob.problem().k, 0, 0, 6, 1) = -kInf;
+  const ReferenceRows ref = reference_all(prob.problem(), ExecContext{1});
+  for (const char* spec : {"exact.reference", "exact.naive", "exact.flash"}) {
+    create_method(spec)->run(prob.problem(), ExecContext{2});
+    const ErrorMetrics e = compare_with_reference(prob.problem(), ref);
+    const ExactTolerance tol = exact_f32_tolerance(e.logit_magnitude);
+    EXPECT_LE(e.rel_fro_error, tol.rel_fro_error) << spec;
+    EXPECT_LE(e.lse_max_abs_error, tol.lse_max_abs_error) << spec;
+    for (index_t h = 0; h < 2; ++h) {
+      for (index_t d = 0; d < 8; ++d) EXPECT_EQ(prob.problem().out(0, h, 2, d), 0.f) << spec;
+      EXPECT_EQ(prob.problem().lse(0, h, 2, 0), -kInf) << spec;
+    }
+  }
+}
+
 TEST(Edges, AMinusInfLogitIsNotDroppedSilently) {
   // k = -inf against all-positive queries gives every logit of that key -inf: a softmax drops
   // it without a NaN anywhere (before, +inf in K zeroed rows and -inf vanished).

@@ -488,14 +488,15 @@ std::vector<Violation> check_hostile(const MethodInfo& info, const MethodFactory
     element(prob.v_data(), prob.problem().v, 0, hk, 20, 1) = kInf;
     expect_answer(v, info, make, prob, "non-finite k/v in keys no query sees (causal)", threads, false, false);
   }
-  if (info.caps.bool_mask) {  // key 6 is hidden from every query
+  if (info.caps.bool_mask) {  // key 6 is hidden from every query, query 5 sees nothing
     RandomProblem prob(base);
     std::vector<std::uint8_t> allowed(static_cast<std::size_t>(9 * 23), 1);
     for (index_t i = 0; i < 9; ++i) allowed[static_cast<std::size_t>(i * 23 + 6)] = 0;
+    for (index_t j = 0; j < 23; ++j) allowed[static_cast<std::size_t>(5 * 23 + j)] = 0;
     prob.set_bool_mask(allowed);
     element(prob.k_data(), prob.problem().k, 0, hk, 6, 2) = -kInf;
     element(prob.v_data(), prob.problem().v, 0, hk, 6, 3) = kNaN;
-    expect_answer(v, info, make, prob, "non-finite k/v in a key the boolean mask hides", threads, false, false);
+    expect_answer(v, info, make, prob, "non-finite k/v in a key the boolean mask hides, an empty row", threads, false, false);
   }
   if (info.caps.additive_mask) {
     RandomProblem prob(base);

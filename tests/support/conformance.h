@@ -72,7 +72,8 @@ std::vector<Violation> check_convergence(const MethodInfo& info, const MethodFac
 
 /// Hostile inputs (problem.h, "Edges"), at each thread count:
 /// - NaN, +inf, -inf in q, k and v where a query reads them: `NonFiniteInput` naming the tensor
-///   and the element; the same values in keys no query sees (causal, boolean mask): ignored;
+///   and the element; the same values in keys no query sees (causal, boolean mask): ignored,
+///   also by a query that sees no key at all;
 /// - additive mask NaN / -inf / -1e30 entries and a fully hidden row: hidden keys, as the
 ///   reference; +inf: `NonFiniteInput` naming mask [i, j];
 /// - logits beyond float32 (scale 1e38): with an LSE an `Error`, without one the right answer
