@@ -111,18 +111,21 @@ TEST(Edges, AMinusInfLogitIsNotDroppedSilently) {
 }
 
 TEST(Edges, SplitKvPartialsCarryNonFiniteValuesToTheMerge) {
-  for (const char* t : {"k", "v"})
+  for (const std::string t : {"q", "k", "v"})
     for (float bad : {kNaN, kInf, -kInf}) {
       RandomProblem prob(small(8, 2, 2, 2000, 32));
       prob.problem().causal = Causal::kBottomRight;
-      float& x = std::string(t) == "k" ? at(prob.k_data(), prob.problem().k, 0, 1, 1500, 9)
-                                       : at(prob.v_data(), prob.problem().v, 0, 1, 1500, 9);
+      const AttentionProblem& p = prob.problem();
+      const std::vector<index_t> idx = t == "q" ? std::vector<index_t>{0, 5, 1, 9} : std::vector<index_t>{0, 1, 1500, 9};
+      float& x = t == "q"   ? at(prob.q_data(), p.q, idx[0], idx[1], idx[2], idx[3])
+                 : t == "k" ? at(prob.k_data(), p.k, idx[0], idx[1], idx[2], idx[3])
+                            : at(prob.v_data(), p.v, idx[0], idx[1], idx[2], idx[3]);
       x = bad;
       const NonFiniteInput e = refusal([&] {
         create_method("exact.flash(split_kv=7)")->run(prob.problem(), ExecContext{3});
       });
       EXPECT_EQ(e.tensor(), t);
-      EXPECT_EQ(e.index(), (std::vector<index_t>{0, 1, 1500, 9}));
+      EXPECT_EQ(e.index(), idx) << t << " " << bad;
     }
 }
 
