@@ -43,6 +43,7 @@ ErrorMetrics compare_with_reference(const AttentionProblem& p, const ReferenceRo
     m.nmse = m.rel_fro_error = (num > 0) ? std::numeric_limits<double>::infinity() : 0.0;
   }
   m.rows_checked = static_cast<index_t>(ref.rows.size());
+  m.logit_magnitude = ref.logit_magnitude;
   return m;
 }
 

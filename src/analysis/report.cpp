@@ -20,10 +20,8 @@ std::string cell_text(const Row& v) {
   if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
   if (v.is_number_integer()) return std::to_string(v.get<long long>());
   if (v.is_number()) {
-    double x = v.get<double>();
-    if (std::isnan(x)) return "nan";
-    if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-    return fmt::format("{:.6g}", x);
+    const double x = v.get<double>();
+    return std::isfinite(x) ? fmt::format("{:.6g}", x) : "";
   }
   return dump_json(v);
 }
@@ -33,19 +31,20 @@ std::string dump_json(const Row& v, int indent) {
 }
 
 namespace {
-// JSON has no NaN/Inf: they become null (NaN) or a string ("inf"/"-inf").
-Row json_safe(const Row& r) {
-  Row o = Row::object();
-  for (auto it = r.begin(); it != r.end(); ++it) {
-    const Row& v = it.value();
-    if (v.is_number_float() && !std::isfinite(v.get<double>())) {
-      double x = v.get<double>();
-      o[it.key()] = std::isnan(x) ? Row() : Row(x > 0 ? "inf" : "-inf");
-    } else {
-      o[it.key()] = v;
-    }
+// JSON has no NaN or Inf: every non-finite number becomes null, as it prints empty in md/csv.
+Row json_safe(const Row& v) {
+  if (v.is_number_float()) return std::isfinite(v.get<double>()) ? v : Row();
+  if (v.is_object()) {
+    Row o = Row::object();
+    for (auto it = v.begin(); it != v.end(); ++it) o[it.key()] = json_safe(it.value());
+    return o;
   }
-  return o;
+  if (v.is_array()) {
+    Row a = Row::array();
+    for (const Row& x : v) a.push_back(json_safe(x));
+    return a;
+  }
+  return v;
 }
 }  // namespace
 

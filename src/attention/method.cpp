@@ -2,6 +2,8 @@
 
 #include <charconv>
 
+#include "attention/edges.h"
+
 namespace numattn {
 
 const std::string& ParamValues::raw(const std::string& name) const {
@@ -52,6 +54,7 @@ void AttentionMethod::run(const AttentionProblem& p, const ExecContext& ctx) con
   Status s = can_run(p);
   NUMATTN_CHECK(s.is_ok(), "{} cannot run this problem ({}): {}", spec(), p.describe(), s.reason());
   forward(p, ctx);
+  detail::settle_nonfinite_rows(*this, p, ctx);
 }
 
 }  // namespace numattn

@@ -1,6 +1,7 @@
 #include "numattn/attention/problem.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace numattn {
 
@@ -99,7 +100,40 @@ void validate(const AttentionProblem& p) {
   if (p.mask.kind == MaskKind::kAdditive)
     NUMATTN_CHECK(p.mask.additive && p.mask.ld >= p.n_kv(),
                   "attention: additive mask needs [Nq, Nk] data");
-  NUMATTN_CHECK(!p.scale || std::isfinite(*p.scale), "attention: scale must be finite");
+  NUMATTN_CHECK(!p.scale || (std::isfinite(*p.scale) &&
+                              std::abs(*p.scale) <= std::numeric_limits<float>::max()),
+                "attention: scale {} must be finite and at most {:.4g} in magnitude (float32)",
+                p.scale ? *p.scale : 0.0, std::numeric_limits<float>::max());
+}
+
+namespace {
+std::string index_text(const std::vector<index_t>& idx) {
+  std::string s = "[";
+  for (std::size_t t = 0; t < idx.size(); ++t) {
+    if (t) s += ',';
+    s += std::to_string(idx[t]);
+  }
+  return s + ']';
+}
+}  // namespace
+
+NonFiniteInput::NonFiniteInput(std::string tensor, std::vector<index_t> index, float value)
+    : Error(tensor == "mask"
+                ? fmt::format("attention: additive mask{} is {}: +inf is refused (finite values add "
+                              "to the logit, -inf and NaN hide the key)",
+                              index_text(index), value)
+                : fmt::format("attention: {}{} is {}: q, k and v must be finite wherever a query "
+                              "reads them",
+                              tensor, index_text(index), value)),
+      tensor_(std::move(tensor)),
+      index_(std::move(index)) {}
+
+void check_finite_row(const char* tensor, const float* x, index_t n, std::vector<index_t> row_index) {
+  for (index_t d = 0; d < n; ++d) {
+    if (std::isfinite(x[d])) continue;
+    row_index.push_back(d);
+    throw NonFiniteInput(tensor, std::move(row_index), x[d]);
+  }
 }
 
 }  // namespace numattn

@@ -5,41 +5,67 @@
 #include <limits>
 #include <numeric>
 
+#include "attention/ordered_errors.h"
 #include "numattn/core/rng.h"
 
 namespace numattn {
 
-double reference_row(const AttentionProblem& p, index_t b, index_t h, index_t i, double* out_row) {
+namespace {
+/// Weights below e^-104 of the row's largest are under float32's smallest subnormal (2^-149).
+constexpr double kNegligibleLogitGap = 104.0;
+}  // namespace
+
+double reference_row(const AttentionProblem& p, index_t b, index_t h, index_t i, double* out_row,
+                     double* logit_magnitude) {
   const index_t dk = p.d_qk(), dv = p.d_v(), hk = h / p.group();
   const double scale = p.effective_scale();
   const double ninf = -std::numeric_limits<double>::infinity();
   const KeyRange r = p.key_range(i);
   std::fill(out_row, out_row + dv, 0.0);
-  std::vector<double> s(static_cast<std::size_t>(std::max<index_t>(r.end - r.begin, 0)), ninf);
+  if (logit_magnitude) *logit_magnitude = 0;
+  const auto nr = static_cast<std::size_t>(std::max<index_t>(r.end - r.begin, 0));
+  std::vector<double> s(nr, ninf), mag(nr, 0.0);
   const float* q = p.q.row(b, h, i);
+  bool q_checked = false;
   double m = ninf;
   for (index_t j = r.begin; j < r.end; ++j) {
     if (p.mask.kind == MaskKind::kBool && !p.mask.allowed[i * p.mask.ld + j]) continue;
+    double add = 0;
+    if (p.mask.kind == MaskKind::kAdditive) {
+      const float a = p.mask.additive[i * p.mask.ld + j];
+      if (!(a > -std::numeric_limits<float>::infinity())) continue;  // -inf or NaN: hidden
+      if (std::isinf(a)) throw NonFiniteInput("mask", {i, j}, a);
+      add = a;
+    }
+    if (!q_checked) check_finite_row("q", q, dk, {b, h, i}), q_checked = true;
     const float* k = p.k.row(b, hk, j);
-    double dot = 0;
-    for (index_t d = 0; d < dk; ++d) dot += static_cast<double>(q[d]) * static_cast<double>(k[d]);
-    double x = scale * dot;
-    if (p.mask.kind == MaskKind::kAdditive) x += static_cast<double>(p.mask.additive[i * p.mask.ld + j]);
-    if (std::isnan(x)) x = ninf;  // a NaN mask entry hides the key rather than poisoning the row
-    s[static_cast<std::size_t>(j - r.begin)] = x;
-    m = std::max(m, x);
+    check_finite_row("k", k, dk, {b, hk, j});
+    double dot = 0, absdot = 0;
+    for (index_t d = 0; d < dk; ++d) {
+      const double t = static_cast<double>(q[d]) * static_cast<double>(k[d]);
+      dot += t;
+      absdot += std::abs(t);
+    }
+    const auto at = static_cast<std::size_t>(j - r.begin);
+    s[at] = scale * dot + add;
+    mag[at] = std::abs(scale) * absdot + std::abs(add);
+    m = std::max(m, s[at]);
   }
   if (m == ninf) return ninf;
-  double sum = 0;
+  double sum = 0, L = 0;
   for (index_t j = r.begin; j < r.end; ++j) {
-    double x = s[static_cast<std::size_t>(j - r.begin)];
+    const auto at = static_cast<std::size_t>(j - r.begin);
+    const double x = s[at];
     if (x == ninf) continue;
-    double w = std::exp(x - m);
-    sum += w;
     const float* v = p.v.row(b, hk, j);
+    check_finite_row("v", v, dv, {b, hk, j});
+    if (x >= m - kNegligibleLogitGap) L = std::max(L, mag[at]);
+    const double w = std::exp(x - m);
+    sum += w;
     for (index_t d = 0; d < dv; ++d) out_row[d] += w * static_cast<double>(v[d]);
   }
   for (index_t d = 0; d < dv; ++d) out_row[d] /= sum;
+  if (logit_magnitude) *logit_magnitude = L;
   return m + std::log(sum);
 }
 
@@ -48,12 +74,16 @@ ReferenceRows run_rows(const AttentionProblem& p, std::vector<RowIndex> rows, co
   ReferenceRows r;
   r.rows = std::move(rows);
   const index_t dv = p.d_v();
+  const auto n = static_cast<std::int64_t>(r.rows.size());
   r.out.assign(r.rows.size() * static_cast<std::size_t>(dv), 0.0);
   r.lse.assign(r.rows.size(), 0.0);
-  parallel_for(ctx, static_cast<std::int64_t>(r.rows.size()), [&](std::int64_t t) {
+  std::vector<double> L(r.rows.size(), 0.0);
+  detail::parallel_for_ordered_errors(ctx, n, [&](std::int64_t t) {
     const RowIndex& ri = r.rows[static_cast<std::size_t>(t)];
-    r.lse[static_cast<std::size_t>(t)] = reference_row(p, ri.b, ri.h, ri.i, r.out.data() + t * dv);
+    r.lse[static_cast<std::size_t>(t)] =
+        reference_row(p, ri.b, ri.h, ri.i, r.out.data() + t * dv, &L[static_cast<std::size_t>(t)]);
   });
+  for (double x : L) r.logit_magnitude = std::max(r.logit_magnitude, x);
   return r;
 }
 }  // namespace

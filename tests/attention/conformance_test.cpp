@@ -1,12 +1,14 @@
-// Registry-wide conformance: every registered method, on a list of problems, either refuses
-// through can_run with a reason or runs and satisfies the contract: finite output, canonical
-// spec round trip, bitwise determinism at a fixed thread count (when it claims it), declared
-// workspace, and — for exact methods — the float64 reference within docs/numerics.md.
+// Registry-wide conformance: every registered method is held to its MethodInfo by the harness
+// of tests/support/conformance.h — its declared error budget over a problem matrix with
+// non-default parameters and 1, 2 and 3 threads, its limit case, its convergence parameter, the
+// edge semantics of problem.h on hostile inputs — plus the canonical spec round trip. A new
+// method is checked here by its line in methods.inc and its MethodInfo, nothing else.
 #include <gtest/gtest.h>
 
 #include <memory>
 
 #include "numattn/attention/registry.h"
+#include "support/conformance.h"
 #include "support/test_util.h"
 
 namespace numattn {
@@ -18,33 +20,10 @@ std::vector<std::string> all_names() {
   return v;
 }
 
-std::vector<ProblemConfig> shapes() {
-  std::vector<ProblemConfig> v;
-  auto add = [&](index_t h, index_t hk, index_t n, index_t nk, index_t d, index_t dv, Causal c,
-                 double ls = 1.0, Layout lay = Layout::kBHND) {
-    ProblemConfig cfg;
-    cfg.heads = h;
-    cfg.kv_heads = hk;
-    cfg.n = n;
-    cfg.n_kv = nk;
-    cfg.d = d;
-    cfg.dv = dv;
-    cfg.causal = c;
-    cfg.logit_scale = ls;
-    cfg.layout = lay;
-    v.push_back(cfg);
-  };
-  add(2, 2, 1, 1, 1, 1, Causal::kNone);
-  add(2, 1, 2, 2, 3, 3, Causal::kTopLeft);
-  add(4, 2, 17, 40, 59, 59, Causal::kBottomRight);
-  add(4, 4, 40, 17, 16, 8, Causal::kTopLeft);
-  add(8, 1, 130, 130, 64, 64, Causal::kNone, 1.0, Layout::kBNHD);
-  add(2, 2, 257, 300, 32, 32, Causal::kNone, 100.0);
-  add(3, 3, 1, 2000, 128, 128, Causal::kBottomRight);
-  return v;
-}
-
-class Conformance : public ::testing::TestWithParam<std::string> {};
+class Conformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  const MethodInfo& info() const { return *find_method(GetParam()); }
+};
 
 TEST_P(Conformance, SpecRoundTrips) {
   auto m = create_method(GetParam());
@@ -60,41 +39,29 @@ TEST_P(Conformance, SpecRoundTrips) {
   for (const ParamSpec& p : info.params) EXPECT_FALSE(p.doc.empty()) << p.name;
 }
 
-TEST_P(Conformance, RunsOrRefusesEveryShape) {
-  auto m = create_method(GetParam());
-  const Capabilities& caps = m->info().caps;
-  int ran = 0;
-  for (ProblemConfig cfg : shapes()) {
-    cfg.seed = test::base_seed();
-    cfg.want_lse = caps.lse;
-    RandomProblem a(cfg);
-    const AttentionProblem& p = a.problem();
-    Status s = m->can_run(p);
-    if (!s.is_ok()) {
-      EXPECT_FALSE(s.reason().empty());
-      EXPECT_THROW(m->run(p, ExecContext{2}), Error);
-      continue;
-    }
-    ++ran;
-    m->run(p, ExecContext{2});
-    ErrorMetrics e = compare_with_reference(p, reference_all(p, ExecContext{2}));
-    EXPECT_TRUE(e.finite) << p.describe();
-    if (caps.exact) {
-      EXPECT_LE(e.rel_fro_error, 1e-5 * (1 + cfg.logit_scale)) << p.describe();
-      if (caps.lse) {
-        EXPECT_LE(e.lse_max_abs_error, 1e-4 * (1 + cfg.logit_scale)) << p.describe();
-      }
-    }
-    if (caps.deterministic) {
-      RandomProblem b(cfg);
-      m->run(b.problem(), ExecContext{2});
-      EXPECT_EQ(a.out_data(), b.out_data()) << p.describe();
-    }
-    EXPECT_LT(m->workspace_bytes(p, ExecContext{2}), std::size_t{1} << 34);
-  }
-  if (caps.exact) {
-    EXPECT_EQ(ran, static_cast<int>(shapes().size())) << "exact methods run every shape";
-  }
+TEST_P(Conformance, DeclaresItsAccuracyContract) {
+  const auto v = test::check_declaration(info());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+}
+
+TEST_P(Conformance, KeepsItsBudgetOverTheMatrix) {
+  const auto v = test::check_budget(info(), test::registry_factory());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+}
+
+TEST_P(Conformance, IsExactInItsLimitCase) {
+  const auto v = test::check_limit_case(info(), test::registry_factory());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+}
+
+TEST_P(Conformance, ErrorFallsAsItsBudgetGrows) {
+  const auto v = test::check_convergence(info(), test::registry_factory());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+}
+
+TEST_P(Conformance, FollowsTheEdgeSemanticsOnHostileInputs) {
+  const auto v = test::check_hostile(info(), test::registry_factory());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
 }
 
 TEST_P(Conformance, RefusesWhatItDoesNotClaim) {

@@ -15,25 +15,15 @@
 namespace numattn {
 namespace {
 
-using test::kEpsF32;
-
 bool quick() { return std::getenv("NUMATTN_TEST_QUICK") != nullptr; }
 
-/// Largest |logit| of the problem (over the rows in `ref`): the softmax's sensitivity to
-/// rounding of the logits grows with it, so the tolerance does too.
-double max_abs_logit(const AttentionProblem& p, const ReferenceRows& ref) {
-  double L = 0;
-  const double scale = p.effective_scale();
-  for (const RowIndex& r : ref.rows) {
-    const float* q = p.q.row(r.b, r.h, r.i);
-    for (index_t j = 0; j < p.n_kv(); ++j) {
-      const float* k = p.k.row(r.b, r.h / p.group(), j);
-      double s = 0;
-      for (index_t d = 0; d < p.d_qk(); ++d) s += static_cast<double>(q[d]) * k[d];
-      L = std::max(L, std::abs(scale * s));
-    }
-  }
-  return L;
+/// Checks a result against the reference with the one tolerance definition (accuracy.h).
+void expect_exact(const ErrorMetrics& e, const std::string& what) {
+  const ExactTolerance tol = exact_f32_tolerance(e.logit_magnitude);
+  EXPECT_TRUE(e.finite) << what;
+  EXPECT_LE(e.max_scaled_error, tol.max_scaled_error) << what << " L=" << e.logit_magnitude;
+  EXPECT_LE(e.rel_fro_error, tol.rel_fro_error) << what << " L=" << e.logit_magnitude;
+  EXPECT_LE(e.lse_max_abs_error, tol.lse_max_abs_error) << what << " L=" << e.logit_magnitude;
 }
 
 struct Case {
@@ -69,12 +59,7 @@ double check_case(const std::string& spec, const Case& c, std::uint64_t seed, in
   const index_t rows = c.n * c.heads > 512 ? 192 : c.n * c.heads;
   ReferenceRows ref = reference_sample(prob.problem(), rows, seed + 1, ctx);
   ErrorMetrics e = compare_with_reference(prob.problem(), ref);
-  const double L = max_abs_logit(prob.problem(), ref);
-  EXPECT_TRUE(e.finite) << spec << " " << name(c);
-  // Elementwise: c·u·max(1,|o|)·(1 + L); whole output: rel_fro ≤ 1e-5·(1 + L/10).
-  EXPECT_LE(e.max_scaled_error, test::kExactElemC * kEpsF32 * (1.0 + L)) << spec << " " << name(c) << " L=" << L;
-  EXPECT_LE(e.rel_fro_error, test::kExactRelFro * (1.0 + L / 10.0)) << spec << " " << name(c);
-  EXPECT_LE(e.lse_max_abs_error, test::kLseC * kEpsF32 * (1.0 + L)) << spec << " " << name(c);
+  expect_exact(e, spec + " " + name(c));
   return e.rel_fro_error;
 }
 
@@ -144,10 +129,7 @@ TEST_P(ExactMatrix, FullyMaskedRowsGiveZeroAndMinusInf) {
         for (index_t d = 0; d < 16; ++d) EXPECT_EQ(p.out(0, h, i, d), 0.f);
         EXPECT_EQ(p.lse(0, h, i, 0), -std::numeric_limits<float>::infinity());
       }
-    ErrorMetrics e = compare_with_reference(p, reference_all(p, ExecContext{2}));
-    EXPECT_TRUE(e.finite);
-    EXPECT_LE(e.rel_fro_error, 1e-5);
-    EXPECT_EQ(e.lse_max_abs_error < 1e-4, true);
+    expect_exact(compare_with_reference(p, reference_all(p, ExecContext{2})), "fully masked rows");
   }
 }
 
@@ -165,9 +147,8 @@ TEST_P(ExactMatrix, WindowAndCausalWithFewQueries) {
       cfg.window_left = w;
       RandomProblem prob(cfg);
       create_method(GetParam())->run(prob.problem(), ExecContext{2});
-      ErrorMetrics e = compare_with_reference(prob.problem(), reference_all(prob.problem(), ExecContext{2}));
-      EXPECT_LE(e.rel_fro_error, 1e-5) << "nq=" << nq << " w=" << w;
-      EXPECT_LE(e.lse_max_abs_error, 1e-4);
+      expect_exact(compare_with_reference(prob.problem(), reference_all(prob.problem(), ExecContext{2})),
+                   fmt::format("nq={} w={}", nq, w));
     }
   }
 }

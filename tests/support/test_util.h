@@ -1,4 +1,4 @@
-// Shared test support: seeds, tolerances (docs/numerics.md), problem helpers.
+// Shared test support: seeds, scratch files, commands.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "numattn/analysis/metrics.h"
+#include "numattn/attention/accuracy.h"
 #include "numattn/attention/random_problem.h"
 #include "numattn/attention/reference.h"
 
@@ -21,15 +22,10 @@ inline std::uint64_t base_seed() {
   return s ? std::strtoull(s, nullptr, 10) : 20261129ull;
 }
 
-/// float32 unit roundoff.
-constexpr double kEpsF32 = 1.1920928955078125e-07;
-
-/// Tolerances of exact float32 methods against the float64 reference (docs/numerics.md):
-/// elementwise |y − y_ref| ≤ kExactElemC · eps · max(1, |y_ref|) and rel_fro ≤ kExactRelFro.
-constexpr double kExactElemC = 64.0;
-constexpr double kExactRelFro = 1e-5;
-/// LSE: |lse − lse_ref| ≤ kLseC · eps · max(1, |lse_ref|).
-constexpr double kLseC = 64.0;
+/// Tolerances: one definition, `exact_f32_tolerance` and `AccuracyContract`
+/// (numattn/attention/accuracy.h), stated in docs/numerics.md; no test spells its own.
+/// float32 machine epsilon, for tests of other layers that scale their own bounds by it.
+using numattn::kEpsF32;
 
 /// A fresh directory private to the running test: <tmp>/numattn_<suite>_<test>_<pid>. ctest runs
 /// tests in parallel processes, so a fixed name shared by two tests races (one test's clean-up

@@ -161,27 +161,40 @@ Row run_method_row(const AttentionMethod& method, RandomProblem& prob, const Exe
     row["status"] = "skipped: " + st.reason();
     return row;
   }
-  const double ms = time_median_ms(reps, [&] { method.run(p, ctx); });
+  double ms = 0;
+  try {
+    ms = time_median_ms(reps, [&] { method.run(p, ctx); });
+  } catch (const Error& e) {
+    // A problem the method refuses at run time (problem.h edges) fails its row, not the sweep.
+    row["status"] = std::string("failed: ") + e.what();
+    return row;
+  }
   row["time_ms"] = ms;
   row["gflops"] = attention_flops(p) / (ms * 1e-3) * 1e-9;
-  const index_t k = rows_to_check(p, check_rows);
-  if (k > 0) {
-    ReferenceRows ref = reference_sample(p, k, c.seed ^ 0x9e3779b97f4a7c15ull, ctx);
-    ErrorMetrics m = compare_with_reference(p, ref);
-    row["rel_fro_error"] = m.rel_fro_error;
-    row["max_abs_error"] = m.max_abs_error;
-    row["lse_max_abs_error"] = m.lse_max_abs_error;
-    row["nmse"] = m.nmse;
-  } else {
-    row["rel_fro_error"] = nullptr;
-    row["max_abs_error"] = nullptr;
-    row["lse_max_abs_error"] = nullptr;
-    row["nmse"] = nullptr;
-  }
-  row["rows_checked"] = k;
+  const std::string status =
+      add_error_columns(row, p, rows_to_check(p, check_rows), c.seed ^ 0x9e3779b97f4a7c15ull, ctx);
   row["workspace_bytes"] = method.workspace_bytes(p, ctx);
-  row["status"] = "ok";
+  row["status"] = status;
   return row;
+}
+
+std::string add_error_columns(Row& row, const AttentionProblem& p, index_t k, std::uint64_t seed,
+                              const ExecContext& ctx) {
+  for (const char* c : {"rel_fro_error", "max_abs_error", "lse_max_abs_error", "nmse"}) row[c] = nullptr;
+  row["rows_checked"] = k;
+  if (k <= 0) return "ok";
+  const ErrorMetrics m = compare_with_reference(p, reference_sample(p, k, seed, ctx));
+  row["rel_fro_error"] = m.rel_fro_error;
+  row["max_abs_error"] = m.max_abs_error;
+  row["lse_max_abs_error"] = m.lse_max_abs_error;  // NaN (null) when the method gives no LSE
+  row["nmse"] = m.nmse;
+  std::string why;
+  if (!std::isfinite(m.rel_fro_error) || !std::isfinite(m.max_abs_error) || !std::isfinite(m.nmse))
+    why = "rel_fro_error, max_abs_error and nmse are not finite: the output has NaN or Inf";
+  if (!p.lse.empty() && !std::isfinite(m.lse_max_abs_error))
+    why += std::string(why.empty() ? "" : "; ") +
+           "lse_max_abs_error is not finite: an LSE is NaN, or ±inf where the reference's is not";
+  return why.empty() ? "ok" : "failed: " + why;
 }
 
 }  // namespace numattn::cli

@@ -1,4 +1,5 @@
 #include <iostream>
+#include <map>
 #include <memory>
 
 #include "cli_common.h"
@@ -62,9 +63,11 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
   NUMATTN_CHECK(!o.q.empty() && !o.k.empty() && !o.v.empty(), "--q, --k and --v must be given together");
   const Layout layout = o.pf.layout == "bnhd" ? Layout::kBNHD : Layout::kBHND;
   NUMATTN_CHECK(o.pf.layout == "bhnd" || o.pf.layout == "bnhd", "--layout must be bhnd or bnhd");
+  std::map<std::string, std::size_t> rank;  // dims of each input file, to name its elements
   auto load = [&](const std::string& path, const char* what, std::vector<float>& buf) {
     npy::Array a = npy::read(path);
     auto s = shape4(a, what);
+    rank[what] = a.shape.size();
     buf = a.as_f32();
     // Files in BNHD order hold [B, N, H, D].
     return layout == Layout::kBHND ? TensorView<const float>::contiguous(buf.data(), s)
@@ -100,7 +103,22 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
     }
   }
   validate(p);
-  const double ms = time_median_ms(o.reps, [&] { method.run(p, ctx); });
+  double ms = 0;
+  try {
+    ms = time_median_ms(o.reps, [&] { method.run(p, ctx); });
+  } catch (const NonFiniteInput& e) {
+    // Name the element as the file holds it: its own rank, and [B,N,H,D] order with bnhd.
+    std::vector<index_t> at = e.index();
+    std::string file = o.mask;
+    if (e.tensor() != "mask") {
+      file = e.tensor() == "q" ? o.q : e.tensor() == "k" ? o.k : o.v;
+      if (layout == Layout::kBNHD) std::swap(at[1], at[2]);
+      at.erase(at.begin(), at.begin() + static_cast<std::ptrdiff_t>(4 - rank.at(e.tensor())));
+    }
+    std::string idx;
+    for (index_t x : at) idx += (idx.empty() ? "" : ",") + std::to_string(x);
+    throw Error(fmt::format("{} (element [{}] of {})", e.what(), idx, file));
+  }
   Row row;
   row["method"] = method.spec();
   row["batch"] = p.batch(); row["heads"] = p.heads(); row["kv_heads"] = p.kv_heads();
@@ -110,16 +128,10 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
   row["threads"] = ctx.num_threads();
   row["time_ms"] = ms;
   row["gflops"] = attention_flops(p) / (ms * 1e-3) * 1e-9;
-  const index_t k = rows_to_check(p, o.check_rows);
-  ErrorMetrics m;
-  if (k > 0) m = compare_with_reference(p, reference_sample(p, k, 12345, ctx));
-  row["rel_fro_error"] = k > 0 ? Row(m.rel_fro_error) : Row();
-  row["max_abs_error"] = k > 0 ? Row(m.max_abs_error) : Row();
-  row["lse_max_abs_error"] = k > 0 ? Row(m.lse_max_abs_error) : Row();
-  row["nmse"] = k > 0 ? Row(m.nmse) : Row();
-  row["rows_checked"] = k;
+  const std::string status = add_error_columns(row, p, rows_to_check(p, o.check_rows), 12345, ctx);
   row["workspace_bytes"] = method.workspace_bytes(p, ctx);
-  row["status"] = "ok";
+  row["status"] = status;
+  NUMATTN_CHECK(status == "ok", "{}", status.substr(8));  // "failed: ..."
   write_outputs(o, p, layout);
   print_table(std::cout, {row}, parse_format(o.format), true);
 }
@@ -161,7 +173,8 @@ void add_run(CLI::App& app) {
     cfg.want_lse = method->info().caps.lse;
     RandomProblem prob(cfg);
     Row row = run_method_row(*method, prob, ctx, o->reps, o->check_rows);
-    NUMATTN_CHECK(row["status"] == "ok", "{}", row["status"].get<std::string>());
+    const std::string status = row["status"].get<std::string>();
+    NUMATTN_CHECK(status == "ok", "{}", status.rfind("failed: ", 0) == 0 ? status.substr(8) : status);
     write_outputs(*o, prob.problem(), cfg.layout);
     print_table(std::cout, {row}, parse_format(o->format), true);
   });

@@ -5,6 +5,8 @@
 /// - `nmse`           = ‖Ô − O‖²_F / ‖O‖²_F  (ggml's normalised MSE)
 /// - `lse_max_abs_error` = max |LSE^ − LSE| over rows (equal infinities count as 0)
 /// - `max_scaled_error` = max |Ô − O| / max(1, |O|) (the elementwise policy of docs/numerics.md)
+/// - `logit_magnitude` = L of the checked rows (reference.h), what tolerances scale with
+///   (`exact_f32_tolerance`, `AccuracyContract`)
 #pragma once
 
 #include "numattn/attention/problem.h"
@@ -18,6 +20,7 @@ struct ErrorMetrics {
   double nmse = 0;
   double lse_max_abs_error = 0;  ///< NaN when the method gave no LSE
   double max_scaled_error = 0;
+  double logit_magnitude = 0;
   bool finite = true;            ///< no NaN/Inf in the output
   index_t rows_checked = 0;
 };

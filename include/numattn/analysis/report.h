@@ -3,7 +3,10 @@
 ///
 /// A row is an ordered JSON object; the column set is the union of keys in first-seen order.
 /// Numbers are printed with fixed rules (`%.6g`-style in md/csv, full precision in JSON), so
-/// tests can match output lines.
+/// tests can match output lines. A number that is not finite (NaN, ±inf) is written as JSON
+/// `null` and as an empty md/csv cell, the same as a value that was not measured: a column
+/// always holds a number or nothing. Whoever fills a row says why a value is missing in the
+/// row's `status` (see `error_status` in the CLI).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -24,8 +27,8 @@ using Row = nlohmann::ordered_json;
 /// Prints `rows`. JSON: one array of objects (or the single object when `single`).
 void print_table(std::ostream& os, const std::vector<Row>& rows, Format f, bool single = false);
 
-/// One cell as text (md/csv): numbers `%.6g`, strings as is, null as "", arrays and objects
-/// as JSON (`dump_json`).
+/// One cell as text (md/csv): numbers `%.6g`, strings as is, null and non-finite numbers as "",
+/// arrays and objects as JSON (`dump_json`).
 std::string cell_text(const Row& v);
 
 /// `v` as JSON text (`indent` < 0: one line). Strings hold arbitrary bytes (paths, prompts,

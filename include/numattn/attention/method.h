@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "numattn/attention/accuracy.h"
 #include "numattn/attention/problem.h"
 #include "numattn/core/error.h"
 #include "numattn/core/exec.h"
@@ -57,6 +58,8 @@ struct MethodInfo {
   std::string memory_complexity;  ///< extra memory beyond inputs and output
   std::vector<ParamSpec> params;
   Capabilities caps;
+  /// Its error promise (accuracy.h); the conformance test holds the method to it.
+  AccuracyContract accuracy;
 };
 
 /// Validated parameter values of one method, in schema order.
@@ -100,9 +103,16 @@ class AttentionMethod {
     return 0;
   }
   /// Computes `p.out` (and `p.lse` when requested). Assumes `validate(p)` and `can_run(p)`.
+  /// Needs no checks of its own for the edges of problem.h, only this: a NaN or ±inf met on the
+  /// way (input, overflow) must reach the row's output or LSE instead of vanishing (a NaN logit
+  /// hidden as if masked, an infinite logit dropped, a NaN normaliser read as an empty row).
+  /// `run` settles such rows.
   virtual void forward(const AttentionProblem& p, const ExecContext& ctx) const = 0;
 
-  /// validate + can_run (throws `Error` with the reason) + forward.
+  /// validate + can_run (throws `Error` with the reason) + forward, then the edge check of
+  /// problem.h: rows that came out non-finite are traced to a refused input (`NonFiniteInput`),
+  /// to a float32 overflow (exact methods: recomputed in float64; others: `Error`), or to an LSE
+  /// beyond float32 (`Error`). Costs one pass over the output when nothing is wrong.
   void run(const AttentionProblem& p, const ExecContext& ctx) const;
 
  protected:

@@ -19,13 +19,31 @@
 ///   (offset 0 when causal is `kNone`): `i + off - window_left <= j <= i + off + window_right`.
 /// - `out_i = Σ_j softmax(s_i)_j v_j`; `lse_i = log Σ_j exp(s_ij)` (natural log).
 /// - a row with no visible key gives `out_i = 0` and `lse_i = -inf`, never NaN.
+///
+/// Edges (docs/numerics.md, "Non-finite inputs and overflow"), the same for every method and the
+/// float64 reference, enforced once by `AttentionMethod::run`:
+/// - what a query reads must be finite: its q row (when it sees a key) and the k and v rows of
+///   every key it sees. A NaN or ±inf there raises `NonFiniteInput` naming the tensor and the
+///   first such index. Keys no query sees are never read (unused KV-cache slots may hold
+///   anything).
+/// - additive mask entries: finite values add to the logit; `-inf` and NaN hide the key; `+inf`
+///   (infinite weight for one key, NaN between two) raises `NonFiniteInput` naming mask [i, j].
+/// - `scale` must be finite with |scale| ≤ FLT_MAX (float32 kernels hold it as a float).
+/// - finite inputs whose logits or partial sums leave the float32 range (|x| > FLT_MAX, e.g. a
+///   huge scale, |q|·|k| near 1e38 or values near FLT_MAX summed) still give the right answer:
+///   exact methods compute those rows in float64; approximate methods refuse them with an
+///   `Error` giving the bounds. The output is a convex combination of v rows, so it is always
+///   representable; an LSE beyond ±FLT_MAX is not, and requesting it raises an `Error` with the
+///   row and its value.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "numattn/core/error.h"
 #include "numattn/core/tensor.h"
 
 namespace numattn {
@@ -92,7 +110,26 @@ struct AttentionProblem {
 /// per head without masking, about half of it for causal. GFLOP/s in every report use it.
 double attention_flops(const AttentionProblem& p);
 
-/// Throws `numattn::Error` naming the offending tensor when shapes are inconsistent.
+/// Throws `numattn::Error` naming the offending tensor when shapes are inconsistent, or when
+/// `scale` is not finite or beyond the float32 range.
 void validate(const AttentionProblem& p);
+
+/// A value the problem semantics refuse (see the file comment): NaN or ±inf in q, k or v, or
+/// +inf in an additive mask, at an element a query reads. `tensor()` is "q", "k", "v" or
+/// "mask"; `index()` is [b, h, n, d] in that tensor's own shape ([i, j] for the mask).
+class NonFiniteInput : public Error {
+ public:
+  NonFiniteInput(std::string tensor, std::vector<index_t> index, float value);
+  const std::string& tensor() const { return tensor_; }
+  const std::vector<index_t>& index() const { return index_; }
+
+ private:
+  std::string tensor_;
+  std::vector<index_t> index_;
+};
+
+/// Throws `NonFiniteInput` for the first non-finite value of `x[0..n)`, a row whose first
+/// element has index `row_index` + [0] in `tensor`.
+void check_finite_row(const char* tensor, const float* x, index_t n, std::vector<index_t> row_index);
 
 }  // namespace numattn

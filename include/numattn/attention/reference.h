@@ -16,7 +16,18 @@ namespace numattn {
 
 /// Exact attention for one query row `(b, h, i)`: writes `Dv` doubles to `out_row` and returns
 /// the natural-log LSE (`-inf` when no key is visible; then `out_row` is all zero).
-double reference_row(const AttentionProblem& p, index_t b, index_t h, index_t i, double* out_row);
+///
+/// Follows the edge semantics of problem.h: throws `NonFiniteInput` for a non-finite value the
+/// row reads (its q row, the k and v rows of the keys it sees, in that order, keys in increasing
+/// order) or a +inf additive mask entry. In float64 nothing overflows for finite float32 inputs.
+/// `logit_magnitude` (optional) receives the row's L: the largest |scale|·Σ_d|q_d·k_d| + |mask|
+/// over the keys whose weight is at least e^-104 of the largest (smaller weights are under
+/// float32's smallest subnormal and carry nothing into a float32 result); 0 for an empty row.
+/// It bounds the magnitude of every partial sum of a logit, so γ_D·L bounds a float32 logit's
+/// rounding error even when terms cancel (|s| alone would not); with a mask of -1e9 for
+/// "hidden" it stays the size of the logits that matter.
+double reference_row(const AttentionProblem& p, index_t b, index_t h, index_t i, double* out_row,
+                     double* logit_magnitude = nullptr);
 
 /// One query row, identified by its indices.
 struct RowIndex {
@@ -28,8 +39,11 @@ struct ReferenceRows {
   std::vector<RowIndex> rows;
   std::vector<double> out;
   std::vector<double> lse;
+  double logit_magnitude = 0;  ///< L: the largest over these rows (see reference_row)
 };
 
+/// Both throw what `reference_row` throws, for the first offending row in (b, h, i) order
+/// (whatever the thread count).
 /// All rows in (b, h, i) order: `out` is the dense `[B, Hq, Nq, Dv]` result.
 ReferenceRows reference_all(const AttentionProblem& p, const ExecContext& ctx);
 /// `count` distinct rows drawn with the seeded RNG (all rows when `count` ≥ their number).

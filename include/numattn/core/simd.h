@@ -48,6 +48,17 @@ inline void exp_f32(const float* x, float* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] = exp_f32(x[i]);
 }
 
+/// Whether no `x[i]` is NaN or ±inf. An integer max over the magnitude bits (all-ones exponent
+/// = not finite), which compilers vectorise without reassociating floating-point sums.
+inline bool all_finite(const float* x, std::int64_t n) {
+  std::uint32_t worst = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t a = std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
+    worst = a > worst ? a : worst;
+  }
+  return worst < 0x7f800000u;
+}
+
 #if defined(__AVX512F__)
 /// The core of the 16-lane exp, for callers that clamp and mask their own way (the flash
 /// kernel's cut-off exp): for xc in [-87.4, 88], e^xc = p · 2^n with the reduction and

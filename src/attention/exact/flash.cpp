@@ -171,9 +171,11 @@ void mask_tile(const AttentionProblem& p, const Scratch& ws, index_t nrows, inde
       for (index_t r = 0; r < nrows; ++r)
         if (!p.mask.allowed[ws.qi[r] * p.mask.ld + key]) srow[r] = kNegInf;
     } else if (p.mask.kind == MaskKind::kAdditive) {
+      // -inf and NaN entries hide the key; +inf or a NaN logit of a visible key stays non-finite
+      // (the row is settled by run()).
       for (index_t r = 0; r < nrows; ++r) {
-        const float x = srow[r] + p.mask.additive[ws.qi[r] * p.mask.ld + key];
-        srow[r] = std::isnan(x) ? kNegInf : x;
+        const float a = p.mask.additive[ws.qi[r] * p.mask.ld + key];
+        srow[r] = !(a > kNegInf) || srow[r] == kNegInf ? kNegInf : srow[r] + a;
       }
     }
     for (int c = 0; c < CI; ++c) vmax[c] = Vec::max(vmax[c], Vec::load(srow + c * W));
@@ -218,6 +220,8 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
   }
   for (int r = 0; r < BR; ++r) st.m[r] = kNegInf, st.l[r] = 0.f;
   std::fill(st.ot, st.ot + dv * BR, 0.f);
+  R vlow[CI];  // smallest raw logit per lane over all tiles
+  for (int c = 0; c < CI; ++c) vlow[c] = Vec::set1(std::numeric_limits<float>::infinity());
 
   const bool has_mask = p.mask.kind != MaskKind::kNone;
   const float* kbase = p.k.row(it.b, it.hk, 0);
@@ -247,7 +251,7 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
     if (!any) continue;
     R vmax[CI], mu[CI], corr[CI];
     for (int c = 0; c < CI; ++c) vmax[c] = Vec::set1(kNegInf);
-    flash::qk_tile<CI>(qt, dk, kbase + jt * ldk, ldk, cols, s, vmax);
+    flash::qk_tile<CI>(qt, dk, kbase + jt * ldk, ldk, cols, s, vmax, vlow);
     if (!full) {
       for (int c = 0; c < CI; ++c) vmax[c] = Vec::set1(kNegInf);
       mask_tile<CI>(p, ws, n, jt, cols, s, vmax);
@@ -280,6 +284,11 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
       Vec::store(st.l + c * W, Vec::fmadd(Vec::load(st.l + c * W), corr[c], sum[c]));
     flash::pv_tile<CI>(s, cols, vbase + jt * ldv, ldv, dv, st.ot, corr, rescale);
   }
+  // A -inf logit (from an infinite input or float32 overflow) got weight 0 without a trace:
+  // make the lane's normaliser NaN so that run() settles the row. NaN and +inf logits need
+  // nothing here: exp_cut, the rescale and P·V carry them into l and ot.
+  for (int c = 0; c < CI; ++c)
+    Vec::store(st.l + c * W, Vec::add(Vec::load(st.l + c * W), Vec::nan_where_neginf(vlow[c])));
 }
 
 /// Writes out = ot / l and lse = m + log l for the item's rows.
@@ -287,11 +296,13 @@ void finish_block(const AttentionProblem& p, const Plan& pl, const Item& it, con
   const index_t dv = p.d_v(), br = pl.br;
   for (index_t r = 0; r < it.nrows; ++r) {
     const index_t gr = it.r0 + r, i = gr / pl.G, h = it.hk * pl.G + gr % pl.G;
+    // l ≥ 1 for a row that saw a key (its maximum has weight 1), 0 for an empty row, NaN for a
+    // row run() must settle; NaN must reach the output.
     const float l = st.l[r];
-    const float inv = l > 0 ? 1.f / l : 0.f;
+    const float inv = l == 0.f ? 0.f : 1.f / l;
     float* o = p.out.row(it.b, h, i);
     for (index_t d = 0; d < dv; ++d) o[d] = st.ot[d * br + r] * inv;
-    if (!p.lse.empty()) p.lse(it.b, h, i, 0) = l > 0 ? st.m[r] + std::log(l) : kNegInf;
+    if (!p.lse.empty()) p.lse(it.b, h, i, 0) = l == 0.f ? kNegInf : st.m[r] + std::log(l);
   }
 }
 
@@ -354,6 +365,11 @@ const MethodInfo& FlashAttention::describe() {
     };
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
               .window = true, .lse = true, .decode = true};
+    // One SIMD vector of rows, ragged key tiles and forced splits reach the branches the
+    // defaults do not (partial blocks, 1..RJ-1 key tails, split-KV merging at every shape).
+    m.accuracy = AccuracyContract::exact({{{"block_q", "16"}, {"block_k", "7"}},
+                                          {{"block_q", "40"}, {"block_k", "33"}, {"split_kv", "3"}},
+                                          {{"split_kv", "2"}}});
     return m;
   }();
   return info;

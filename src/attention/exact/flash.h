@@ -38,6 +38,10 @@ namespace numattn {
 /// resolution); P·V is summed per tile and then added to the running output (blocked
 /// summation). Measured at B=1 H=8 N=4096 D=128 (256 rows): rel_fro_error 5.2e-7 vs naive's
 /// 1.0e-6 with plain logits, 2.30e-6 vs 2.30e-6 with logits ×10 (docs/numerics.md).
+/// Edges (problem.h): no pass over K or V looks for NaN, ±inf or overflow; the kernels carry
+/// them into the row instead (exp_cut keeps NaN, l = NaN is not an empty row, and a lane whose
+/// smallest raw logit is -inf, which the softmax would drop without a trace, gets l = NaN), and
+/// `run` settles those rows in float64. Cost: one vector min per logit vector, none per tile.
 /// Dao et al., FlashAttention, NeurIPS 2022; Milakov & Gimelshein, Online normalizer
 /// calculation for softmax, 2018; split-KV as in flash-decoding (Dao et al., 2023).
 class FlashAttention final : public AttentionMethod {

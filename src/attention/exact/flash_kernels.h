@@ -15,6 +15,7 @@
 // FlashAttention forward pass, transposed so that CPU SIMD lanes run over queries.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -53,18 +54,25 @@ struct Vec {
   static R add(R a, R b) { return _mm512_add_ps(a, b); }
   static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
   static R max(R a, R b) { return _mm512_max_ps(a, b); }
+  static R min(R a, R b) { return _mm512_min_ps(a, b); }
   /// x where x is not -inf, else 0.
   static R neginf_to_zero(R x) {
     const __mmask16 m = _mm512_cmp_ps_mask(x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
     return _mm512_mask_mov_ps(x, m, zero());
   }
-  /// exp(x) for x ≤ 0 (including -inf), flushed to 0 below kExpCut: simd::exp_mantissa
-  /// (≤ 2 ulp) without the upper clamp it does not need here, the mask fused into the scaling.
+  /// NaN where x is -inf, else 0.
+  static R nan_where_neginf(R x) {
+    const __mmask16 m = _mm512_cmp_ps_mask(x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+    return _mm512_maskz_mov_ps(m, set1(std::numeric_limits<float>::quiet_NaN()));
+  }
+  /// exp(x) for x ≤ 0 (including -inf), flushed to 0 below kExpCut, NaN for NaN:
+  /// simd::exp_mantissa (≤ 2 ulp) without the upper clamp it does not need here, the mask fused
+  /// into the scaling. max(cut, x) returns its second operand, x, for NaN.
   static R exp_cut(R x) {
     const R cut = set1(kExpCut);
     R n;
-    const R p = simd::exp_mantissa(_mm512_max_ps(x, cut), &n);
-    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, cut, _CMP_GE_OQ), p, n);
+    const R p = simd::exp_mantissa(_mm512_max_ps(cut, x), &n);
+    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, cut, _CMP_NLT_UQ), p, n);
   }
 };
 
@@ -84,13 +92,18 @@ struct Vec {
   static R add(R a, R b) { return _mm256_add_ps(a, b); }
   static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
   static R max(R a, R b) { return _mm256_max_ps(a, b); }
+  static R min(R a, R b) { return _mm256_min_ps(a, b); }
   static R neginf_to_zero(R x) {
     const R m = _mm256_cmp_ps(x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
     return _mm256_andnot_ps(m, x);
   }
+  static R nan_where_neginf(R x) {
+    const R m = _mm256_cmp_ps(x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+    return _mm256_and_ps(m, set1(std::numeric_limits<float>::quiet_NaN()));
+  }
   static R exp_cut(R x) {
     const R cut = set1(kExpCut);
-    return _mm256_and_ps(_mm256_cmp_ps(x, cut, _CMP_GE_OQ), simd::exp_f32(_mm256_max_ps(x, cut)));
+    return _mm256_and_ps(_mm256_cmp_ps(x, cut, _CMP_NLT_UQ), simd::exp_f32(_mm256_max_ps(cut, x)));
   }
 };
 
@@ -129,13 +142,23 @@ struct Vec {
     for (int i = 0; i < 4; ++i) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i];
     return a;
   }
+  static R min(R a, R b) {
+    for (int i = 0; i < 4; ++i) a.v[i] = a.v[i] < b.v[i] ? a.v[i] : b.v[i];
+    return a;
+  }
   static R neginf_to_zero(R a) {
     for (int i = 0; i < 4; ++i)
       if (a.v[i] == -std::numeric_limits<float>::infinity()) a.v[i] = 0.f;
     return a;
   }
+  static R nan_where_neginf(R a) {
+    for (int i = 0; i < 4; ++i)
+      a.v[i] = a.v[i] == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::quiet_NaN() : 0.f;
+    return a;
+  }
   static R exp_cut(R a) {
-    for (int i = 0; i < 4; ++i) a.v[i] = a.v[i] >= kExpCut ? simd::exp_f32(a.v[i]) : 0.f;
+    for (int i = 0; i < 4; ++i)
+      a.v[i] = std::isnan(a.v[i]) ? a.v[i] : a.v[i] >= kExpCut ? simd::exp_f32(a.v[i]) : 0.f;
     return a;
   }
 };
@@ -155,10 +178,12 @@ constexpr int rows_for(int ci) {
   return ci >= 4 ? 6 : ci == 3 ? 8 : ci == 2 ? 12 : ci == 1 ? 16 : 1;
 }
 
-/// s[r][:] = Σ_d k_r[d]·qt[d][:] for RJ keys k_r = k + r·ldk; vmax[c] = max(vmax[c], s[·][c]).
+/// s[r][:] = Σ_d k_r[d]·qt[d][:] for RJ keys k_r = k + r·ldk; vmax[c] = max(vmax[c], s[·][c]),
+/// vmin[c] = min(vmin[c], s[·][c]) (a -inf logit, which the softmax would silently drop, shows
+/// there; NaN and +inf need no check, they propagate).
 template <int RJ, int CI>
 inline void qk_kernel(const float* __restrict qt, index_t dk, const float* k, index_t ldk,
-                      float* __restrict s, R* vmax) {
+                      float* __restrict s, R* vmax, R* vmin) {
   constexpr int BR = CI * W;
   R acc[RJ][CI];
   NUMATTN_UNROLL for (int r = 0; r < RJ; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c) acc[r][c] = Vec::zero();
@@ -175,21 +200,22 @@ inline void qk_kernel(const float* __restrict qt, index_t dk, const float* k, in
   NUMATTN_UNROLL for (int r = 0; r < RJ; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c) {
     Vec::store(s + r * BR + c * W, acc[r][c]);
     vmax[c] = Vec::max(vmax[c], acc[r][c]);
+    vmin[c] = Vec::min(vmin[c], acc[r][c]);
   }
 }
 
 /// The S-tile for `cols` keys: full RJ-key register tiles, then 8/4/2/1-key tails.
 template <int CI>
 inline void qk_tile(const float* qt, index_t dk, const float* k, index_t ldk, index_t cols,
-                    float* s, R* vmax) {
+                    float* s, R* vmax, R* vmin) {
   constexpr int RJ = rows_for(CI), BR = CI * W;
   index_t j = 0;
-  for (; j + RJ <= cols; j += RJ) qk_kernel<RJ, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax);
+  for (; j + RJ <= cols; j += RJ) qk_kernel<RJ, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax, vmin);
   if constexpr (RJ > 8)
-    if (j + 8 <= cols) qk_kernel<8, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax), j += 8;
-  if (j + 4 <= cols) qk_kernel<4, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax), j += 4;
-  if (j + 2 <= cols) qk_kernel<2, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax), j += 2;
-  if (j < cols) qk_kernel<1, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax);
+    if (j + 8 <= cols) qk_kernel<8, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax, vmin), j += 8;
+  if (j + 4 <= cols) qk_kernel<4, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax, vmin), j += 4;
+  if (j + 2 <= cols) qk_kernel<2, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax, vmin), j += 2;
+  if (j < cols) qk_kernel<1, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax, vmin);
 }
 
 /// ot[d0+r][:] = (rescale ? corr·ot : ot) + Σ_j v_j[d0+r]·p[j][:] for RD dims, `cols` keys.

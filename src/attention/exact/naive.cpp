@@ -27,6 +27,7 @@ const MethodInfo& NaiveAttention::describe() {
     m.memory_complexity = "O(threads·256·Nk)";
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
               .window = true, .lse = true, .decode = false};
+    m.accuracy = AccuracyContract::exact();
     return m;
   }();
   return info;
@@ -55,13 +56,14 @@ void NaiveAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     std::vector<float> row_sum(static_cast<std::size_t>(rows)), row_max(static_cast<std::size_t>(rows));
     for (index_t r = 0; r < rows; ++r) {
       float* srow = s.data() + r * nk;
-      detail::mask_row(p, i0 + r, 0, nk, srow);
+      const bool finite = detail::mask_row(p, i0 + r, 0, nk, srow);
       float m = -std::numeric_limits<float>::infinity();
       for (index_t j = 0; j < nk; ++j) m = std::max(m, srow[j]);
       row_max[r] = m;
-      if (m == -std::numeric_limits<float>::infinity()) {
+      if (!finite || m == -std::numeric_limits<float>::infinity()) {
+        // A non-finite logit makes the row NaN (settled by run()); none visible: an empty row.
         std::fill(srow, srow + nk, 0.f);
-        row_sum[r] = 0;
+        row_sum[r] = finite ? 0.f : std::numeric_limits<float>::quiet_NaN();
         continue;
       }
       for (index_t j = 0; j < nk; ++j) srow[j] -= m;
@@ -75,11 +77,12 @@ void NaiveAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
                 p.v.row(b, hk, 0), p.v.stride[2], 0.f, o, p.out.stride[2]);
     for (index_t r = 0; r < rows; ++r) {
       float* orow = o + r * p.out.stride[2];
-      const float inv = row_sum[r] > 0 ? 1.f / row_sum[r] : 0.f;
+      // row_sum is ≥ 1 (the maximum's own weight), 0 for an empty row or NaN for a settled one.
+      const float inv = row_sum[r] == 0.f ? 0.f : 1.f / row_sum[r];
       for (index_t d = 0; d < dv; ++d) orow[d] *= inv;
       if (!p.lse.empty())
-        p.lse(b, h, i0 + r, 0) = row_sum[r] > 0 ? row_max[r] + std::log(row_sum[r])
-                                                : -std::numeric_limits<float>::infinity();
+        p.lse(b, h, i0 + r, 0) = row_sum[r] == 0.f ? -std::numeric_limits<float>::infinity()
+                                                   : row_max[r] + std::log(row_sum[r]);
     }
   });
 }

@@ -9,7 +9,8 @@ namespace numattn {
 ///
 /// Works on blocks of 256 query rows so that each thread holds a 256 × Nk score block.
 /// Cost: O(Nq·Nk·(Dk+Dv)) time, O(threads · 256 · Nk) workspace. The float32 baseline that
-/// `exact.flash` must match (its error is bounded by 2× this one's in tests).
+/// `exact.flash` must match (its error is bounded by 2× this one's in tests). A row whose
+/// visible logits are not all finite comes out NaN, for `run` to settle (problem.h).
 class NaiveAttention final : public AttentionMethod {
  public:
   using AttentionMethod::AttentionMethod;

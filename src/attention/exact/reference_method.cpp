@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "attention/method_def.h"
+#include "attention/ordered_errors.h"
 #include "numattn/attention/reference.h"
 
 namespace numattn {
@@ -18,6 +19,7 @@ const MethodInfo& ReferenceAttention::describe() {
     m.memory_complexity = "O(Nk) per thread";
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
               .window = true, .lse = true, .decode = false};
+    m.accuracy = AccuracyContract::exact();
     return m;
   }();
   return info;
@@ -30,7 +32,7 @@ std::size_t ReferenceAttention::workspace_bytes(const AttentionProblem& p,
 
 void ReferenceAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
   const index_t rows = p.batch() * p.heads() * p.n_q();
-  parallel_for(ctx, rows, [&](std::int64_t t) {
+  detail::parallel_for_ordered_errors(ctx, rows, [&](std::int64_t t) {
     const index_t i = t % p.n_q(), bh = t / p.n_q(), b = bh / p.heads(), h = bh % p.heads();
     std::vector<double> o(static_cast<std::size_t>(p.d_v()));
     const double lse = reference_row(p, b, h, i, o.data());

@@ -21,10 +21,13 @@ inline bool tile_needs_mask(const AttentionProblem& p, index_t i0, index_t i1, i
 }
 
 /// Applies causal rule, window and masks to logits `s[j - j0]` of query row `i`, keys [j0, j1):
-/// hidden keys become -inf; additive entries are added; NaN logits are hidden.
-inline void mask_row(const AttentionProblem& p, index_t i, index_t j0, index_t j1, float* s) {
+/// hidden keys become -inf (an additive -inf or NaN hides its key), additive entries are added.
+/// Returns false when a logit of a key the row sees is not finite (NaN or ±inf from the inputs,
+/// float32 overflow, a +inf mask entry): the row must be settled by `AttentionMethod::run`.
+inline bool mask_row(const AttentionProblem& p, index_t i, index_t j0, index_t j1, float* s) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   const KeyRange r = p.key_range(i);
+  bool finite = true;
   for (index_t j = j0; j < j1; ++j) {
     float& x = s[j - j0];
     if (j < r.begin || j >= r.end) {
@@ -32,12 +35,21 @@ inline void mask_row(const AttentionProblem& p, index_t i, index_t j0, index_t j
       continue;
     }
     if (p.mask.kind == MaskKind::kBool) {
-      if (!p.mask.allowed[i * p.mask.ld + j]) x = ninf;
+      if (!p.mask.allowed[i * p.mask.ld + j]) {
+        x = ninf;
+        continue;
+      }
     } else if (p.mask.kind == MaskKind::kAdditive) {
-      x += p.mask.additive[i * p.mask.ld + j];
+      const float a = p.mask.additive[i * p.mask.ld + j];
+      if (!(a > ninf)) {
+        x = ninf;
+        continue;
+      }
+      x += a;
     }
-    if (std::isnan(x)) x = ninf;
+    finite &= std::isfinite(x);
   }
+  return finite;
 }
 
 }  // namespace numattn::detail
