@@ -21,7 +21,7 @@ std::string cli() { return NUMATTN_CLI_PATH; }
 std::string run(const std::string& args, int* rc, bool stdout_only = false) {
   std::string out;
   *rc = test::run_command(cli() + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1"), &out);
-  return out;
+  return test::strip_notes(out);
 }
 
 TEST(CliEdges, LogitsBeyondFloat32EndInAnErrorNamingTheLse) {
