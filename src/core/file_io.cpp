@@ -51,30 +51,31 @@ std::atomic<unsigned> g_temp_counter{0};
 
 }  // namespace
 
-void check_input_file(const std::string& path, std::string_view what) {
+namespace {
+// Opens an input for reading after naming what is wrong with it: an empty path, a missing file,
+// a directory, or (when `regular_only`) a device, FIFO or socket. Returns the descriptor.
+int open_input(const std::string& path, std::string_view what, bool regular_only) {
   NUMATTN_CHECK(!path.empty(), "{}: empty path", what);
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   NUMATTN_CHECK(fs::exists(st), "{} '{}' does not exist{}", what, path,
                 ec && ec != std::errc::no_such_file_or_directory ? ": " + ec.message() : "");
   NUMATTN_CHECK(!fs::is_directory(st), "{} '{}' is a directory, not a file", what, path);
-  NUMATTN_CHECK(fs::is_regular_file(st), "{} '{}' is not a regular file (a device, FIFO or socket)",
-                what, path);
+  NUMATTN_CHECK(!regular_only || fs::is_regular_file(st),
+                "{} '{}' is not a regular file (a device, FIFO or socket)", what, path);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   NUMATTN_CHECK(fd >= 0, "cannot read {} '{}': {}", what, path, sys_error(errno));
-  ::close(fd);
+  return fd;
+}
+}  // namespace
+
+void check_input_file(const std::string& path, std::string_view what) {
+  ::close(open_input(path, what, true));
 }
 
 std::string read_file(const std::string& path, std::string_view what) {
-  NUMATTN_CHECK(!path.empty(), "{}: empty path", what);
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  NUMATTN_CHECK(fs::exists(st), "{} '{}' does not exist{}", what, path,
-                ec && ec != std::errc::no_such_file_or_directory ? ": " + ec.message() : "");
-  NUMATTN_CHECK(!fs::is_directory(st), "{} '{}' is a directory, not a file", what, path);
   // Pipes and devices are read to their end (e.g. a shell's <(...)); only directories refused.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  NUMATTN_CHECK(fd >= 0, "cannot read {} '{}': {}", what, path, sys_error(errno));
+  const int fd = open_input(path, what, false);
   std::string out;
   char buf[1 << 16];
   for (;;) {
