@@ -34,6 +34,24 @@ TEST(CliEdges, LogitsBeyondFloat32EndInAnErrorNamingTheLse) {
   }
 }
 
+TEST(CliEdges, LogitsBeyondFloat32WithoutTheLseGiveTheOutput) {
+  for (const char* m : {"exact.naive", "exact.flash", "exact.reference"}) {
+    int rc = 0;
+    const std::string out = run(std::string("run --method ") + m +
+                                    " --scale 1e38 --n 64 --heads 2 --d 16 --no-lse --format json",
+                                &rc, true);
+    ASSERT_EQ(rc, 0) << m << "\n" << out;
+    const auto j = nlohmann::json::parse(out);
+    EXPECT_EQ(j["status"], "ok") << j.dump();
+    EXPECT_EQ(j["max_abs_error"].get<double>(), 0.0) << j.dump();  // one-hot rows, recomputed
+    EXPECT_TRUE(j["lse_max_abs_error"].is_null()) << j.dump();
+  }
+  int rc = 0;
+  const std::string out = run("run --no-lse --lse-out x.npy", &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("error: --lse-out needs the LSE"), std::string::npos) << out;
+}
+
 TEST(CliEdges, HugeFiniteLogitsStillWorkAndReportNumbers) {
   for (const char* m : {"exact.naive", "exact.flash"}) {
     int rc = 0;

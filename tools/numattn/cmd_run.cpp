@@ -23,6 +23,9 @@ struct RunOptions {
   int reps = 1;
   long long check_rows = -1;
   std::string q, k, v, mask, out, lse_out;
+  bool no_lse = false;
+  /// Whether to request the log-sum-exp from `method`.
+  bool want_lse(const AttentionMethod& method) const { return method.info().caps.lse && !no_lse; }
 };
 
 // Reads a .npy as a [B, H, N, D] tensor (2-d and 3-d files get leading 1s).
@@ -84,7 +87,7 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
   lb.assign(static_cast<std::size_t>(os[0] * os[1] * os[2]), 0.f);
   p.out = layout == Layout::kBHND ? TensorView<float>::contiguous(ob.data(), os)
                                   : TensorView<float>::bnhd(ob.data(), os[0], os[1], os[2], os[3]);
-  if (method.info().caps.lse) p.lse = TensorView<float>::contiguous(lb.data(), {os[0], os[1], os[2], 1});
+  if (o.want_lse(method)) p.lse = TensorView<float>::contiguous(lb.data(), {os[0], os[1], os[2], 1});
   p.causal = parse_causal(o.pf.causal);
   if (!o.pf.scale.empty()) p.scale = std::stod(o.pf.scale);
   p.window_left = std::stoll(o.pf.window_left);
@@ -158,9 +161,13 @@ void add_run(CLI::App& app) {
   sub->add_option("--mask", o->mask, "[Nq,Nk] mask .npy: float = additive, int64 = boolean (nonzero = visible)");
   sub->add_option("--out", o->out, "write the output to this .npy (same layout as the inputs)");
   sub->add_option("--lse-out", o->lse_out, "write the natural-log LSE [B,H,Nq] to this .npy");
+  sub->add_flag("--no-lse", o->no_lse,
+                "do not request the log-sum-exp (lse_max_abs_error is then null); an LSE beyond "
+                "the float32 range is refused, the output itself is not");
   sub->callback([o] {
     check_outputs_distinct({{"--out", o->out}, {"--lse-out", o->lse_out}},
                            {{"--q", o->q}, {"--k", o->k}, {"--v", o->v}, {"--mask", o->mask}});
+    NUMATTN_CHECK(!o->no_lse || o->lse_out.empty(), "--lse-out needs the LSE: drop --no-lse");
     ExecContext ctx{o->threads};
     auto method = create_method(o->method);
     if (!o->q.empty() || !o->k.empty() || !o->v.empty()) {
@@ -170,7 +177,7 @@ void add_run(CLI::App& app) {
     auto cfgs = o->pf.expand();
     NUMATTN_CHECK(cfgs.size() == 1, "run takes one value per problem flag (use bench for lists)");
     ProblemConfig cfg = cfgs[0];
-    cfg.want_lse = method->info().caps.lse;
+    cfg.want_lse = o->want_lse(*method);
     RandomProblem prob(cfg);
     Row row = run_method_row(*method, prob, ctx, o->reps, o->check_rows);
     const std::string status = row["status"].get<std::string>();
