@@ -16,7 +16,7 @@ constexpr double kNegligibleLogitGap = 104.0;
 }  // namespace
 
 double reference_row(const AttentionProblem& p, index_t b, index_t h, index_t i, double* out_row,
-                     double* logit_magnitude) {
+                     double* logit_magnitude, const Target& target) {
   const index_t dk = p.d_qk(), dv = p.d_v(), hk = h / p.group();
   const double scale = p.effective_scale();
   const double ninf = -std::numeric_limits<double>::infinity();
@@ -24,53 +24,123 @@ double reference_row(const AttentionProblem& p, index_t b, index_t h, index_t i,
   std::fill(out_row, out_row + dv, 0.0);
   if (logit_magnitude) *logit_magnitude = 0;
   const auto nr = static_cast<std::size_t>(std::max<index_t>(r.end - r.begin, 0));
-  std::vector<double> s(nr, ninf), mag(nr, 0.0);
+  // Per visible key: the exponent (exponential targets) or the weight without its mask factor
+  // (the others), its magnitude for L, and the mask entry; hidden keys keep `visible` false.
+  std::vector<double> s(nr, 0.0), mag(nr, 0.0), add(nr, 0.0);
+  std::vector<char> visible(nr, 0);
+  const bool exponential = target.kind == TargetKind::kSoftmax || target.kind == TargetKind::kGaussian;
   const float* q = p.q.row(b, h, i);
+  std::vector<double> phi_q, phi_k;
   bool q_checked = false;
-  double m = ninf;
+  double qq = 0;
   for (index_t j = r.begin; j < r.end; ++j) {
     if (p.mask.kind == MaskKind::kBool && !p.mask.allowed[i * p.mask.ld + j]) continue;
-    double add = 0;
+    const auto at = static_cast<std::size_t>(j - r.begin);
     if (p.mask.kind == MaskKind::kAdditive) {
       const float a = p.mask.additive[i * p.mask.ld + j];
       if (!(a > -std::numeric_limits<float>::infinity())) continue;  // -inf or NaN: hidden
       if (std::isinf(a)) throw NonFiniteInput("mask", {i, j}, a);
-      add = a;
+      add[at] = a;
     }
-    if (!q_checked) check_finite_row("q", q, dk, {b, h, i}), q_checked = true;
+    if (!q_checked) {
+      check_finite_row("q", q, dk, {b, h, i});
+      q_checked = true;
+      for (index_t d = 0; d < dk; ++d) qq += static_cast<double>(q[d]) * q[d];
+      if (target.kind == TargetKind::kFeatureMap) {
+        std::vector<double> x(q, q + dk);
+        phi_q.resize(static_cast<std::size_t>(target.feature_dim(dk)));
+        phi_k.resize(phi_q.size());
+        target.feature_map(x.data(), dk, scale, phi_q.data());
+      }
+    }
     const float* k = p.k.row(b, hk, j);
     check_finite_row("k", k, dk, {b, hk, j});
-    double dot = 0, absdot = 0;
+    visible[at] = 1;
+    double dot = 0, absdot = 0, kk = 0;
     for (index_t d = 0; d < dk; ++d) {
       const double t = static_cast<double>(q[d]) * static_cast<double>(k[d]);
       dot += t;
       absdot += std::abs(t);
+      kk += static_cast<double>(k[d]) * k[d];
     }
-    const auto at = static_cast<std::size_t>(j - r.begin);
-    s[at] = scale * dot + add;
-    mag[at] = std::abs(scale) * absdot + std::abs(add);
-    m = std::max(m, s[at]);
+    switch (target.kind) {
+      case TargetKind::kSoftmax:
+        s[at] = scale * dot + add[at];
+        mag[at] = std::abs(scale) * absdot + std::abs(add[at]);
+        break;
+      case TargetKind::kGaussian:  // −s‖q−k‖²/2; normalised, the −s‖q‖²/2 cancels
+        s[at] = scale * (dot - 0.5 * kk - (target.normalised ? 0.0 : 0.5 * qq)) + add[at];
+        mag[at] = std::abs(scale) * (absdot + 0.5 * kk + (target.normalised ? 0.0 : 0.5 * qq)) +
+                  std::abs(add[at]);
+        break;
+      case TargetKind::kPolynomial:
+        s[at] = std::pow(scale * dot, target.degree);
+        mag[at] = target.degree * std::abs(scale) * absdot;  // compared with |s·q·k| below
+        break;
+      case TargetKind::kFeatureMap: {
+        std::vector<double> x(k, k + dk);
+        target.feature_map(x.data(), dk, scale, phi_k.data());
+        double w = 0, aw = 0;
+        for (std::size_t f = 0; f < phi_q.size(); ++f) {
+          w += phi_q[f] * phi_k[f];
+          aw += std::abs(phi_q[f] * phi_k[f]);
+        }
+        s[at] = w;
+        mag[at] = aw;
+        break;
+      }
+    }
   }
-  if (m == ninf) return ninf;
-  double sum = 0, L = 0;
+  if (!q_checked) return ninf;
+  double m = ninf;  // exponential targets: the largest exponent
+  if (exponential)
+    for (std::size_t at = 0; at < nr; ++at)
+      if (visible[at]) m = std::max(m, s[at]);
+  double sum = 0, L = 0, wmax = 0;
   for (index_t j = r.begin; j < r.end; ++j) {
     const auto at = static_cast<std::size_t>(j - r.begin);
-    const double x = s[at];
-    if (x == ninf) continue;
+    if (!visible[at]) continue;
     const float* v = p.v.row(b, hk, j);
     check_finite_row("v", v, dv, {b, hk, j});
-    if (x >= m - kNegligibleLogitGap) L = std::max(L, mag[at]);
-    const double w = std::exp(x - m);
+    double w;
+    if (exponential) {
+      if (s[at] >= m - kNegligibleLogitGap) L = std::max(L, mag[at]);
+      w = std::exp(s[at] - m);
+    } else {
+      w = s[at] * std::exp(add[at]);
+      NUMATTN_CHECK(std::isfinite(w), "reference: the {} weight of query row [{},{},{}] and key {} "
+                    "overflows float64", target.name(), b, h, i, j);
+      L = std::max(L, mag[at]);
+      wmax = std::max(wmax, std::abs(target.kind == TargetKind::kPolynomial
+                                         ? std::pow(std::abs(s[at]), 1.0 / std::max(1, target.degree))
+                                         : w));
+    }
     sum += w;
     for (index_t d = 0; d < dv; ++d) out_row[d] += w * static_cast<double>(v[d]);
   }
-  for (index_t d = 0; d < dv; ++d) out_row[d] /= sum;
+  // Non-exponential targets: L is the relative condition of the weights, Σ|terms| over the
+  // largest |weight| (for (s·q·k)^p: p·s·Σ|q_d k_d| over the largest |s·q·k|).
+  if (!exponential) L = wmax > 0 ? L / wmax : 0;
   if (logit_magnitude) *logit_magnitude = L;
-  return m + std::log(sum);
+  if (exponential) {
+    if (target.normalised) {
+      for (index_t d = 0; d < dv; ++d) out_row[d] /= sum;
+    } else {
+      const double f = std::exp(m);
+      for (index_t d = 0; d < dv; ++d) out_row[d] *= f;
+    }
+    return m + std::log(sum);
+  }
+  const double den = target.denominator_shift + sum;
+  if (target.normalised) {
+    for (index_t d = 0; d < dv; ++d) out_row[d] = den == 0 ? 0.0 : out_row[d] / den;
+  }
+  return den > 0 ? std::log(den) : ninf;
 }
 
 namespace {
-ReferenceRows run_rows(const AttentionProblem& p, std::vector<RowIndex> rows, const ExecContext& ctx) {
+ReferenceRows run_rows(const AttentionProblem& p, std::vector<RowIndex> rows, const ExecContext& ctx,
+                       const Target& target) {
   ReferenceRows r;
   r.rows = std::move(rows);
   const index_t dv = p.d_v();
@@ -81,28 +151,29 @@ ReferenceRows run_rows(const AttentionProblem& p, std::vector<RowIndex> rows, co
   detail::parallel_for_ordered_errors(ctx, n, [&](std::int64_t t) {
     const RowIndex& ri = r.rows[static_cast<std::size_t>(t)];
     r.lse[static_cast<std::size_t>(t)] =
-        reference_row(p, ri.b, ri.h, ri.i, r.out.data() + t * dv, &L[static_cast<std::size_t>(t)]);
+        reference_row(p, ri.b, ri.h, ri.i, r.out.data() + t * dv, &L[static_cast<std::size_t>(t)],
+                      target);
   });
   for (double x : L) r.logit_magnitude = std::max(r.logit_magnitude, x);
   return r;
 }
 }  // namespace
 
-ReferenceRows reference_all(const AttentionProblem& p, const ExecContext& ctx) {
+ReferenceRows reference_all(const AttentionProblem& p, const ExecContext& ctx, const Target& target) {
   validate(p);
   std::vector<RowIndex> rows;
   rows.reserve(static_cast<std::size_t>(p.batch() * p.heads() * p.n_q()));
   for (index_t b = 0; b < p.batch(); ++b)
     for (index_t h = 0; h < p.heads(); ++h)
       for (index_t i = 0; i < p.n_q(); ++i) rows.push_back({b, h, i});
-  return run_rows(p, std::move(rows), ctx);
+  return run_rows(p, std::move(rows), ctx, target);
 }
 
 ReferenceRows reference_sample(const AttentionProblem& p, index_t count, std::uint64_t seed,
-                               const ExecContext& ctx) {
+                               const ExecContext& ctx, const Target& target) {
   validate(p);
   const index_t total = p.batch() * p.heads() * p.n_q();
-  if (count >= total) return reference_all(p, ctx);
+  if (count >= total) return reference_all(p, ctx, target);
   // Partial Fisher–Yates driven by the counter RNG: the sample depends only on the seed.
   std::vector<index_t> idx(static_cast<std::size_t>(total));
   std::iota(idx.begin(), idx.end(), 0);
@@ -118,7 +189,7 @@ ReferenceRows reference_sample(const AttentionProblem& p, index_t count, std::ui
     index_t i = f % p.n_q(), bh = f / p.n_q();
     rows.push_back({bh / p.heads(), bh % p.heads(), i});
   }
-  return run_rows(p, std::move(rows), ctx);
+  return run_rows(p, std::move(rows), ctx, target);
 }
 
 }  // namespace numattn

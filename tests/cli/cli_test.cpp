@@ -28,13 +28,16 @@ json run_json(const std::string& args, int expect_rc = 0) {
 
 void expect_run_schema(const json& j) {
   for (const char* k : {"method", "batch", "heads", "kv_heads", "n", "n_kv", "d", "dv", "causal",
-                        "seed", "time_ms", "gflops", "rel_fro_error", "max_abs_error",
+                        "seed", "time_ms", "gflops", "target", "target_rel_fro_error", "rel_fro_error", "max_abs_error",
                         "lse_max_abs_error", "workspace_bytes"})
     EXPECT_TRUE(j.contains(k)) << "missing field " << k << " in " << j.dump();
   EXPECT_TRUE(j["time_ms"].is_number());
   EXPECT_TRUE(j["gflops"].is_number());
   EXPECT_TRUE(j["workspace_bytes"].is_number_integer());
   EXPECT_TRUE(j["method"].is_string());
+  EXPECT_TRUE(j["target"].is_string());
+  // Softmax methods: the target error is the softmax error.
+  if (j["target"] == "softmax") EXPECT_EQ(j["target_rel_fro_error"], j["rel_fro_error"]);
 }
 
 TEST(Cli, RunPrintsOneJsonObject) {

@@ -141,6 +141,15 @@ Outcome run_once(const AttentionMethod& m, RandomProblem& prob, const ReferenceR
   return o;
 }
 
+/// The float64 rows of `m`'s target on `p`: `softmax_ref` itself for softmax methods.
+const ReferenceRows& target_reference(const AttentionMethod& m, const AttentionProblem& p,
+                                      const ReferenceRows& softmax_ref, ReferenceRows& storage) {
+  const Target t = m.target();
+  if (t.is_softmax()) return softmax_ref;
+  storage = reference_all(p, ExecContext{2}, t);
+  return storage;
+}
+
 std::string where(const std::string& spec, const std::string& problem, int threads) {
   return fmt::format("{} on '{}' with {} thread(s)", spec, problem, threads);
 }
@@ -190,15 +199,18 @@ double budget_of(const MethodInfo& info, const AttentionMethod& m, const Attenti
 /// Runs `info` with `overrides` (median over seeds) on `prob` and checks it: refusal, finite,
 /// budget, the exact tolerances when `exact`, bitwise repeatability.
 void check_run(std::vector<Violation>& v, const MethodInfo& info, const MethodFactory& make,
-               const ParamOverrides& overrides, RandomProblem& prob, const ReferenceRows& ref,
+               const ParamOverrides& overrides, RandomProblem& prob, const ReferenceRows& softmax_ref,
                const std::string& name, int threads, bool exact, const char* check) {
   const AttentionProblem& p = prob.problem();
   std::vector<double> errs;
   std::unique_ptr<AttentionMethod> last;
+  double L = softmax_ref.logit_magnitude;
   for (const ParamOverrides& seed : seed_overrides(info)) {
     const std::string spec = spec_with(info, merged(overrides, seed));
     auto m = make(spec);
     const std::string at = where(spec, name, threads);
+    ReferenceRows storage;
+    const ReferenceRows& ref = target_reference(*m, p, softmax_ref, storage);
     const Outcome o = run_once(*m, prob, &ref, threads);
     if (o.refused) {
       if (o.reason.empty()) v.push_back({"refusal", at, "can_run refused without a reason"});
@@ -226,12 +238,13 @@ void check_run(std::vector<Violation>& v, const MethodInfo& info, const MethodFa
     if (m->workspace_bytes(p, ExecContext{threads}) >= (std::size_t{1} << 34))
       v.push_back({check, at, "workspace_bytes is implausible (≥ 16 GiB)"});
     last = std::move(m);
+    L = ref.logit_magnitude;
   }
-  const double err = median(errs), budget = budget_of(info, *last, p, ref.logit_magnitude);
+  const double err = median(errs), budget = budget_of(info, *last, p, L);
   if (!(err <= budget))
     v.push_back({"budget", where(spec_with(info, overrides), name, threads),
-                 fmt::format("rel_fro_error {}{:.3g} > declared budget {:.3g} (L = {:.3g})",
-                             errs.size() > 1 ? "median " : "", err, budget, ref.logit_magnitude)});
+                 fmt::format("rel_fro_error {}{:.3g} > declared budget {:.3g} (L = {:.3g}, target {})",
+                             errs.size() > 1 ? "median " : "", err, budget, L, last->target().name())});
 }
 
 }  // namespace
@@ -341,11 +354,14 @@ std::vector<Violation> check_limit_case(const MethodInfo& info, const MethodFact
     for (int t : threads)
       for (const ParamOverrides& seed : seed_overrides(info, 2)) {
         const std::string spec = spec_with(info, merged(limit, seed));
-        const Outcome o = run_once(*make(spec), prob, &ref, t);
+        auto m = make(spec);
+        ReferenceRows storage;
+        const ReferenceRows& tref = target_reference(*m, prob.problem(), ref, storage);
+        const Outcome o = run_once(*m, prob, &tref, t);
         const std::string at = where(spec, cases[c].name, t);
         if (o.refused) break;  // capabilities are check_budget's business
         if (o.threw) v.push_back({"limit", at, "threw: " + o.error});
-        else check_exact(v, "limit", at, o.e, !prob.problem().lse.empty(), ref.logit_magnitude);
+        else check_exact(v, "limit", at, o.e, !prob.problem().lse.empty(), tref.logit_magnitude);
       }
   }
   return v;
@@ -377,7 +393,9 @@ std::vector<Violation> check_convergence(const MethodInfo& info, const MethodFac
     v.insert(v.end(), run_v.begin(), run_v.end());
     std::vector<double> e;
     for (const ParamOverrides& seed : seed_overrides(info)) {
-      const Outcome o = run_once(*make(spec_with(info, merged(ov, seed))), prob, &ref, 1);
+      auto m = make(spec_with(info, merged(ov, seed)));
+      ReferenceRows storage;
+      const Outcome o = run_once(*m, prob, &target_reference(*m, prob.problem(), ref, storage), 1);
       e.push_back(o.refused || o.threw ? std::numeric_limits<double>::infinity() : o.e.rel_fro_error);
     }
     err.push_back(median(e));
@@ -435,7 +453,9 @@ void expect_answer(std::vector<Violation>& v, const MethodInfo& info, const Meth
   for (int t : threads) {
     const std::string spec = spec_with(info, seed_overrides(info, 1)[0]);
     auto m = make(spec);
-    const Outcome o = run_once(*m, prob, &ref, t);
+    ReferenceRows storage;
+    const ReferenceRows& tref = target_reference(*m, prob.problem(), ref, storage);
+    const Outcome o = run_once(*m, prob, &tref, t);
     const std::string at = where(spec, name, t);
     if (o.refused) return;
     if (o.threw) {

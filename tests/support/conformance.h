@@ -4,6 +4,10 @@
 // tests/attention/conformance_harness_test.cpp runs it on deliberately broken methods and
 // checks that it fails them.
 //
+// Every error is measured against the method's own target (target.h) in float64: softmax
+// attention for most, the Gaussian or polynomial kernel or a feature map for the methods that
+// replace softmax.
+//
 // Every check returns the promises the method broke (empty: it keeps them), so a test can
 // assert either way.
 #pragma once

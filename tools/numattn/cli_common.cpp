@@ -172,24 +172,32 @@ Row run_method_row(const AttentionMethod& method, RandomProblem& prob, const Exe
   row["time_ms"] = ms;
   row["gflops"] = attention_flops(p) / (ms * 1e-3) * 1e-9;
   const std::string status =
-      add_error_columns(row, p, rows_to_check(p, check_rows), c.seed ^ 0x9e3779b97f4a7c15ull, ctx);
+      add_error_columns(row, p, method.target(), rows_to_check(p, check_rows),
+                        c.seed ^ 0x9e3779b97f4a7c15ull, ctx);
   row["workspace_bytes"] = method.workspace_bytes(p, ctx);
   row["status"] = status;
   return row;
 }
 
-std::string add_error_columns(Row& row, const AttentionProblem& p, index_t k, std::uint64_t seed,
-                              const ExecContext& ctx) {
-  for (const char* c : {"rel_fro_error", "max_abs_error", "lse_max_abs_error", "nmse"}) row[c] = nullptr;
+std::string add_error_columns(Row& row, const AttentionProblem& p, const Target& target, index_t k,
+                              std::uint64_t seed, const ExecContext& ctx) {
+  row["target"] = target.name();
+  for (const char* c : {"target_rel_fro_error", "rel_fro_error", "max_abs_error", "lse_max_abs_error", "nmse"})
+    row[c] = nullptr;
   row["rows_checked"] = k;
   if (k <= 0) return "ok";
   const ErrorMetrics m = compare_with_reference(p, reference_sample(p, k, seed, ctx));
+  const double target_error =
+      target.is_softmax() ? m.rel_fro_error
+                          : compare_with_reference(p, reference_sample(p, k, seed, ctx, target)).rel_fro_error;
+  row["target_rel_fro_error"] = target_error;
   row["rel_fro_error"] = m.rel_fro_error;
   row["max_abs_error"] = m.max_abs_error;
   row["lse_max_abs_error"] = m.lse_max_abs_error;  // NaN (null) when the method gives no LSE
   row["nmse"] = m.nmse;
   std::string why;
-  if (!std::isfinite(m.rel_fro_error) || !std::isfinite(m.max_abs_error) || !std::isfinite(m.nmse))
+  if (!std::isfinite(m.rel_fro_error) || !std::isfinite(m.max_abs_error) || !std::isfinite(m.nmse) ||
+      !std::isfinite(target_error))
     why = "rel_fro_error, max_abs_error and nmse are not finite: the output has NaN or Inf";
   if (!p.lse.empty() && !std::isfinite(m.lse_max_abs_error))
     why += std::string(why.empty() ? "" : "; ") +

@@ -34,12 +34,13 @@ double time_median_ms(int reps, const std::function<void()>& fn);
 /// else a seeded sample of 1024).
 index_t rows_to_check(const AttentionProblem& p, long long requested);
 
-/// Compares `k` seeded rows of `p.out` / `p.lse` with the float64 reference and fills the error
-/// columns (`rel_fro_error, max_abs_error, lse_max_abs_error, nmse`; null when `k` is 0) and
-/// `rows_checked`. Returns the row's status: "ok", or "failed: ..." naming the columns that are
-/// not finite numbers (written as null) and why.
-std::string add_error_columns(Row& row, const AttentionProblem& p, index_t k, std::uint64_t seed,
-                              const ExecContext& ctx);
+/// Compares `k` seeded rows of `p.out` / `p.lse` with the float64 reference and fills `target`
+/// (the method's target.h name) and the error columns (`target_rel_fro_error` against that
+/// target, `rel_fro_error, max_abs_error, lse_max_abs_error, nmse` against softmax; null when
+/// `k` is 0) and `rows_checked`. Returns the row's status: "ok", or "failed: ..." naming the
+/// columns that are not finite numbers (written as null) and why.
+std::string add_error_columns(Row& row, const AttentionProblem& p, const Target& target, index_t k,
+                              std::uint64_t seed, const ExecContext& ctx);
 
 /// Runs `method` on the problem `cfg` (timed, then checked) and returns the result row; its
 /// status is "ok", "skipped: <can_run's reason>" or "failed: <what run threw or the check found>".

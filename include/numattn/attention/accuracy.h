@@ -41,7 +41,8 @@ struct BudgetInput {
   double logit_magnitude;           ///< L of the checked rows
 };
 
-/// A method's promise about its error against softmax attention (the float64 reference).
+/// A method's promise about its error against its target (`AttentionMethod::target()`, softmax
+/// attention unless the method replaces it), computed exactly by the float64 reference.
 ///
 /// The conformance harness checks, for every parameter set it runs (defaults, `samples`, each
 /// parameter's range ends), every problem of its matrix and 1, 2 and 3 threads:

@@ -15,6 +15,7 @@
 
 #include "numattn/attention/accuracy.h"
 #include "numattn/attention/problem.h"
+#include "numattn/attention/target.h"
 #include "numattn/core/error.h"
 #include "numattn/core/exec.h"
 
@@ -98,6 +99,9 @@ class AttentionMethod {
   /// Whether this method can run `p`, and why not. The default checks the declared
   /// capabilities; methods add their own limits. Never throws for a valid problem.
   virtual Status can_run(const AttentionProblem& p) const;
+  /// The mechanism this method computes or approximates (target.h), at its parameters. Softmax
+  /// unless the method replaces it; `AccuracyContract` promises are about this target.
+  virtual Target target() const { return Target::softmax(); }
   /// Peak scratch memory `forward` allocates for `p` on `ctx` (bytes), beyond inputs/outputs.
   virtual std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
     return 0;

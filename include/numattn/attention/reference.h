@@ -1,5 +1,6 @@
 /// @file reference.h
-/// The float64 oracle: softmax attention computed row by row in double precision.
+/// The float64 oracle: softmax attention (or any other target, target.h) computed row by row in
+/// double precision.
 ///
 /// Inputs are the float32 problem tensors, promoted exactly to double; logits, the running
 /// maximum, the normaliser and the output accumulate in double. Per row it costs
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "numattn/attention/problem.h"
+#include "numattn/attention/target.h"
 #include "numattn/core/exec.h"
 
 namespace numattn {
@@ -26,8 +28,15 @@ namespace numattn {
 /// It bounds the magnitude of every partial sum of a logit, so γ_D·L bounds a float32 logit's
 /// rounding error even when terms cancel (|s| alone would not); with a mask of -1e9 for
 /// "hidden" it stays the size of the logits that matter.
+///
+/// `target` (target.h) other than softmax: the row of that mechanism; the return value is then
+/// the log of the row's denominator (−inf when it is ≤ 0). L is, for the Gaussian kernel, the
+/// same bound on its exponent s·(q·k − ‖k‖²/2) (+ s‖q‖²/2 unnormalised); for polynomial and
+/// feature-map targets the relative condition of the weights: Σ_f|terms| (times p for
+/// (s·q·k)^p, over |s·q·k|) at its largest, over the largest |weight|. A weight that overflows
+/// float64 (a polynomial of huge inputs) raises `Error`.
 double reference_row(const AttentionProblem& p, index_t b, index_t h, index_t i, double* out_row,
-                     double* logit_magnitude = nullptr);
+                     double* logit_magnitude = nullptr, const Target& target = Target::softmax());
 
 /// One query row, identified by its indices.
 struct RowIndex {
@@ -45,9 +54,10 @@ struct ReferenceRows {
 /// Both throw what `reference_row` throws, for the first offending row in (b, h, i) order
 /// (whatever the thread count).
 /// All rows in (b, h, i) order: `out` is the dense `[B, Hq, Nq, Dv]` result.
-ReferenceRows reference_all(const AttentionProblem& p, const ExecContext& ctx);
+ReferenceRows reference_all(const AttentionProblem& p, const ExecContext& ctx,
+                            const Target& target = Target::softmax());
 /// `count` distinct rows drawn with the seeded RNG (all rows when `count` ≥ their number).
 ReferenceRows reference_sample(const AttentionProblem& p, index_t count, std::uint64_t seed,
-                               const ExecContext& ctx);
+                               const ExecContext& ctx, const Target& target = Target::softmax());
 
 }  // namespace numattn
