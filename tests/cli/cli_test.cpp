@@ -78,7 +78,8 @@ TEST(Cli, MethodsListsTheRegistry) {
   ASSERT_TRUE(j.is_array());
   bool flash = false;
   for (auto& r : j) {
-    EXPECT_TRUE(r.contains("spec") && r.contains("family") && r.contains("capabilities"));
+    EXPECT_TRUE(r.contains("name") && r.contains("spec") && r.contains("family") && r.contains("capabilities") &&
+                r.contains("target"));
     flash |= r["spec"].get<std::string>().rfind("exact.flash", 0) == 0;
   }
   EXPECT_TRUE(flash);

@@ -34,8 +34,11 @@ void add_methods(CLI::App& app) {
     std::vector<Row> rows;
     for (const MethodInfo* m : list_methods()) {
       Row r;
-      r["spec"] = create_method(m->name)->spec();
+      const auto method = create_method(m->name);
+      r["name"] = m->name;
+      r["spec"] = method->spec();
       r["family"] = m->family;
+      r["target"] = method->target().name();
       std::string params;
       for (const ParamSpec& p : m->params)
         params += (params.empty() ? "" : "; ") + p.name + "=" + p.default_value + ": " + p.doc;

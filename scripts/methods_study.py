@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Measures every approximate method the way docs/methods.md reports it, and prints Markdown.
+
+    scripts/methods_study.py [--numattn build/bin/numattn] [--quick] [--only speed,sweep,...]
+
+Sections (all ratios come from one run of `numattn bench`, which times exact.flash on the same
+problem in the same process; absolute times on a shared machine are not evidence):
+  speed     N = 16384, D = 64, H = 8, 2 threads: speed-up over exact.flash, non-causal and causal
+  crossover the smallest N (D = 64, H = 8) at which each method is faster than exact.flash
+  sweep     error against budget on Gaussian, spiky and real (captured) Q/K/V, three budgets each,
+            and for the low-rank methods the ratio to lowrank.svd at equal rank
+  ppl       the default model with each causal method in every layer: PPL, KL and top-1 against
+            exact.flash at ctx 512
+  ortho     Performer: orthogonal against i.i.d. features at equal M over 20 seeds
+Only the standard library is used, so any python3 runs it.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+# (spec name, budget parameter, three budgets, rank-like: compared with lowrank.svd(rank=value))
+SWEEPS = [
+    ("lowrank.svd", "rank", ["16", "64", "256"], False),
+    ("lowrank.linformer", "k", ["16", "64", "256"], True),
+    ("lowrank.nystrom", "landmarks", ["16", "64", "256"], True),
+    ("lowrank.skyformer", "landmarks", ["16", "64", "256"], True),
+    ("lowrank.wildcat", "rank", ["16", "64", "256"], True),
+    ("lowrank.loki", "topk_frac", ["0.125", "0.25", "0.5"], False),
+    ("kernel.performer", "features", ["64", "256", "1024"], False),
+    ("kernel.linear", None, [], False),
+    ("kernel.polysketch", "sketch", ["16", "32", "64"], False),
+    ("kernel.tensorsketch", "sketch", ["64", "256", "1024"], False),
+    ("kernel.levattention", "keys", ["16", "64", "256"], False),
+]
+SPEED = ["kernel.performer(features=256)", "lowrank.nystrom(landmarks=64)",
+         "lowrank.linformer(k=256)", "lowrank.skyformer(landmarks=128)", "lowrank.wildcat(rank=64)",
+         "lowrank.loki", "kernel.linear", "kernel.polysketch", "kernel.tensorsketch",
+         "kernel.levattention"]
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Tool:
+    def __init__(self, path, threads):
+        self.path, self.threads = path, threads
+
+    def json(self, *args, check=True):
+        cmd = [self.path, *args, "--format", "json"]
+        log("$ " + " ".join(cmd))
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            if check:
+                raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+            return None
+        out = json.loads(r.stdout)
+        return out
+
+    def bench(self, *args):
+        rows = self.json("bench", "--threads", str(self.threads), *args)
+        return rows if isinstance(rows, list) else [rows]
+
+    def methods(self):
+        return {m["name"]: m for m in self.json("methods")}
+
+
+def fmt(x, f="{:.3g}"):
+    return "–" if x is None else f.format(x)
+
+
+def speed(tool, quick, methods):
+    n = "4096" if quick else "16384"
+    print(f"## Speed against exact.flash (same run): N = {n}, D = 64, H = 8, 2 threads\n")
+    print("| method | causal | time ms | exact.flash ms | speed-up | target | target error | softmax error |")
+    print("|---|---|---|---|---|---|---|---|")
+    for causal in ["none", "bottom-right"]:
+        for spec in SPEED:
+            if spec.split("(")[0] not in methods:
+                continue
+            for r in tool.bench("--method", spec, "--n", n, "--d", "64", "--heads", "8",
+                                "--causal", causal, "--reps", "3", "--check-rows", "64"):
+                if not r.get("status", "").startswith("ok"):
+                    print(f"| {spec} | {causal} | {r.get('status')} | | | | | |")
+                    continue
+                print(f"| {r['method']} | {causal} | {fmt(r['time_ms'], '{:.1f}')} | "
+                      f"{fmt(r.get('exact_time_ms'), '{:.1f}')} | {fmt(r.get('speedup_vs_exact'), '{:.1f}×')} | "
+                      f"{r.get('target')} | {fmt(r.get('target_rel_fro_error'))} | {fmt(r.get('rel_fro_error'))} |")
+    print()
+
+
+def crossover(tool, quick, methods):
+    ns = ["256", "512", "1024", "2048", "4096"] + ([] if quick else ["8192", "16384"])
+    print("## Crossover: the smallest N at which a method beats exact.flash (D = 64, H = 8, non-causal)\n")
+    print("| method | " + " | ".join(f"N={n}" for n in ns) + " | crossover N |")
+    print("|---|" + "---|" * (len(ns) + 1))
+    for spec in SPEED:
+        if spec.split("(")[0] not in methods:
+            continue
+        rows = tool.bench("--method", spec, "--n", ",".join(ns), "--d", "64", "--heads", "8",
+                          "--reps", "3", "--check-rows", "0")
+        su = {str(r["n"]): r.get("speedup_vs_exact") for r in rows}
+        cross = next((n for n in ns if (su.get(n) or 0) > 1), None)
+        print(f"| {spec} | " + " | ".join(fmt(su.get(n), "{:.2f}×") for n in ns) +
+              f" | {cross if cross else '> ' + ns[-1]} |")
+    print()
+
+
+def sweep_rows(tool, name, param, values, problem):
+    if param is None:
+        return {None: tool.bench("--method", name, *problem, "--reps", "1")[0]}
+    rows = tool.bench("--method", name, "--sweep", f"{param}={','.join(values)}", *problem, "--reps", "1")
+    return dict(zip(values, rows))
+
+
+def sweep(tool, quick, methods, capture_dir):
+    problems = [("gaussian", ["--n", "1024" if quick else "2048", "--d", "64", "--heads", "4", "--dist", "gaussian"]),
+                ("spiky", ["--n", "1024" if quick else "2048", "--d", "64", "--heads", "4", "--dist", "spiky"])]
+    for layer in ([0] if quick else [0, 15, 29]):
+        problems.append((f"real, layer {layer}", ["--qkv", capture_dir, "--layer", str(layer)]))
+    print("## Error against budget (non-causal; target error / softmax error; ratio to lowrank.svd at equal rank)\n")
+    for label, problem in problems:
+        print(f"### {label}\n")
+        print("| method | budget | target | target error | softmax error | ÷ svd error | time ms | speed-up |")
+        print("|---|---|---|---|---|---|---|---|")
+        svd = {}
+        for name, param, values, ranklike in SWEEPS:
+            if name not in methods:
+                continue
+            rows = sweep_rows(tool, name, param, values, problem)
+            if name == "lowrank.svd":
+                svd = {v: r.get("rel_fro_error") for v, r in rows.items()}
+            for v, r in rows.items():
+                ratio = None
+                if ranklike and svd.get(v) and r.get("rel_fro_error") is not None:
+                    ratio = r["rel_fro_error"] / svd[v]
+                if not str(r.get("status", "")).startswith("ok"):
+                    print(f"| {name} | {param}={v} | {r.get('status')} | | | | | |")
+                    continue
+                print(f"| {name} | {'' if param is None else f'{param}={v}'} | {r.get('target')} | "
+                      f"{fmt(r.get('target_rel_fro_error'))} | {fmt(r.get('rel_fro_error'))} | "
+                      f"{fmt(ratio, '{:.2f}')} | {fmt(r.get('time_ms'), '{:.1f}')} | "
+                      f"{fmt(r.get('speedup_vs_exact'), '{:.1f}×')} |")
+        print()
+
+
+def ppl(tool, quick, methods):
+    chunks = "4" if quick else "20"
+    print(f"## In the model: every layer's attention replaced, ctx 512, {chunks} chunks, against exact.flash\n")
+    print("| attention | PPL | KL vs exact | top-1 agreement |")
+    print("|---|---|---|---|")
+    for name, info in methods.items():
+        if "causal" not in info["capabilities"].split() or info["family"] == "exact":
+            continue
+        d = tool.json("ppl", "--model", "default", "--text", "default", "--ctx", "512", "--chunks",
+                      chunks, "--attn", name, "--baseline", "exact.flash", "--no-progress",
+                      "--threads", str(tool.threads), check=False)
+        if d is None:
+            print(f"| {name} | failed | | |")
+            continue
+        print(f"| {d['attn']} | {d['ppl']:.3f} ± {d['ppl_stderr']:.3f} | {fmt(d.get('kld_mean'))} | "
+              f"{fmt(d.get('top1_agreement'), '{:.4f}')} |")
+    print()
+
+
+def ortho(tool, quick, methods):
+    if "kernel.performer" not in methods:
+        return
+    seeds = 20
+    print(f"## Performer: orthogonal against i.i.d. features (M = 64 and 256, {seeds} seeds, N = 1024, D = 64)\n")
+    print("| features | orthogonal: mean error | i.i.d.: mean error | ratio |")
+    print("|---|---|---|---|")
+    for m in ["64", "256"]:
+        mean = {}
+        for o in ["true", "false"]:
+            errs = []
+            rows = tool.bench("--method", f"kernel.performer(features={m},orthogonal={o})", "--sweep",
+                              "seed=" + ",".join(str(s) for s in range(1, seeds + 1)), "--n", "1024",
+                              "--d", "64", "--heads", "4", "--reps", "1", "--check-rows", "512")
+            errs = [r["rel_fro_error"] for r in rows if r.get("rel_fro_error") is not None]
+            mean[o] = statistics.mean(errs)
+        print(f"| {m} | {mean['true']:.4g} | {mean['false']:.4g} | {mean['true'] / mean['false']:.3f} |")
+    print()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--numattn", default="build/bin/numattn")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, one layer, fewer chunks")
+    ap.add_argument("--only", default="speed,crossover,sweep,ppl,ortho")
+    ap.add_argument("--capture", default="", help="existing capture directory (default: capture now)")
+    a = ap.parse_args()
+    tool = Tool(a.numattn, a.threads)
+    methods = tool.methods()
+    only = set(a.only.split(","))
+    if "speed" in only:
+        speed(tool, a.quick, methods)
+    if "crossover" in only:
+        crossover(tool, a.quick, methods)
+    if "sweep" in only:
+        cap = a.capture
+        if not cap:
+            cap = tempfile.mkdtemp(prefix="numattn_capture_")
+            subprocess.run([a.numattn, "capture", "--model", "default", "--text", "default", "--tokens",
+                            "1024" if a.quick else "2048", "--layers", "0" if a.quick else "0,15,29",
+                            "--out", cap], check=True, stdout=sys.stderr)
+        sweep(tool, a.quick, methods, cap)
+    if "ppl" in only:
+        ppl(tool, a.quick, methods)
+    if "ortho" in only:
+        ortho(tool, a.quick, methods)
+
+
+if __name__ == "__main__":
+    main()
