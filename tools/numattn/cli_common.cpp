@@ -263,9 +263,10 @@ void check_model_attention(const std::string& option, const std::string& specs, 
   for (std::size_t l = 0; l < methods.size(); ++l) {
     const Status st = methods[l]->can_run(p);
     if (st.is_ok()) continue;
-    const std::string layer = methods.size() == 1
-                                  ? fmt::format("the model's layers (all {})", n_layer)
-                                  : fmt::format("layer {} of the model", l);
+    const std::string layer =
+        split_spec_list(specs).size() == 1
+            ? fmt::format("any layer of the model (the spec applies to all {} layers)", n_layer)
+            : fmt::format("layer {} of the model", l);
     throw OptionError(
         option, fmt::format("{} cannot run {}: {} (the {} attention problem: causal bottom-right, "
                             "{} query heads over {} KV heads, head dim {}, {} queries over {} keys)",
