@@ -14,6 +14,7 @@
 
 #include "numattn/attention/registry.h"
 #include "numattn/core/npy.h"
+#include "numattn/model/data.h"
 #include "support/test_util.h"
 #include "support/tiny_llama.h"
 
@@ -311,6 +312,36 @@ TEST(CaptureCli, PplAndGenerateRefuseAMethodThatCannotRunTheModel) {
                {"error: --baseline: ", spec});
   expect_error("generate --model " + model + " --prompt 'it is' --max-tokens 3 --attn " + spec,
                {"error: --attn: ", spec});
+}
+
+TEST(CaptureCli, DefaultModelShapesAndRun) {
+  try {
+    default_model_path();
+  } catch (const Error&) {
+    GTEST_SKIP() << "default model not cached";
+  }
+  // SmolLM2-135M: 30 layers, 9 query heads over 3 KV heads, head dim 64. A short text of our
+  // own keeps the test fast (the default text takes seconds to tokenize).
+  test::ScratchDir dir;
+  const std::string text = dir.file("t.txt");
+  std::ofstream(text) << some_text(400);
+  const std::string out = dir.file("cap");
+  const Result r = cli("capture --model default --text " + text + " --tokens 32 --layers 0,29 "
+                       "--no-progress --threads 2 --out " + out);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const json m = json::parse(std::ifstream(out + "/manifest.json"));
+  EXPECT_EQ(m["n_layer"], 30);
+  EXPECT_EQ(m["heads"], 9);
+  EXPECT_EQ(m["kv_heads"], 3);
+  EXPECT_EQ(m["head_dim"], 64);
+  EXPECT_EQ(m["rope_theta"], 100000.0);
+  EXPECT_EQ(npy::read(out + "/layer29_q.npy").shape, (std::vector<std::int64_t>{9, 32, 64}));
+  EXPECT_EQ(npy::read(out + "/layer29_v.npy").shape, (std::vector<std::int64_t>{3, 32, 64}));
+  expect_error("capture --model default --text " + text + " --layers 30 --out " + out,
+               {"error: --layers: ", "layer 30", "n_layer = 30"});
+  const Result run = cli("run --qkv " + out + " --layer 29 --causal bottom-right --format json");
+  ASSERT_EQ(run.rc, 0) << run.out;
+  EXPECT_LT(json::parse(run.out.substr(run.out.find('{')))["rel_fro_error"].get<double>(), 1e-5);
 }
 
 }  // namespace
