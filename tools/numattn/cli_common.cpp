@@ -7,6 +7,7 @@
 #include "numattn/analysis/metrics.h"
 #include "numattn/attention/reference.h"
 #include "numattn/core/blas.h"
+#include "numattn/model/llama.h"
 
 namespace numattn::cli {
 
@@ -35,26 +36,47 @@ void add_common(CLI::App& app, int* threads, std::string* format) {
 
 void ProblemFlags::add_to(CLI::App& app, bool lists) {
   const std::string l = lists ? " (comma-separated list)" : "";
-  app.add_option("--batch", batch, "batch size B" + l)->capture_default_str();
-  app.add_option("--heads", heads, "query heads Hq" + l)->capture_default_str();
-  app.add_option("--kv-heads", kv_heads, "key/value heads Hkv (0 = Hq)" + l)->capture_default_str();
-  app.add_option("--n", n, "query tokens Nq" + l)->capture_default_str();
-  app.add_option("--n-kv", n_kv, "key tokens Nk (0 = Nq)" + l)->capture_default_str();
-  app.add_option("--d", d, "head dimension Dk" + l)->capture_default_str();
-  app.add_option("--dv", dv, "value dimension Dv (0 = Dk)" + l)->capture_default_str();
-  app.add_option("--causal", causal, "none | top-left | bottom-right" + l)->capture_default_str();
-  app.add_option("--scale", scale, "softmax scale (default 1/sqrt(Dk))" + l);
-  app.add_option("--seed", seed, "RNG seed of the inputs" + l)->capture_default_str();
-  app.add_option("--dist", dist, "input distribution: gaussian | spiky | uniform" + l)
-      ->capture_default_str();
-  app.add_option("--logit-scale", logit_scale, "multiply q (so the logits) by X" + l)
-      ->capture_default_str();
-  app.add_option("--layout", layout, "memory layout of q/k/v/out: bhnd | bnhd" + l)
-      ->capture_default_str();
-  app.add_option("--window-left", window_left, "sliding window, keys left of the diagonal (-1 = all)" + l)
-      ->capture_default_str();
-  app.add_option("--window-right", window_right, "sliding window, keys right of the diagonal (-1 = all)" + l)
-      ->capture_default_str();
+  options_.push_back(app.add_option("--batch", batch, "batch size B" + l)->capture_default_str());
+  options_.push_back(app.add_option("--heads", heads, "query heads Hq" + l)->capture_default_str());
+  options_.push_back(app.add_option("--kv-heads", kv_heads, "key/value heads Hkv (0 = Hq)" + l)->capture_default_str());
+  options_.push_back(app.add_option("--n", n, "query tokens Nq" + l)->capture_default_str());
+  options_.push_back(app.add_option("--n-kv", n_kv, "key tokens Nk (0 = Nq)" + l)->capture_default_str());
+  options_.push_back(app.add_option("--d", d, "head dimension Dk" + l)->capture_default_str());
+  options_.push_back(app.add_option("--dv", dv, "value dimension Dv (0 = Dk)" + l)->capture_default_str());
+  options_.push_back(app.add_option("--causal", causal, "none | top-left | bottom-right" + l)->capture_default_str());
+  options_.push_back(app.add_option("--scale", scale, "softmax scale (default 1/sqrt(Dk))" + l));
+  options_.push_back(app.add_option("--seed", seed, "RNG seed of the inputs" + l)->capture_default_str());
+  options_.push_back(app.add_option("--dist", dist, "input distribution: gaussian | spiky | uniform" + l)
+      ->capture_default_str());
+  options_.push_back(app.add_option("--logit-scale", logit_scale, "multiply q (so the logits) by X" + l)
+      ->capture_default_str());
+  options_.push_back(app.add_option("--layout", layout, "memory layout of q/k/v/out: bhnd | bnhd" + l)
+      ->capture_default_str());
+  options_.push_back(app.add_option("--window-left", window_left, "sliding window, keys left of the diagonal (-1 = all)" + l)
+      ->capture_default_str());
+  options_.push_back(app.add_option("--window-right", window_right, "sliding window, keys right of the diagonal (-1 = all)" + l)
+      ->capture_default_str());
+}
+
+std::vector<std::string> ProblemFlags::given(const std::vector<std::string>& flags) const {
+  std::vector<std::string> out;
+  for (const std::string& f : flags)
+    for (const CLI::Option* opt : options_)
+      if (opt->check_lname(f.substr(2)) && opt->count() > 0) out.push_back(f);
+  return out;
+}
+
+const std::vector<std::string>& ProblemFlags::input_flags() {
+  static const std::vector<std::string> f{"--batch", "--heads", "--kv-heads", "--n", "--n-kv",
+                                          "--d",     "--dv",    "--seed",     "--dist"};
+  return f;
+}
+
+void refuse_flags(const ProblemFlags& pf, const std::vector<std::string>& flags, const std::string& with,
+                  const std::string& why) {
+  const auto g = pf.given(flags);
+  if (!g.empty())
+    throw OptionError(g[0].substr(2), fmt::format("cannot be combined with {}: {}", with, why));
 }
 
 namespace {
@@ -140,22 +162,28 @@ index_t rows_to_check(const AttentionProblem& p, long long requested) {
   return std::min<index_t>(requested, total);
 }
 
-Row run_method_row(const AttentionMethod& method, RandomProblem& prob, const ExecContext& ctx,
-                   int reps, long long check_rows) {
-  const AttentionProblem& p = prob.problem();
-  const ProblemConfig& c = prob.config();
+Row problem_row(const AttentionMethod& method, const AttentionProblem& p, const ExecContext& ctx,
+                const Row& seed, const std::string& source) {
   Row row;
   row["method"] = method.spec();
-  row["batch"] = c.batch;
-  row["heads"] = c.heads;
-  row["kv_heads"] = c.eff_kv_heads();
-  row["n"] = c.n;
-  row["n_kv"] = c.eff_n_kv();
-  row["d"] = c.d;
-  row["dv"] = c.eff_dv();
-  row["causal"] = to_string(c.causal);
-  row["seed"] = c.seed;
+  row["batch"] = p.batch();
+  row["heads"] = p.heads();
+  row["kv_heads"] = p.kv_heads();
+  row["n"] = p.n_q();
+  row["n_kv"] = p.n_kv();
+  row["d"] = p.d_qk();
+  row["dv"] = p.d_v();
+  row["causal"] = to_string(p.causal);
+  row["seed"] = seed;
+  row["source"] = source;
   row["threads"] = ctx.num_threads();
+  return row;
+}
+
+std::string random_source(const ProblemConfig& c) { return std::string("random ") + to_string(c.dist); }
+
+Row run_method_row(const AttentionMethod& method, const AttentionProblem& p, Row row,
+                   const ExecContext& ctx, int reps, long long check_rows, std::uint64_t check_seed) {
   Status st = method.can_run(p);
   if (!st.is_ok()) {
     row["status"] = "skipped: " + st.reason();
@@ -172,11 +200,18 @@ Row run_method_row(const AttentionMethod& method, RandomProblem& prob, const Exe
   row["time_ms"] = ms;
   row["gflops"] = attention_flops(p) / (ms * 1e-3) * 1e-9;
   const std::string status =
-      add_error_columns(row, p, method.target(), rows_to_check(p, check_rows),
-                        c.seed ^ 0x9e3779b97f4a7c15ull, ctx);
+      add_error_columns(row, p, method.target(), rows_to_check(p, check_rows), check_seed, ctx);
   row["workspace_bytes"] = method.workspace_bytes(p, ctx);
   row["status"] = status;
   return row;
+}
+
+Row run_method_row(const AttentionMethod& method, RandomProblem& prob, const ExecContext& ctx,
+                   int reps, long long check_rows) {
+  const ProblemConfig& c = prob.config();
+  return run_method_row(method, prob.problem(),
+                        problem_row(method, prob.problem(), ctx, c.seed, random_source(c)), ctx,
+                        reps, check_rows, c.seed ^ 0x9e3779b97f4a7c15ull);
 }
 
 std::string add_error_columns(Row& row, const AttentionProblem& p, const Target& target, index_t k,
@@ -203,6 +238,41 @@ std::string add_error_columns(Row& row, const AttentionProblem& p, const Target&
     why += std::string(why.empty() ? "" : "; ") +
            "lse_max_abs_error is not finite: an LSE is NaN, or ±inf where the reference's is not";
   return why.empty() ? "ok" : "failed: " + why;
+}
+
+void check_model_attention(const std::string& option, const std::string& specs, std::int64_t n_layer,
+                           index_t heads, index_t kv_heads, index_t head_dim, index_t n_q,
+                           index_t n_kv, const std::string& what) {
+  AttentionMethods methods;
+  try {
+    methods = make_attention_methods(specs, n_layer);
+  } catch (const OptionError&) {
+    throw;
+  } catch (const Error& e) {
+    throw OptionError(option, e.what());
+  }
+  std::vector<float> q(static_cast<std::size_t>(heads * n_q * head_dim)),
+      kv(static_cast<std::size_t>(kv_heads * n_kv * head_dim)),
+      out(static_cast<std::size_t>(heads * n_q * head_dim));
+  AttentionProblem p;
+  p.q = TensorView<const float>::contiguous(q.data(), {1, heads, n_q, head_dim});
+  p.k = TensorView<const float>::contiguous(kv.data(), {1, kv_heads, n_kv, head_dim});
+  p.v = p.k;
+  p.out = TensorView<float>::contiguous(out.data(), {1, heads, n_q, head_dim});
+  p.causal = Causal::kBottomRight;  // as the forward pass (model/llama.h)
+  for (std::size_t l = 0; l < methods.size(); ++l) {
+    const Status st = methods[l]->can_run(p);
+    if (st.is_ok()) continue;
+    const std::string layer =
+        split_spec_list(specs).size() == 1
+            ? fmt::format("any layer of the model (the spec applies to all {} layers)", n_layer)
+            : fmt::format("layer {} of the model", l);
+    throw OptionError(
+        option, fmt::format("{} cannot run {}: {} (the {} attention problem: causal bottom-right, "
+                            "{} query heads over {} KV heads, head dim {}, {} queries over {} keys)",
+                            methods[l]->spec(), layer, st.reason(), what, heads, kv_heads,
+                            head_dim, n_q, n_kv));
+  }
 }
 
 }  // namespace numattn::cli

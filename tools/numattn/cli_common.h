@@ -22,7 +22,19 @@ struct ProblemFlags {
   void add_to(CLI::App& app, bool lists);
   /// The product of all lists, as configs.
   std::vector<ProblemConfig> expand() const;
+  /// Those of `flags` (e.g. "--n") that the user gave on the command line (after add_to).
+  std::vector<std::string> given(const std::vector<std::string>& flags) const;
+  /// Flags that describe random inputs (shapes, seed, distribution): refused with input files.
+  static const std::vector<std::string>& input_flags();
+
+ private:
+  std::vector<CLI::Option*> options_;
 };
+
+/// Throws OptionError for the first of `flags` given on the command line, saying it conflicts
+/// with `with` (e.g. "--qkv"): "--n cannot be combined with --qkv: the inputs fix it".
+void refuse_flags(const ProblemFlags& pf, const std::vector<std::string>& flags, const std::string& with,
+                  const std::string& why);
 
 /// Median of `v` (mean of the two middle values for an even count); `v` must not be empty.
 double median(std::vector<double> v);
@@ -42,10 +54,32 @@ index_t rows_to_check(const AttentionProblem& p, long long requested);
 std::string add_error_columns(Row& row, const AttentionProblem& p, const Target& target, index_t k,
                               std::uint64_t seed, const ExecContext& ctx);
 
-/// Runs `method` on the problem `cfg` (timed, then checked) and returns the result row; its
-/// status is "ok", "skipped: <can_run's reason>" or "failed: <what run threw or the check found>".
+/// The problem columns of a result row: method, batch, heads, kv_heads, n, n_kv, d, dv, causal,
+/// seed (null for file inputs), source, threads.
+Row problem_row(const AttentionMethod& method, const AttentionProblem& p, const ExecContext& ctx,
+                const Row& seed, const std::string& source);
+
+/// `source` of a random problem: "random <dist>".
+std::string random_source(const ProblemConfig& c);
+
+/// Runs `method` on `p` (timed, then checked on rows sampled with `check_seed`) and completes
+/// `row` (problem_row) with time_ms, gflops, the error columns, workspace_bytes and status:
+/// "ok", "skipped: <can_run's reason>" or "failed: <what run threw or the check found>".
+Row run_method_row(const AttentionMethod& method, const AttentionProblem& p, Row row,
+                   const ExecContext& ctx, int reps, long long check_rows, std::uint64_t check_seed);
+/// The same on a random problem (source "random <dist>").
 Row run_method_row(const AttentionMethod& method, RandomProblem& prob, const ExecContext& ctx,
                    int reps, long long check_rows);
+
+/// Refuses, before a model's weights are read, an attention spec list (one spec, or one per
+/// layer, as model/llama.h's make_attention_methods) with a method that cannot run the model's
+/// attention problem: causal bottom-right, `heads` query heads over `kv_heads` KV heads (GQA),
+/// head dimension `head_dim`, `n_q` query tokens over `n_kv` keys. The check is the method's own
+/// `can_run` on such a problem (zero-filled), so it covers every capability and limit a method
+/// declares. Throws OptionError(`option`) naming the method, the layer and can_run's reason.
+void check_model_attention(const std::string& option, const std::string& specs, std::int64_t n_layer,
+                           index_t heads, index_t kv_heads, index_t head_dim, index_t n_q,
+                           index_t n_kv, const std::string& what);
 
 /// Adds `--threads` and `--format`.
 void add_common(CLI::App& app, int* threads, std::string* format);

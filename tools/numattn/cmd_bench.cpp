@@ -1,3 +1,4 @@
+#include <cmath>
 #include <iostream>
 #include <memory>
 
@@ -5,6 +6,7 @@
 #include "commands.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
+#include "qkv_source.h"
 
 namespace numattn::cli {
 
@@ -18,6 +20,61 @@ struct BenchOptions {
   long long check_rows = 256;
   long long gemm_size = 2048;
   bool all = false;
+  std::string qkv, layers, sweep;
+};
+
+// "name=v1,v2,...": the parameter and its values.
+std::pair<std::string, std::vector<std::string>> parse_sweep(const std::string& s) {
+  const std::size_t eq = s.find('=');
+  NUMATTN_CHECK_OPTION(eq != std::string::npos && eq > 0, "sweep",
+                       "expected PARAM=v1,v2,..., got '{}'", s);
+  std::string name = s.substr(0, eq);
+  auto values = split_list(s.substr(eq + 1));
+  NUMATTN_CHECK_OPTION(!values.empty(), "sweep", "'{}' has no values", s);
+  return {name, values};
+}
+
+// The specs of a sweep: `spec` with parameter `name` set to each value in turn. The parameter
+// must be in the method's schema (the error lists the valid ones); values are checked by the
+// registry as any spec's are.
+std::vector<std::string> sweep_specs(const std::string& spec, const std::string& name,
+                                     const std::vector<std::string>& values) {
+  const ParsedSpec ps = parse_spec(spec);
+  const MethodInfo* info = find_method(ps.name);
+  NUMATTN_CHECK_OPTION(info != nullptr, "method", "unknown method '{}' (see `numattn methods`)", ps.name);
+  bool known = false;
+  std::string valid;
+  for (const ParamSpec& p : info->params) {
+    known |= p.name == name;
+    valid += (valid.empty() ? "" : ", ") + p.name;
+  }
+  NUMATTN_CHECK_OPTION(known, "sweep", "{} has no parameter '{}'; its parameters: {}", ps.name,
+                       name, valid.empty() ? "(none)" : valid);
+  std::vector<std::string> out;
+  for (const std::string& v : values) {
+    std::string args;
+    bool set = false;
+    for (const auto& [k, x] : ps.params) {
+      args += (args.empty() ? "" : ",") + k + "=" + (k == name ? v : x);
+      set |= k == name;
+    }
+    if (!set) args += (args.empty() ? "" : ",") + name + "=" + v;
+    out.push_back(ps.name + "(" + args + ")");
+  }
+  return out;
+}
+
+// One problem of the sweep, random or read from a capture, behind the same few calls.
+struct BenchProblem {
+  std::unique_ptr<RandomProblem> random;
+  std::unique_ptr<FileProblem> file;
+  std::string source;
+  AttentionProblem& problem() { return random ? random->problem() : file->problem(); }
+  void set_lse(bool on) { random ? random->set_lse(on) : file->set_lse(on); }
+  Row seed() const { return random ? Row(random->config().seed) : Row(); }
+  std::uint64_t check_seed() const {
+    return (random ? random->config().seed : 0) ^ 0x9e3779b97f4a7c15ull;
+  }
 };
 }  // namespace
 
@@ -25,8 +82,9 @@ void add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   o->pf.n = "4096";
   auto* sub = app.add_subcommand(
-      "bench", "time methods × shapes; every row carries its error and its efficiency against "
-               "the same-run BLAS sgemm");
+      "bench", "time methods × shapes; every row carries its error, its efficiency against the "
+               "same-run BLAS sgemm, and speedup_vs_exact: the time of exact.flash on the same "
+               "problem, measured once per problem in the same run, over the row's time");
   sub->add_option("--method", o->methods, "method spec (repeatable); default: all exact methods but the reference");
   sub->add_flag("--all", o->all, "every registered method (default parameters)");
   o->pf.add_to(*sub, true);
@@ -35,16 +93,60 @@ void add_bench(CLI::App& app) {
   sub->add_option("--check-rows", o->check_rows, "query rows sampled for the float64 check (0 = none)")
       ->capture_default_str();
   sub->add_option("--gemm-size", o->gemm_size, "size of the sgemm baseline (m = n = k)")->capture_default_str();
+  sub->add_option("--qkv", o->qkv,
+                  "a `numattn capture` directory: the problems are the captured q/k/v of --layer "
+                  "(shape flags are refused; --causal, --scale, --logit-scale, --layout, "
+                  "--window-* apply)");
+  sub->add_option("--layer", o->layers, "captured layers to run with --qkv (comma-separated list)");
+  sub->add_option("--sweep", o->sweep,
+                  "PARAM=v1,v2,...: one row per value of the parameter PARAM of the one --method "
+                  "(error against time)");
   sub->callback([o] {
     ExecContext ctx{o->threads};
     std::vector<std::string> specs = o->methods;
+    std::string sweep_param;
+    std::vector<std::string> sweep_values;
+    if (!o->sweep.empty()) {
+      NUMATTN_CHECK_OPTION(o->methods.size() == 1 && !o->all, "sweep",
+                           "needs exactly one --method (got {}{})", o->methods.size(),
+                           o->all ? " and --all" : "");
+      std::tie(sweep_param, sweep_values) = parse_sweep(o->sweep);
+      specs = sweep_specs(o->methods[0], sweep_param, sweep_values);
+    }
     if (specs.empty()) {
       for (const MethodInfo* m : list_methods())
         if (o->all || (m->caps.exact && m->name != "exact.reference")) specs.push_back(m->name);
     }
     std::vector<std::unique_ptr<AttentionMethod>> methods;
-    for (auto& s : specs) methods.push_back(create_method(s));
+    for (auto& s : specs) {
+      try {
+        methods.push_back(create_method(s));
+      } catch (const OptionError&) {
+        throw;
+      } catch (const Error& e) {
+        if (sweep_param.empty()) throw;
+        throw OptionError("sweep", e.what());
+      }
+    }
+    NUMATTN_CHECK_OPTION(o->qkv.empty() == o->layers.empty(), o->qkv.empty() ? "layer" : "qkv",
+                         "--qkv DIR and --layer L1,L2,... go together");
     const auto cfgs = o->pf.expand();
+    std::vector<CapturedLayer> captures;
+    if (!o->qkv.empty()) {
+      refuse_flags(o->pf, ProblemFlags::input_flags(), "--qkv", "the capture fixes the inputs and their shape");
+      for (const std::string& l : split_list(o->layers)) {
+        std::size_t pos = 0;
+        long long v = -1;
+        try {
+          v = std::stoll(l, &pos);
+        } catch (const std::exception&) {
+          pos = 0;
+        }
+        NUMATTN_CHECK_OPTION(pos == l.size() && pos > 0 && v >= 0, "layer", "'{}' is not a layer index", l);
+        captures.push_back(read_capture(o->qkv, v));
+      }
+    }
+    const auto flash = create_method("exact.flash");
 
     const double sgemm = blas::measure_sgemm_gflops(o->gemm_size, std::max(3, o->reps), ctx.num_threads());
     std::vector<Row> rows;
@@ -57,17 +159,59 @@ void add_bench(CLI::App& app) {
     g["status"] = std::string("ok: ") + blas::library_name();
     rows.push_back(g);
     std::size_t done = 0;
-    const std::size_t total = cfgs.size() * methods.size();
-    for (const ProblemConfig& c0 : cfgs) {
-      const ProblemConfig& c = c0;
-      RandomProblem prob(c);
-      for (auto& m : methods) {
-        prob.set_lse(m->info().caps.lse);
-        std::fprintf(stderr, "\r[%zu/%zu] %s n=%lld d=%lld ...", ++done, total, m->spec().c_str(),
-                     static_cast<long long>(c.n), static_cast<long long>(c.d));
-        Row r = run_method_row(*m, prob, ctx, o->reps, o->check_rows);
-        if (r.contains("gflops")) r["efficiency"] = r["gflops"].get<double>() / sgemm;
-        rows.push_back(r);
+    const std::size_t n_inputs = captures.empty() ? 1 : captures.size();
+    const std::size_t total = n_inputs * cfgs.size() * methods.size();
+    for (std::size_t in = 0; in < n_inputs; ++in) {
+      for (const ProblemConfig& c : cfgs) {
+        BenchProblem prob;
+        if (captures.empty()) {
+          prob.random = std::make_unique<RandomProblem>(c);
+          prob.source = random_source(c);
+        } else {
+          const CapturedLayer& cl = captures[in];
+          prob.file = std::make_unique<FileProblem>(cl.q, std::array<index_t, 4>{1, cl.heads, cl.n, cl.d},
+                                                    cl.k, std::array<index_t, 4>{1, cl.kv_heads, cl.n, cl.d},
+                                                    cl.v, std::array<index_t, 4>{1, cl.kv_heads, cl.n, cl.d}, c);
+          prob.source = cl.source();
+        }
+        AttentionProblem& p = prob.problem();
+        const std::size_t first = rows.size();
+        double flash_ms = std::nan("");
+        for (std::size_t mi = 0; mi < methods.size(); ++mi) {
+          const auto& m = methods[mi];
+          prob.set_lse(m->info().caps.lse);
+          std::fprintf(stderr, "\r[%zu/%zu] %s n=%lld d=%lld ...", ++done, total, m->spec().c_str(),
+                       static_cast<long long>(p.n_q()), static_cast<long long>(p.d_qk()));
+          Row r = run_method_row(*m, p, problem_row(*m, p, ctx, prob.seed(), prob.source), ctx,
+                                 o->reps, o->check_rows, prob.check_seed());
+          if (r.contains("gflops")) r["efficiency"] = r["gflops"].get<double>() / sgemm;
+          if (!sweep_param.empty()) {
+            r["sweep_param"] = sweep_param;
+            r["sweep_value"] = sweep_values[mi];
+          }
+          // exact.flash at its defaults is the baseline itself: its time is reused.
+          if (m->spec() == flash->spec() && r.contains("time_ms")) flash_ms = r["time_ms"].get<double>();
+          rows.push_back(r);
+        }
+        if (std::isnan(flash_ms)) {
+          // The baseline, timed once for this problem as its own row would be.
+          prob.set_lse(flash->info().caps.lse);
+          std::fprintf(stderr, "\r[baseline] %s n=%lld ...", flash->spec().c_str(),
+                       static_cast<long long>(p.n_q()));
+          if (flash->can_run(p).is_ok()) {
+            try {
+              flash_ms = time_median_ms(o->reps, [&] { flash->run(p, ctx); });
+            } catch (const Error&) {
+              // No baseline for this problem: speedup_vs_exact stays null.
+            }
+          }
+        }
+        for (std::size_t i = first; i < rows.size(); ++i) {
+          Row& r = rows[i];
+          r["speedup_vs_exact"] = r.contains("time_ms") && !std::isnan(flash_ms)
+                                      ? Row(flash_ms / r["time_ms"].get<double>())
+                                      : Row();
+        }
       }
     }
     std::fprintf(stderr, "\r%60s\r", "");

@@ -53,6 +53,14 @@ void add_generate(CLI::App& app) {
     if (o->chat) prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
     const auto ids = tok.encode(prompt, tok.add_bos(), true);
     check_generation(o->max_tokens, static_cast<std::int64_t>(ids.size()), &hp);
+    // The prompt's prefill and the decode steps (one query over up to prompt + max-tokens keys)
+    // must both be problems every layer's method can run, asked of its can_run before the
+    // weights load.
+    const auto n_prompt = static_cast<index_t>(ids.size());
+    check_model_attention("attn", o->attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,
+                          n_prompt, n_prompt, "prompt prefill's");
+    check_model_attention("attn", o->attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, 1,
+                          n_prompt + o->max_tokens, "decode step's");
     LlamaModel model = LlamaModel::load(file, ctx);
     model.set_attention(o->attn);
     const bool md = o->format == "md";

@@ -84,6 +84,13 @@ void add_ppl(CLI::App& app) {
     GgufFile file = GgufFile::open(mpath);
     const LlamaHParams hp = LlamaModel::read_hparams(file);
     check_ppl_options(po, &hp);
+    // Each method must be able to run the model's problem (a chunk: ctx causal queries, GQA),
+    // asked of its own can_run before the weights load.
+    check_model_attention("attn", po.attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,
+                          po.ctx, po.ctx, "chunk's");
+    if (!po.baseline.empty())
+      check_model_attention("baseline", po.baseline, hp.n_layer, hp.n_head, hp.n_head_kv,
+                            hp.head_dim, po.ctx, po.ctx, "chunk's");
     const Tokenizer tok = Tokenizer::from_gguf(file);
     auto t0 = std::chrono::steady_clock::now();
     // llama.cpp tokenizes the whole file with add_special (BOS only if add_bos_token) and

@@ -10,6 +10,7 @@
 #include "numattn/core/blas.h"
 #include "numattn/core/file_io.h"
 #include "numattn/core/npy.h"
+#include "qkv_source.h"
 
 namespace numattn::cli {
 
@@ -22,7 +23,8 @@ struct RunOptions {
   std::string format = "json";
   int reps = 1;
   long long check_rows = -1;
-  std::string q, k, v, mask, out, lse_out;
+  std::string q, k, v, mask, out, lse_out, qkv;
+  std::int64_t layer = -1;
   bool no_lse = false;
   /// Whether to request the log-sum-exp from `method`.
   bool want_lse(const AttentionMethod& method) const { return method.info().caps.lse && !no_lse; }
@@ -62,8 +64,10 @@ void write_outputs(const RunOptions& o, const AttentionProblem& p, Layout layout
   }
 }
 
-void run_files(const RunOptions& o, const AttentionMethod& method, const ExecContext& ctx) {
+void run_files(const RunOptions& o, const AttentionMethod& method, const ExecContext& ctx,
+               const std::string& source) {
   NUMATTN_CHECK(!o.q.empty() && !o.k.empty() && !o.v.empty(), "--q, --k and --v must be given together");
+  const double logit_scale = std::stod(o.pf.logit_scale);
   const Layout layout = o.pf.layout == "bnhd" ? Layout::kBNHD : Layout::kBHND;
   NUMATTN_CHECK(o.pf.layout == "bhnd" || o.pf.layout == "bnhd", "--layout must be bhnd or bnhd");
   std::map<std::string, std::size_t> rank;  // dims of each input file, to name its elements
@@ -80,6 +84,8 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
   std::vector<std::uint8_t> boolm;
   AttentionProblem p;
   p.q = load(o.q, "q", qb);
+  if (logit_scale != 1.0)
+    for (float& x : qb) x = static_cast<float>(x * logit_scale);
   p.k = load(o.k, "k", kb);
   p.v = load(o.v, "v", vb);
   const std::array<index_t, 4> os{p.q.shape[0], p.q.shape[1], p.q.shape[2], p.v.shape[3]};
@@ -122,13 +128,7 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
     for (index_t x : at) idx += (idx.empty() ? "" : ",") + std::to_string(x);
     throw Error(fmt::format("{} (element [{}] of {})", e.what(), idx, file));
   }
-  Row row;
-  row["method"] = method.spec();
-  row["batch"] = p.batch(); row["heads"] = p.heads(); row["kv_heads"] = p.kv_heads();
-  row["n"] = p.n_q(); row["n_kv"] = p.n_kv(); row["d"] = p.d_qk(); row["dv"] = p.d_v();
-  row["causal"] = to_string(p.causal);
-  row["seed"] = nullptr;
-  row["threads"] = ctx.num_threads();
+  Row row = problem_row(method, p, ctx, nullptr, source);
   row["time_ms"] = ms;
   row["gflops"] = attention_flops(p) / (ms * 1e-3) * 1e-9;
   const std::string status = add_error_columns(row, p, method.target(), rows_to_check(p, o.check_rows), 12345, ctx);
@@ -158,6 +158,11 @@ void add_run(CLI::App& app) {
   sub->add_option("--q", o->q, "query .npy ([N,D], [H,N,D] or [B,H,N,D]; [B,N,H,D] with --layout bnhd)");
   sub->add_option("--k", o->k, "key .npy");
   sub->add_option("--v", o->v, "value .npy");
+  sub->add_option("--qkv", o->qkv,
+                  "a `numattn capture` directory: the problem is layer --layer's captured q/k/v "
+                  "(manifest checked; shape flags are refused, --causal/--scale/--logit-scale/"
+                  "--window-* apply)");
+  sub->add_option("--layer", o->layer, "the captured layer to run (with --qkv)");
   sub->add_option("--mask", o->mask, "[Nq,Nk] mask .npy: float = additive, int64 = boolean (nonzero = visible)");
   sub->add_option("--out", o->out, "write the output to this .npy (same layout as the inputs)");
   sub->add_option("--lse-out", o->lse_out, "write the natural-log LSE [B,H,Nq] to this .npy");
@@ -170,8 +175,27 @@ void add_run(CLI::App& app) {
     NUMATTN_CHECK(!o->no_lse || o->lse_out.empty(), "--lse-out needs the LSE: drop --no-lse");
     ExecContext ctx{o->threads};
     auto method = create_method(o->method);
+    NUMATTN_CHECK_OPTION(o->qkv.empty() == (o->layer < 0), o->qkv.empty() ? "layer" : "qkv",
+                         "--qkv DIR and --layer L (>= 0) go together");
+    if (!o->qkv.empty()) {
+      for (const auto& [flag, val] : {std::pair<std::string, std::string>{"--q", o->q}, {"--k", o->k}, {"--v", o->v}})
+        if (!val.empty())
+          throw OptionError(flag.substr(2), "cannot be combined with --qkv: the capture holds q, k and v");
+      refuse_flags(o->pf, ProblemFlags::input_flags(), "--qkv", "the capture fixes the inputs and their shape");
+      refuse_flags(o->pf, {"--layout"}, "--qkv", "capture files are [H,N,D]");
+      const CapturedLayer c = read_capture(o->qkv, o->layer);
+      check_outputs_distinct({{"--out", o->out}, {"--lse-out", o->lse_out}},
+                             {{"--qkv q", c.q_path}, {"--qkv k", c.k_path}, {"--qkv v", c.v_path}});
+      RunOptions f = *o;
+      f.q = c.q_path;
+      f.k = c.k_path;
+      f.v = c.v_path;
+      run_files(f, *method, ctx, c.source());
+      return;
+    }
     if (!o->q.empty() || !o->k.empty() || !o->v.empty()) {
-      run_files(*o, *method, ctx);
+      refuse_flags(o->pf, ProblemFlags::input_flags(), "--q/--k/--v", "the files fix the inputs and their shape");
+      run_files(*o, *method, ctx, "files " + o->q + " " + o->k + " " + o->v);
       return;
     }
     auto cfgs = o->pf.expand();
