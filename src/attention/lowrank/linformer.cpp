@@ -29,15 +29,17 @@ double linformer_budget(const BudgetInput& in) {
   return 2.0 * (1.0 + std::sqrt(nk / k)) * std::sqrt(nk);
 }
 
-/// Two standard normals from one Philox block (Box–Muller, both branches, in float: E only needs
-/// float32 entries, and float log/sin/cos cost a third of the double ones).
-inline void normal_pair(const CounterRng& rng, std::uint64_t i, float* a, float* b) {
+/// Four standard normals from one Philox block (two Box–Muller pairs from 24-bit uniforms, in
+/// float: E only needs float32 entries, and float log/sin/cos cost a third of the double ones).
+inline void normal_quad(const CounterRng& rng, std::uint64_t i, float* z) {
   const auto r = rng.bits(i);
-  const float u1 = (static_cast<float>(r[0] >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
-  const float u2 = static_cast<float>(r[1] >> 8) * (1.0f / 16777216.0f);         // [0, 1)
-  const float rad = std::sqrt(-2.0f * std::log(u1)), th = 6.2831853f * u2;
-  *a = rad * std::cos(th);
-  *b = rad * std::sin(th);
+  for (int h = 0; h < 2; ++h) {
+    const float u1 = (static_cast<float>(r[2 * h] >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
+    const float u2 = static_cast<float>(r[2 * h + 1] >> 8) * (1.0f / 16777216.0f);     // [0, 1)
+    const float rad = std::sqrt(-2.0f * std::log(u1)), th = 6.2831853f * u2;
+    z[2 * h] = rad * std::cos(th);
+    z[2 * h + 1] = rad * std::sin(th);
+  }
 }
 
 }  // namespace
@@ -52,7 +54,7 @@ const MethodInfo& LinformerAttention::describe() {
     m.time_complexity = "O(k·Nk·(Dk+Dv) + Nq·k·(Dk+Dv))";
     m.memory_complexity = "O(B·Hkv·k·(Dk+Dv) + threads·512·k)";
     m.params = {
-        {"k", ParamType::kInt, "256", 1, 1024, {}, "projected length k (rows of E)"},
+        {"k", ParamType::kInt, "256", 1, 4096, {}, "projected length k (rows of E); at most 4096"},
         {"projection", ParamType::kString, "gaussian", 0, 0, {"gaussian", "sparse", "identity"},
          "E: Gaussian N(0,1/k), signed CountSketch, or the identity (k = Nk only)"},
         {"seed", ParamType::kInt, "0", 0, 2147483647, {}, "seed of E (drawn per kv head)"},
@@ -123,20 +125,19 @@ void LinformerAttention::forward(const AttentionProblem& p, const ExecContext& c
       std::transform(va.begin(), va.end(), vo, [](double x) { return static_cast<float>(x); });
       return;
     }
-    // Gaussian: E (k×Nk) in column chunks of kChunk keys; rows (t, t+1), t even, of column j come
-    // from Philox block j·⌈k/2⌉ + t/2 of the head's stream (both Box–Muller branches), so E does
-    // not depend on the chunking or the thread.
+    // Gaussian: E (k×Nk) in column chunks of kChunk keys; rows t..t+3 (t a multiple of 4) of
+    // column j come from Philox block j·⌈k/4⌉ + t/4 of the head's stream, so E does not depend on
+    // the chunking or the thread.
     const float inv_sqrt_k = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k)));
     std::vector<float> e(static_cast<std::size_t>(k * kChunk));
     for (index_t j0 = 0; j0 < nk; j0 += kChunk) {
       const index_t w = std::min(kChunk, nk - j0);
       for (index_t j = 0; j < w; ++j) {
-        const auto base = static_cast<std::uint64_t>((j0 + j) * ((k + 1) / 2));
-        for (index_t r = 0; r < k; r += 2) {
-          float a, c;
-          normal_pair(rng, base + static_cast<std::uint64_t>(r / 2), &a, &c);
-          e[static_cast<std::size_t>(r * kChunk + j)] = a * inv_sqrt_k;
-          if (r + 1 < k) e[static_cast<std::size_t>((r + 1) * kChunk + j)] = c * inv_sqrt_k;
+        const auto base = static_cast<std::uint64_t>((j0 + j) * ((k + 3) / 4));
+        for (index_t r = 0; r < k; r += 4) {
+          float z[4];
+          normal_quad(rng, base + static_cast<std::uint64_t>(r / 4), z);
+          for (index_t x = 0; x < 4 && r + x < k; ++x) e[static_cast<std::size_t>((r + x) * kChunk + j)] = z[x] * inv_sqrt_k;
         }
       }
       const float beta = j0 == 0 ? 0.f : 1.f;
