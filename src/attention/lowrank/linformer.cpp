@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "attention/method_def.h"
@@ -42,7 +43,44 @@ inline void normal_quad(const CounterRng& rng, std::uint64_t i, float* z) {
   }
 }
 
+/// Columns [j0, j0 + w) of the Gaussian E (k rows) into e (row stride lde): rows t..t+3 (t a
+/// multiple of 4) of column j come from Philox block j·⌈k/4⌉ + t/4 of the head's stream, so E
+/// does not depend on the chunking or the thread.
+void fill_gaussian_columns(const CounterRng& rng, index_t k, index_t j0, index_t w, float* e, index_t lde) {
+  const float inv_sqrt_k = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k)));
+  for (index_t j = 0; j < w; ++j) {
+    const auto base = static_cast<std::uint64_t>((j0 + j) * ((k + 3) / 4));
+    for (index_t r = 0; r < k; r += 4) {
+      float z[4];
+      normal_quad(rng, base + static_cast<std::uint64_t>(r / 4), z);
+      for (index_t x = 0; x < 4 && r + x < k; ++x) e[(r + x) * lde + j] = z[x] * inv_sqrt_k;
+    }
+  }
+}
+
+/// Row and sign of key j in the CountSketch E.
+inline std::pair<index_t, float> sketch_entry(const CounterRng& rng, index_t j, index_t k) {
+  const auto r = rng.bits(static_cast<std::uint64_t>(j));
+  return {static_cast<index_t>(r[0] % static_cast<std::uint32_t>(k)), (r[1] & 1u) ? 1.f : -1.f};
+}
+
 }  // namespace
+
+std::vector<float> LinformerAttention::projection_matrix(index_t hk, index_t nk) const {
+  const index_t k = params_.get_int("k");
+  const CounterRng rng(static_cast<std::uint64_t>(params_.get_int("seed")), kStreamTag + static_cast<std::uint64_t>(hk));
+  std::vector<float> e(static_cast<std::size_t>(k * nk), 0.f);
+  const std::string& proj = params_.get_string("projection");
+  if (proj == "gaussian") fill_gaussian_columns(rng, k, 0, nk, e.data(), nk);
+  else if (proj == "sparse")
+    for (index_t j = 0; j < nk; ++j) {
+      const auto [row, sg] = sketch_entry(rng, j, k);
+      e[static_cast<std::size_t>(row * nk + j)] = sg;
+    }
+  else
+    for (index_t j = 0; j < std::min(k, nk); ++j) e[static_cast<std::size_t>(j * nk + j)] = 1.f;
+  return e;
+}
 
 const MethodInfo& LinformerAttention::describe() {
   static const MethodInfo info = [] {
@@ -113,9 +151,7 @@ void LinformerAttention::forward(const AttentionProblem& p, const ExecContext& c
       // CountSketch: key j goes to row h(j) with sign σ(j), accumulated in float64 and rounded once.
       std::vector<double> ka(static_cast<std::size_t>(k * dk), 0.0), va(static_cast<std::size_t>(k * dv), 0.0);
       for (index_t j = 0; j < nk; ++j) {
-        const auto r = rng.bits(static_cast<std::uint64_t>(j));
-        const index_t row = static_cast<index_t>(r[0] % static_cast<std::uint32_t>(k));
-        const double sg = (r[1] & 1u) ? 1.0 : -1.0;
+        const auto [row, sg] = sketch_entry(rng, j, k);
         const float* kr = p.k.row(b, hk, j);
         const float* vr = p.v.row(b, hk, j);
         for (index_t d = 0; d < dk; ++d) ka[static_cast<std::size_t>(row * dk + d)] += sg * kr[d];
@@ -125,21 +161,11 @@ void LinformerAttention::forward(const AttentionProblem& p, const ExecContext& c
       std::transform(va.begin(), va.end(), vo, [](double x) { return static_cast<float>(x); });
       return;
     }
-    // Gaussian: E (k×Nk) in column chunks of kChunk keys; rows t..t+3 (t a multiple of 4) of
-    // column j come from Philox block j·⌈k/4⌉ + t/4 of the head's stream, so E does not depend on
-    // the chunking or the thread.
-    const float inv_sqrt_k = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k)));
+    // Gaussian: E (k×Nk) in column chunks of kChunk keys (fill_gaussian_columns).
     std::vector<float> e(static_cast<std::size_t>(k * kChunk));
     for (index_t j0 = 0; j0 < nk; j0 += kChunk) {
       const index_t w = std::min(kChunk, nk - j0);
-      for (index_t j = 0; j < w; ++j) {
-        const auto base = static_cast<std::uint64_t>((j0 + j) * ((k + 3) / 4));
-        for (index_t r = 0; r < k; r += 4) {
-          float z[4];
-          normal_quad(rng, base + static_cast<std::uint64_t>(r / 4), z);
-          for (index_t x = 0; x < 4 && r + x < k; ++x) e[static_cast<std::size_t>((r + x) * kChunk + j)] = z[x] * inv_sqrt_k;
-        }
-      }
+      fill_gaussian_columns(rng, k, j0, w, e.data(), kChunk);
       const float beta = j0 == 0 ? 0.f : 1.f;
       blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, k, dk, w, 1.f, e.data(), kChunk, p.k.row(b, hk, j0),
                   p.k.stride[2], beta, ko, dk);

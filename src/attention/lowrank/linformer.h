@@ -1,5 +1,7 @@
 #pragma once
 
+#include <vector>
+
 #include "numattn/attention/method.h"
 
 namespace numattn {
@@ -39,6 +41,10 @@ class LinformerAttention final : public AttentionMethod {
   Status can_run(const AttentionProblem& p) const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
+
+  /// E (k×Nk, row-major float32) of kv head `hk` as `forward` draws it (gaussian or sparse),
+  /// for tests and analysis.
+  std::vector<float> projection_matrix(index_t hk, index_t nk) const;
 };
 
 }  // namespace numattn
