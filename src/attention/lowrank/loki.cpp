@@ -1,0 +1,255 @@
+#include "attention/lowrank/loki.h"
+
+#include <Eigen/Eigenvalues>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "attention/method_def.h"
+#include "numattn/core/blas.h"
+#include "numattn/core/simd.h"
+
+namespace numattn {
+
+namespace {
+
+constexpr index_t kRowBlock = 64;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+index_t reduced_rank(double frac, index_t d) {
+  return std::clamp<index_t>(static_cast<index_t>(std::ceil(frac * static_cast<double>(d) - 1e-9)), 1, std::max<index_t>(d, 1));
+}
+
+/// float32 dot product with 16 partial sums: error about (n/16 + 4)·ε·Σ|aᵢbᵢ|, and vectorised.
+float dot(const float* a, const float* b, index_t n) {
+  float acc[16] = {};
+  index_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+/// One (batch, kv head): the PCA basis and the keys in it.
+struct KvBasis {
+  index_t r = 0;
+  std::vector<float> P;     ///< Dk × r, row-major: the leading eigenvectors of Σ kⱼᵀkⱼ
+  std::vector<float> kr;    ///< Nk × r: K·P_r
+  std::vector<index_t> bad; ///< keys whose k or v row is not finite
+};
+
+KvBasis make_basis(const AttentionProblem& p, index_t b, index_t hk, index_t r) {
+  KvBasis kb;
+  kb.r = r;
+  const index_t nk = p.n_kv(), d = p.d_qk();
+  std::vector<double> kf;  // the finite key rows, float64
+  kf.reserve(static_cast<std::size_t>(nk * d));
+  index_t rows = 0;
+  for (index_t j = 0; j < nk; ++j) {
+    const float* k = p.k.row(b, hk, j);
+    const bool fin = simd::all_finite(k, d) && simd::all_finite(p.v.row(b, hk, j), p.d_v());
+    if (!fin) {
+      kb.bad.push_back(j);
+      if (!simd::all_finite(k, d)) continue;
+    }
+    kf.insert(kf.end(), k, k + d);
+    ++rows;
+  }
+  std::vector<double> C(static_cast<std::size_t>(d * d), 0.0);
+  if (rows > 0)
+    blas::dgemm(blas::Trans::kYes, blas::Trans::kNo, d, d, rows, 1.0, kf.data(), d, kf.data(), d, 0.0, C.data(), d);
+  Eigen::Map<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> Cm(C.data(), d, d);
+  const Eigen::MatrixXd Cc = Cm;
+  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(Cc);
+  // Eigenvalues ascend: the leading r eigenvectors are the last r columns, largest first.
+  kb.P.resize(static_cast<std::size_t>(d * r));
+  for (index_t c = 0; c < d; ++c)
+    for (index_t t = 0; t < r; ++t)
+      kb.P[static_cast<std::size_t>(c * r + t)] = static_cast<float>(eig.eigenvectors()(c, d - 1 - t));
+  kb.kr.resize(static_cast<std::size_t>(nk * r));
+  if (nk > 0)
+    blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, nk, r, d, 1.f, p.k.row(b, hk, 0), p.k.stride[2], kb.P.data(), r,
+                0.f, kb.kr.data(), r);
+  return kb;
+}
+
+/// Whether row i sees key j (causal rule, window, boolean mask, additive −inf/NaN hide).
+bool sees(const AttentionProblem& p, index_t i, index_t j) {
+  if (!p.visible(i, j)) return false;
+  if (p.mask.kind == MaskKind::kAdditive) return p.mask.additive[i * p.mask.ld + j] > kNegInf;
+  return true;
+}
+
+struct RowScratch {
+  std::vector<float> qr, s, sel_scores, w;
+  std::vector<index_t> vis, chosen;
+};
+
+}  // namespace
+
+const MethodInfo& LokiAttention::describe() {
+  static const MethodInfo info = [] {
+    MethodInfo m;
+    m.name = "lowrank.loki";
+    m.family = "lowrank";
+    m.summary = "PCA-reduced scores choose the top-k keys per query; exact softmax over them";
+    m.citation = "Singhania, Singh, He, Feizi, Bhatele, Loki: Low-rank Keys for Efficient Sparse Attention, NeurIPS 2024";
+    m.time_complexity = "O(Nq·Nk·r + Nq·k·(Dk+Dv)), r = rank_frac·Dk, k = topk_frac·Nk";
+    m.memory_complexity = "O(Nk·r) per kv head + O(threads·64·Nk)";
+    m.params = {
+        {"rank_frac", ParamType::kFloat, "0.25", 0.01, 1, {}, "fraction of Dk kept for the approximate scores (r = ceil(rank_frac·Dk))"},
+        {"topk_frac", ParamType::kFloat, "0.25", 0.01, 1, {}, "fraction of each row's visible keys attended (k = ceil(topk_frac·visible)); 1 = exact"},
+    };
+    m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
+              .window = true, .lse = false, .decode = false};
+    AccuracyContract& a = m.accuracy;
+    a.max_rel_fro_error = [](const BudgetInput& in) {
+      const double f = in.params.get_float("topk_frac");
+      const double exact = exact_f32_tolerance(in.logit_magnitude).rel_fro_error;
+      if (f >= 1) return exact;
+      // Measured on the conformance matrix, with a margin: a row whose weight is spread evenly
+      // over its n visible keys, averaged over k = f·n of them, is off by about sqrt(1/f − 1)
+      // (the mean of k values against the mean of n); peaked rows lose less, unless the
+      // reduced scores rank the heavy key out (then about ‖v_a − v_b‖/‖v_a‖ ≲ 1.5).
+      return 0.5 + 1.5 * std::sqrt(1 / f - 1) + exact;
+    };
+    a.limit_case = [](const AttentionProblem&) { return ParamOverrides{{"topk_frac", "1"}}; };
+    a.convergence.param = "topk_frac";
+    a.convergence.values = [](const AttentionProblem&) {
+      return std::vector<std::string>{"0.05", "0.125", "0.25", "0.5", "1"};
+    };
+    a.samples = {{{"rank_frac", "0.125"}, {"topk_frac", "0.125"}}, {{"rank_frac", "1"}, {"topk_frac", "0.5"}}};
+    return m;
+  }();
+  return info;
+}
+
+std::size_t LokiAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
+  const index_t d = p.d_qk(), nk = p.n_kv();
+  const auto r = static_cast<std::size_t>(reduced_rank(params().get_float("rank_frac"), d));
+  const auto kv = static_cast<std::size_t>(p.batch() * p.kv_heads());
+  const auto nt = static_cast<std::size_t>(ctx.num_threads());
+  return kv * 4 * (static_cast<std::size_t>(nk) * r + static_cast<std::size_t>(d) * r) +
+         std::min(kv, nt) * 8 * static_cast<std::size_t>((nk + 2 * d) * d) +
+         nt * (4 * static_cast<std::size_t>(kRowBlock + 3) * static_cast<std::size_t>(nk) + 8 * static_cast<std::size_t>(2 * nk));
+}
+
+void LokiAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
+  const double kfrac = params().get_float("topk_frac");
+  const index_t nq = p.n_q(), nk = p.n_kv(), dk = p.d_qk(), dv = p.d_v(), hkv = p.kv_heads();
+  const index_t r = reduced_rank(params().get_float("rank_frac"), dk);
+  const float scale = static_cast<float>(p.effective_scale());
+  std::vector<KvBasis> basis(static_cast<std::size_t>(p.batch() * hkv));
+  parallel_for(ctx, static_cast<std::int64_t>(basis.size()), [&](std::int64_t t) {
+    basis[static_cast<std::size_t>(t)] = make_basis(p, t / hkv, t % hkv, r);
+  });
+  const index_t nblk = (nq + kRowBlock - 1) / kRowBlock;
+  std::vector<RowScratch> scratch(static_cast<std::size_t>(ctx.num_threads()));
+  parallel_for(ctx, p.batch() * p.heads() * nblk, [&](std::int64_t t) {
+    const index_t blk = t % nblk, bh = t / nblk, b = bh / p.heads(), h = bh % p.heads(), hk = h / p.group();
+    const index_t i0 = blk * kRowBlock, i1 = std::min(nq, i0 + kRowBlock), rows = i1 - i0;
+    const KvBasis& kb = basis[static_cast<std::size_t>(b * hkv + hk)];
+    RowScratch& w = scratch[static_cast<std::size_t>(thread_index())];
+    // Keys any row of the block may see, and the approximate scores over them (one sgemm).
+    index_t j0 = nk, j1 = 0;
+    for (index_t i = i0; i < i1; ++i) {
+      const KeyRange kr = p.key_range(i);
+      if (kr.empty()) continue;
+      j0 = std::min(j0, kr.begin);
+      j1 = std::max(j1, kr.end);
+    }
+    const index_t span = std::max<index_t>(j1 - j0, 0);
+    w.qr.resize(static_cast<std::size_t>(rows * r));
+    w.s.resize(static_cast<std::size_t>(rows * std::max<index_t>(span, 1)));
+    if (span > 0) {
+      blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, r, dk, 1.f, p.q.row(b, h, i0), p.q.stride[2], kb.P.data(), r,
+                  0.f, w.qr.data(), r);
+      blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, span, r, scale, w.qr.data(), r,
+                  kb.kr.data() + j0 * r, r, 0.f, w.s.data(), span);
+    }
+    for (index_t i = i0; i < i1; ++i) {
+      float* o = p.out.row(b, h, i);
+      const float* q = p.q.row(b, h, i);
+      const float* srow = w.s.data() + (i - i0) * span;
+      const KeyRange kr = p.key_range(i);
+      // Visible keys and their selection scores (approximate logit + additive mask).
+      w.vis.clear();
+      w.sel_scores.clear();
+      for (index_t j = kr.begin; j < kr.end; ++j) {
+        if (!sees(p, i, j)) continue;
+        float sc = srow[j - j0];
+        if (p.mask.kind == MaskKind::kAdditive) sc += p.mask.additive[i * p.mask.ld + j];
+        w.vis.push_back(j);
+        w.sel_scores.push_back(sc);
+      }
+      const index_t nv = static_cast<index_t>(w.vis.size());
+      if (nv == 0) {
+        std::fill(o, o + dv, 0.f);
+        continue;
+      }
+      // A non-finite value the row reads (q, or a key it sees) must reach its output.
+      bool nan = !simd::all_finite(q, dk);
+      for (index_t j : kb.bad) nan |= sees(p, i, j);
+      if (nan) {
+        std::fill(o, o + dv, kNaN);
+        continue;
+      }
+      const index_t k = std::clamp<index_t>(static_cast<index_t>(std::ceil(kfrac * static_cast<double>(nv) - 1e-9)), 1, nv);
+      w.chosen.clear();
+      if (k >= nv) {
+        w.chosen = w.vis;
+      } else {
+        // The k-th largest score; then every key above it and the first ties in index order.
+        std::vector<float> tmp(w.sel_scores);
+        std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<float>());
+        const float thr = tmp[static_cast<std::size_t>(k - 1)];
+        index_t above = 0;
+        for (float x : w.sel_scores) above += x > thr;
+        index_t ties = k - above;
+        for (index_t u = 0; u < nv; ++u) {
+          const float x = w.sel_scores[static_cast<std::size_t>(u)];
+          if (x > thr || (x == thr && ties-- > 0)) w.chosen.push_back(w.vis[static_cast<std::size_t>(u)]);
+        }
+      }
+      // Exact softmax over the chosen keys, full-dimensional logits.
+      const index_t nc = static_cast<index_t>(w.chosen.size());
+      w.w.resize(static_cast<std::size_t>(nc));
+      float m = kNegInf;
+      bool finite = true;
+      for (index_t u = 0; u < nc; ++u) {
+        const index_t j = w.chosen[static_cast<std::size_t>(u)];
+        float l = scale * dot(q, p.k.row(b, hk, j), dk);
+        if (p.mask.kind == MaskKind::kAdditive) l += p.mask.additive[i * p.mask.ld + j];
+        finite &= std::isfinite(l);
+        m = std::max(m, l);
+        w.w[static_cast<std::size_t>(u)] = l;
+      }
+      if (!finite) {  // an overflowing or +inf logit: NaN, settled by run()
+        std::fill(o, o + dv, kNaN);
+        continue;
+      }
+      for (float& x : w.w) x -= m;
+      simd::exp_f32(w.w.data(), w.w.data(), nc);
+      float z = 0;
+      std::fill(o, o + dv, 0.f);
+      for (index_t u = 0; u < nc; ++u) {
+        const float wt = w.w[static_cast<std::size_t>(u)];
+        z += wt;
+        const float* vr = p.v.row(b, hk, w.chosen[static_cast<std::size_t>(u)]);
+        for (index_t c = 0; c < dv; ++c) o[c] += wt * vr[c];
+      }
+      const float inv = 1.f / z;
+      for (index_t c = 0; c < dv; ++c) o[c] *= inv;
+    }
+  });
+}
+
+NUMATTN_DEFINE_METHOD(LokiAttention)
+
+}  // namespace numattn
