@@ -3,6 +3,8 @@
 #include <Eigen/Eigenvalues>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -86,8 +88,36 @@ bool sees(const AttentionProblem& p, index_t i, index_t j) {
   return true;
 }
 
+/// Monotone map of a float to an unsigned key (larger float, larger key).
+inline std::uint32_t order_key(float f) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/// The k-th largest of x (1 ≤ k ≤ x.size()): a radix pass over the top 11 bits of the order
+/// keys finds the bin holding it, then nth_element over that bin only (a few elements instead of
+/// Nk; selection is Loki's hot loop besides the exact part).
+float kth_largest(const std::vector<float>& x, index_t k, std::vector<std::uint32_t>& hist, std::vector<float>& tmp) {
+  constexpr int kShift = 21;
+  hist.assign(std::size_t{1} << (32 - kShift), 0u);
+  for (float f : x) ++hist[order_key(f) >> kShift];
+  index_t above = 0;
+  std::size_t bin = hist.size();
+  while (bin-- > 0) {
+    if (above + static_cast<index_t>(hist[bin]) >= k) break;
+    above += hist[bin];
+  }
+  tmp.clear();
+  for (float f : x)
+    if ((order_key(f) >> kShift) == bin) tmp.push_back(f);
+  const index_t need = k - above;  // the need-th largest inside the bin
+  std::nth_element(tmp.begin(), tmp.begin() + (need - 1), tmp.end(), std::greater<float>());
+  return tmp[static_cast<std::size_t>(need - 1)];
+}
+
 struct RowScratch {
-  std::vector<float> qr, s, sel_scores, w;
+  std::vector<std::uint32_t> hist;
+  std::vector<float> qr, s, sel_scores, tmp, w;
   std::vector<index_t> vis, chosen;
 };
 
@@ -178,17 +208,24 @@ void LokiAttention::forward(const AttentionProblem& p, const ExecContext& ctx) c
       const float* q = p.q.row(b, h, i);
       const float* srow = w.s.data() + (i - i0) * span;
       const KeyRange kr = p.key_range(i);
-      // Visible keys and their selection scores (approximate logit + additive mask).
+      // Visible keys and their selection scores (approximate logit + additive mask). Without a
+      // mask they are the contiguous key range: no per-key test, no index list.
+      const bool plain = p.mask.kind == MaskKind::kNone;
       w.vis.clear();
       w.sel_scores.clear();
-      for (index_t j = kr.begin; j < kr.end; ++j) {
-        if (!sees(p, i, j)) continue;
-        float sc = srow[j - j0];
-        if (p.mask.kind == MaskKind::kAdditive) sc += p.mask.additive[i * p.mask.ld + j];
-        w.vis.push_back(j);
-        w.sel_scores.push_back(sc);
+      if (plain) {
+        w.sel_scores.assign(srow + (kr.begin - j0), srow + (kr.end - j0));
+      } else {
+        for (index_t j = kr.begin; j < kr.end; ++j) {
+          if (!sees(p, i, j)) continue;
+          float sc = srow[j - j0];
+          if (p.mask.kind == MaskKind::kAdditive) sc += p.mask.additive[i * p.mask.ld + j];
+          w.vis.push_back(j);
+          w.sel_scores.push_back(sc);
+        }
       }
-      const index_t nv = static_cast<index_t>(w.vis.size());
+      const index_t nv = static_cast<index_t>(w.sel_scores.size());
+      const auto key_at = [&](index_t u) { return plain ? kr.begin + u : w.vis[static_cast<std::size_t>(u)]; };
       if (nv == 0) {
         std::fill(o, o + dv, 0.f);
         continue;
@@ -203,18 +240,16 @@ void LokiAttention::forward(const AttentionProblem& p, const ExecContext& ctx) c
       const index_t k = std::clamp<index_t>(static_cast<index_t>(std::ceil(kfrac * static_cast<double>(nv) - 1e-9)), 1, nv);
       w.chosen.clear();
       if (k >= nv) {
-        w.chosen = w.vis;
+        for (index_t u = 0; u < nv; ++u) w.chosen.push_back(key_at(u));
       } else {
         // The k-th largest score; then every key above it and the first ties in index order.
-        std::vector<float> tmp(w.sel_scores);
-        std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<float>());
-        const float thr = tmp[static_cast<std::size_t>(k - 1)];
+        const float thr = kth_largest(w.sel_scores, k, w.hist, w.tmp);
         index_t above = 0;
         for (float x : w.sel_scores) above += x > thr;
         index_t ties = k - above;
         for (index_t u = 0; u < nv; ++u) {
           const float x = w.sel_scores[static_cast<std::size_t>(u)];
-          if (x > thr || (x == thr && ties-- > 0)) w.chosen.push_back(w.vis[static_cast<std::size_t>(u)]);
+          if (x > thr || (x == thr && ties-- > 0)) w.chosen.push_back(key_at(u));
         }
       }
       // Exact softmax over the chosen keys, full-dimensional logits.

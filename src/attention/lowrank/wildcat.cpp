@@ -81,15 +81,14 @@ Coreset compress(const AttentionProblem& p, index_t b, index_t hk, index_t rank,
   opt.seed = seed;
   opt.stream = static_cast<std::uint64_t>(b * p.kv_heads() + hk);
   opt.log_weight = logw;
-  // Columns of the Gaussian kernel G̃ = exp(c·kᵢ·kⱼ − hᵢ − hⱼ) = exp(−c‖kᵢ − kⱼ‖²/2).
+  // Columns of the Gaussian kernel G̃ = exp(c·kᵢ·kⱼ − hᵢ − hⱼ) = exp(−c‖kᵢ − kⱼ‖²/2): one
+  // matrix-vector product (vectorised) and n exps per pivot.
+  const Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> Km(K.data(), n, d);
   const decomp::RpCholeskyResult f = decomp::rp_cholesky(n, ones, [&](index_t s, double* col) {
-    const double* ks = K.data() + s * d;
-    for (index_t i = 0; i < n; ++i) {
-      const double* ki = K.data() + i * d;
-      double dot = 0;
-      for (index_t t = 0; t < d; ++t) dot += ki[t] * ks[t];
-      col[i] = std::min(1.0, std::exp(c * dot - half[static_cast<std::size_t>(i)] - half[static_cast<std::size_t>(s)]));
-    }
+    Eigen::Map<Eigen::VectorXd> cv(col, n);
+    cv.noalias() = Km * Km.row(s).transpose();
+    const double hs = half[static_cast<std::size_t>(s)];
+    for (index_t i = 0; i < n; ++i) col[i] = std::min(1.0, std::exp(c * col[i] - half[static_cast<std::size_t>(i)] - hs));
   }, opt);
   const index_t r = static_cast<index_t>(f.pivots.size());
   cs.r = r;
@@ -215,7 +214,7 @@ void WildcatAttention::forward(const AttentionProblem& p, const ExecContext& ctx
     const index_t blk = t % nblk, bh = t / nblk, b = bh / p.heads(), h = bh % p.heads(), hk = h / p.group();
     const index_t i0 = blk * kRowBlock, rows = std::min(nq, i0 + kRowBlock) - i0;
     const Coreset& cs = sets[static_cast<std::size_t>(b * hkv + hk)];
-    const index_t r = cs.r, ldo = p.out.stride[2];
+    const index_t r = cs.r;
     if (cs.bad || r == 0) {  // a non-finite key every row reads: NaN for run(); no keys: empty rows
       for (index_t i = 0; i < rows; ++i) std::fill(p.out.row(b, h, i0 + i), p.out.row(b, h, i0 + i) + dv, cs.bad ? kNaN : 0.f);
       return;
@@ -263,7 +262,6 @@ void WildcatAttention::forward(const AttentionProblem& p, const ExecContext& ctx
       const float inv = 1.f / den;
       for (index_t u = 0; u < dv; ++u) out[u] = orow[u] * inv;
     }
-    (void)ldo;
   });
   fallback_rows_.fetch_add(fallbacks.load());
 }
