@@ -26,24 +26,15 @@ index_t reduced_rank(double frac, index_t d) {
   return std::clamp<index_t>(static_cast<index_t>(std::ceil(frac * static_cast<double>(d) - 1e-9)), 1, std::max<index_t>(d, 1));
 }
 
-/// float32 dot product with 16 partial sums: error about (n/16 + 4)·ε·Σ|aᵢbᵢ|, and vectorised.
-float dot(const float* a, const float* b, index_t n) {
-  float acc[16] = {};
-  index_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
-  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
-  for (int w = 8; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
-}
-
 /// One (batch, kv head): the PCA basis and the keys in it.
 struct KvBasis {
   index_t r = 0;
   std::vector<float> P;     ///< Dk × r, row-major: the leading eigenvectors of Σ kⱼᵀkⱼ
   std::vector<float> kr;    ///< Nk × r: K·P_r
   std::vector<index_t> bad; ///< keys whose k or v row is not finite
+  /// With bad keys only: V with those rows zeroed. The P·V product runs over a block's whole key
+  /// span, and a hidden key's non-finite value times its weight 0 would still be NaN.
+  std::vector<float> vclean;
 };
 
 KvBasis make_basis(const AttentionProblem& p, index_t b, index_t hk, index_t r) {
@@ -74,6 +65,15 @@ KvBasis make_basis(const AttentionProblem& p, index_t b, index_t hk, index_t r) 
   for (index_t c = 0; c < d; ++c)
     for (index_t t = 0; t < r; ++t)
       kb.P[static_cast<std::size_t>(c * r + t)] = static_cast<float>(eig.eigenvectors()(c, d - 1 - t));
+  if (!kb.bad.empty()) {
+    const index_t dv = p.d_v();
+    kb.vclean.resize(static_cast<std::size_t>(nk * dv));
+    for (index_t j = 0; j < nk; ++j) {
+      const float* v = p.v.row(b, hk, j);
+      const bool fin = simd::all_finite(v, dv);
+      for (index_t c = 0; c < dv; ++c) kb.vclean[static_cast<std::size_t>(j * dv + c)] = fin ? v[c] : 0.f;
+    }
+  }
   kb.kr.resize(static_cast<std::size_t>(nk * r));
   if (nk > 0)
     blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, nk, r, d, 1.f, p.k.row(b, hk, 0), p.k.stride[2], kb.P.data(), r,
@@ -117,8 +117,9 @@ float kth_largest(const std::vector<float>& x, index_t k, std::vector<std::uint3
 
 struct RowScratch {
   std::vector<std::uint32_t> hist;
-  std::vector<float> qr, s, sel_scores, tmp, w;
-  std::vector<index_t> vis, chosen;
+  std::vector<float> qr, s, e, sel_scores, tmp, inv;
+  std::vector<std::uint8_t> keep;
+  std::vector<index_t> vis;
 };
 
 }  // namespace
@@ -195,18 +196,26 @@ void LokiAttention::forward(const AttentionProblem& p, const ExecContext& ctx) c
       j1 = std::max(j1, kr.end);
     }
     const index_t span = std::max<index_t>(j1 - j0, 0);
+    const auto sz = static_cast<std::size_t>(rows * std::max<index_t>(span, 1));
     w.qr.resize(static_cast<std::size_t>(rows * r));
-    w.s.resize(static_cast<std::size_t>(rows * std::max<index_t>(span, 1)));
+    w.s.resize(sz);
+    w.e.resize(sz);
+    w.keep.resize(static_cast<std::size_t>(std::max<index_t>(span, 1)));
+    w.inv.resize(static_cast<std::size_t>(rows));
     if (span > 0) {
+      // Approximate logits in the PCA coordinates, and the exact logits of the block's key span.
       blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, r, dk, 1.f, p.q.row(b, h, i0), p.q.stride[2], kb.P.data(), r,
                   0.f, w.qr.data(), r);
       blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, span, r, scale, w.qr.data(), r,
                   kb.kr.data() + j0 * r, r, 0.f, w.s.data(), span);
+      blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, span, dk, scale, p.q.row(b, h, i0), p.q.stride[2],
+                  p.k.row(b, hk, j0), p.k.stride[2], 0.f, w.e.data(), span);
     }
     for (index_t i = i0; i < i1; ++i) {
-      float* o = p.out.row(b, h, i);
       const float* q = p.q.row(b, h, i);
       const float* srow = w.s.data() + (i - i0) * span;
+      float* erow = w.e.data() + (i - i0) * span;
+      float& inv = w.inv[static_cast<std::size_t>(i - i0)];
       const KeyRange kr = p.key_range(i);
       // Visible keys and their selection scores (approximate logit + additive mask). Without a
       // mask they are the contiguous key range: no per-key test, no index list.
@@ -214,7 +223,7 @@ void LokiAttention::forward(const AttentionProblem& p, const ExecContext& ctx) c
       w.vis.clear();
       w.sel_scores.clear();
       if (plain) {
-        w.sel_scores.assign(srow + (kr.begin - j0), srow + (kr.end - j0));
+        if (!kr.empty()) w.sel_scores.assign(srow + (kr.begin - j0), srow + (kr.end - j0));
       } else {
         for (index_t j = kr.begin; j < kr.end; ++j) {
           if (!sees(p, i, j)) continue;
@@ -226,61 +235,72 @@ void LokiAttention::forward(const AttentionProblem& p, const ExecContext& ctx) c
       }
       const index_t nv = static_cast<index_t>(w.sel_scores.size());
       const auto key_at = [&](index_t u) { return plain ? kr.begin + u : w.vis[static_cast<std::size_t>(u)]; };
-      if (nv == 0) {
-        std::fill(o, o + dv, 0.f);
-        continue;
-      }
       // A non-finite value the row reads (q, or a key it sees) must reach its output.
-      bool nan = !simd::all_finite(q, dk);
+      bool nan = nv > 0 && !simd::all_finite(q, dk);
       for (index_t j : kb.bad) nan |= sees(p, i, j);
-      if (nan) {
-        std::fill(o, o + dv, kNaN);
+      if (nv == 0 || nan) {  // no key: an empty row (0); NaN for run() to settle
+        std::fill(erow, erow + span, 0.f);
+        inv = nan ? kNaN : 0.f;
         continue;
       }
+      // T_i: the k best selection scores (every key above the k-th, then ties in index order).
       const index_t k = std::clamp<index_t>(static_cast<index_t>(std::ceil(kfrac * static_cast<double>(nv) - 1e-9)), 1, nv);
-      w.chosen.clear();
+      // Branch-free marking (a quarter of random keys is chosen: a branch would mispredict).
+      std::uint8_t* keep = w.keep.data();
+      const float* sel = w.sel_scores.data();
+      std::fill(keep, keep + span, std::uint8_t{0});
       if (k >= nv) {
-        for (index_t u = 0; u < nv; ++u) w.chosen.push_back(key_at(u));
+        for (index_t u = 0; u < nv; ++u) keep[key_at(u) - j0] = 1;
       } else {
-        // The k-th largest score; then every key above it and the first ties in index order.
         const float thr = kth_largest(w.sel_scores, k, w.hist, w.tmp);
         index_t above = 0;
-        for (float x : w.sel_scores) above += x > thr;
-        index_t ties = k - above;
-        for (index_t u = 0; u < nv; ++u) {
-          const float x = w.sel_scores[static_cast<std::size_t>(u)];
-          if (x > thr || (x == thr && ties-- > 0)) w.chosen.push_back(key_at(u));
+        if (plain) {
+          std::uint8_t* kk = keep + (kr.begin - j0);
+          for (index_t u = 0; u < nv; ++u) kk[u] = sel[u] > thr;
+        } else {
+          for (index_t u = 0; u < nv; ++u) keep[w.vis[static_cast<std::size_t>(u)] - j0] = sel[u] > thr;
         }
+        for (index_t u = 0; u < nv; ++u) above += sel[u] > thr;
+        for (index_t u = 0, ties = k - above; u < nv && ties > 0; ++u)
+          if (sel[u] == thr) {
+            keep[key_at(u) - j0] = 1;
+            --ties;
+          }
       }
-      // Exact softmax over the chosen keys, full-dimensional logits.
-      const index_t nc = static_cast<index_t>(w.chosen.size());
-      w.w.resize(static_cast<std::size_t>(nc));
+      // Exact softmax over T_i: the other keys of the span get weight 0.
       float m = kNegInf;
       bool finite = true;
-      for (index_t u = 0; u < nc; ++u) {
-        const index_t j = w.chosen[static_cast<std::size_t>(u)];
-        float l = scale * dot(q, p.k.row(b, hk, j), dk);
-        if (p.mask.kind == MaskKind::kAdditive) l += p.mask.additive[i * p.mask.ld + j];
-        finite &= std::isfinite(l);
-        m = std::max(m, l);
-        w.w[static_cast<std::size_t>(u)] = l;
+      const float* add = p.mask.kind == MaskKind::kAdditive ? p.mask.additive + i * p.mask.ld + j0 : nullptr;
+      for (index_t t = 0; t < span; ++t) {
+        const float l = erow[t] + (add && keep[t] ? add[t] : 0.f);
+        finite &= !keep[t] || std::isfinite(l);
+        erow[t] = keep[t] ? l : kNegInf;
+        m = std::max(m, erow[t]);
       }
-      if (!finite) {  // an overflowing or +inf logit: NaN, settled by run()
-        std::fill(o, o + dv, kNaN);
+      if (!finite) {  // an overflowing logit or a +inf mask entry: NaN, settled by run()
+        std::fill(erow, erow + span, 0.f);
+        inv = kNaN;
         continue;
       }
-      for (float& x : w.w) x -= m;
-      simd::exp_f32(w.w.data(), w.w.data(), nc);
+      for (index_t t = 0; t < span; ++t) erow[t] -= m;
+      simd::exp_f32(erow, erow, span);
       float z = 0;
-      std::fill(o, o + dv, 0.f);
-      for (index_t u = 0; u < nc; ++u) {
-        const float wt = w.w[static_cast<std::size_t>(u)];
-        z += wt;
-        const float* vr = p.v.row(b, hk, w.chosen[static_cast<std::size_t>(u)]);
-        for (index_t c = 0; c < dv; ++c) o[c] += wt * vr[c];
-      }
-      const float inv = 1.f / z;
-      for (index_t c = 0; c < dv; ++c) o[c] *= inv;
+      for (index_t t = 0; t < span; ++t) z += erow[t];
+      inv = 1.f / z;
+    }
+    float* o = p.out.row(b, h, i0);
+    const index_t ldo = p.out.stride[2];
+    const bool clean = !kb.vclean.empty();
+    if (span > 0)
+      blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, dv, span, 1.f, w.e.data(), span,
+                  clean ? kb.vclean.data() + j0 * dv : p.v.row(b, hk, j0), clean ? dv : p.v.stride[2], 0.f, o, ldo);
+    for (index_t u = 0; u < rows; ++u) {
+      float* orow = o + u * ldo;
+      const float f = w.inv[static_cast<std::size_t>(u)];
+      if (span == 0 || f == 0.f) std::fill(orow, orow + dv, 0.f);
+      else if (std::isnan(f)) std::fill(orow, orow + dv, kNaN);
+      else
+        for (index_t c = 0; c < dv; ++c) orow[c] *= f;
     }
   });
 }
