@@ -131,7 +131,7 @@ const MethodInfo& LokiAttention::describe() {
     m.family = "lowrank";
     m.summary = "PCA-reduced scores choose the top-k keys per query; exact softmax over them";
     m.citation = "Singhania, Singh, He, Feizi, Bhatele, Loki: Low-rank Keys for Efficient Sparse Attention, NeurIPS 2024";
-    m.time_complexity = "O(Nq·Nk·r + Nq·k·(Dk+Dv)), r = rank_frac·Dk, k = topk_frac·Nk";
+    m.time_complexity = "O(Nq·Nk·(Dk+Dv+r)) here (GEMM over the span, unchosen keys masked); Loki's gather form O(Nq·Nk·r + Nq·k·(Dk+Dv))";
     m.memory_complexity = "O(Nk·r) per kv head + O(threads·64·Nk)";
     m.params = {
         {"rank_frac", ParamType::kFloat, "0.25", 0.01, 1, {}, "fraction of Dk kept for the approximate scores (r = ceil(rank_frac·Dk))"},

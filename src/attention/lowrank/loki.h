@@ -24,10 +24,17 @@ namespace numattn {
 /// Supports both causal alignments, boolean and additive masks and sliding windows: selection
 /// is among the keys each row sees. Error: the softmax mass of the keys left out (renormalised
 /// away, a bias), plus keys ranked out by the r-dimensional scores. Limit case: topk_frac = 1 is
-/// exact softmax attention for any rank_frac. Cost per query head: O(Nq·Nk·r) approximate
-/// scores (sgemm) + O(Nq·Nk) selection + O(Nq·k·(Dk+Dv)) exact part, k = topk_frac·Nk: still
-/// quadratic, with a smaller constant; O(Nk·r) extra memory per kv head. No LSE (the softmax
-/// over T_i is not the row's log-sum-exp).
+/// exact softmax attention for any rank_frac.
+///
+/// Cost. Loki's own saving is to compute exact logits only for the k = topk_frac·Nk chosen keys
+/// (O(Nq·Nk·r + Nq·k·(Dk+Dv)), on GPUs with gather kernels). On a CPU, gathering k scattered
+/// keys per query runs far below GEMM speed, so here each 64-row block computes the exact
+/// logits of its whole key span by one sgemm and gives the unchosen keys weight 0 before the
+/// P·V sgemm: the same result (the chosen keys' logits are the same float32 dot products),
+/// O(Nq·Nk·(Dk + Dv + r)) time plus an O(Nq·Nk) selection (radix pass + nth_element per row).
+/// It is therefore slower than `exact.flash` (about 10× at N = 4096, D = 64, 2 threads); it measures
+/// Loki's accuracy, not its GPU speed-up. Memory: O(Nk·r) per kv head and O(64·Nk) per thread.
+/// No LSE (the softmax over T_i is not the row's log-sum-exp).
 class LokiAttention final : public AttentionMethod {
  public:
   using AttentionMethod::AttentionMethod;
