@@ -360,6 +360,31 @@ InputNorms input_norms(const AttentionProblem& p, const ExecContext& ctx) {
   return all;
 }
 
+double max_row_norm(const float* x, index_t rows, index_t m) {
+  double best = 0;
+  for (index_t r = 0; r < rows; ++r) {
+    double s = 0;
+    for (index_t a = 0; a < m; ++a) s += static_cast<double>(x[r * m + a]) * x[r * m + a];
+    if (std::isfinite(s)) best = std::max(best, std::sqrt(s));
+  }
+  return best;
+}
+
+double max_query_feature_norm(const AttentionProblem& p, index_t m, const FeatureFn& query, const ExecContext& ctx) {
+  constexpr index_t kRows = 256;
+  const index_t nqc = (p.n_q() + kRows - 1) / kRows, items = p.batch() * p.heads() * nqc;
+  std::vector<double> best(static_cast<std::size_t>(items), 0.0);
+  parallel_for(ctx, items, [&](std::int64_t t) {
+    const index_t c = t % nqc, bh = t / nqc, i0 = c * kRows, rows = std::min(kRows, p.n_q() - i0);
+    std::vector<float> psi(static_cast<std::size_t>(rows * m));
+    query(bh / p.heads(), bh % p.heads(), i0, rows, psi.data());
+    best[static_cast<std::size_t>(t)] = max_row_norm(psi.data(), rows, m);
+  });
+  double b = 0;
+  for (double x : best) b = std::max(b, x);
+  return b;
+}
+
 std::size_t linear_attention_workspace(const AttentionProblem& p, const LinearAttentionConfig& cfg,
                                        const ExecContext& ctx) {
   const Layout L = layout(p, cfg);

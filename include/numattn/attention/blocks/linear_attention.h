@@ -96,4 +96,11 @@ struct InputNorms {
 };
 InputNorms input_norms(const AttentionProblem& p, const ExecContext& ctx);
 
+/// The largest finite Euclidean norm of the rows of ψ: of the query features (computed by `query`
+/// in parallel chunks, then dropped) or of the `rows` × m key features in `keys`. Sketched
+/// features can exceed float32 when multiplied out; methods rescale ψ_Q by 1/max‖ψ_Q‖ and ψ_K by
+/// 1/max‖ψ_K‖ (every weight then lies in [−1, 1]) and scale the denominator's shift to match.
+double max_query_feature_norm(const AttentionProblem& p, index_t m, const FeatureFn& query, const ExecContext& ctx);
+double max_row_norm(const float* rows_data, index_t rows, index_t m);
+
 }  // namespace numattn::blocks
