@@ -411,7 +411,8 @@ void linear_attention(const AttentionProblem& p, const LinearAttentionConfig& cf
     return;
   }
   const Layout L = layout(p, cfg);
-  const index_t nq = p.n_q(), dv = p.d_v(), chunk = std::max<index_t>(cfg.chunk, 1);
+  // Without a causal rule the chunk size only sets GEMM shapes: at least 256 query rows at a time.
+  const index_t nq = p.n_q(), dv = p.d_v(), chunk = std::max<index_t>(cfg.chunk, 256);
   const std::vector<index_t> bnd = boundaries(p);
   const index_t nseg = static_cast<index_t>(bnd.size()) - 1;
   const index_t nbk = p.batch() * p.kv_heads();

@@ -231,8 +231,17 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
   // weight), the head's maximum over the keys read (finite ones: a non-finite key must not poison
   // the others), then features with offset = key maximum − head maximum ≤ 0.
   const index_t nk = blocks::keys_read(p), nbk = p.batch() * p.kv_heads();
-  // Uninitialised: every element is written by the projection below (no 4·Nk·M-byte memset).
-  std::unique_ptr<float[]> keys(new float[static_cast<std::size_t>(nbk * nk * f)]);
+  // Key features of every head: 4·B·Hkv·Nk·f bytes, the largest buffer here. Reused by the calling
+  // thread across calls (a fresh one costs a page fault and a kernel page clear per 4 KiB, ~20% of
+  // a large call); uninitialised: the projection below writes every element.
+  thread_local std::vector<float> key_buffer;
+  const std::size_t key_floats = static_cast<std::size_t>(nbk * nk * f);
+  if (key_buffer.size() < key_floats) {
+    key_buffer = std::vector<float>();
+    key_buffer.reserve(key_floats);
+    key_buffer.resize(key_floats);
+  }
+  float* const keys_data = key_buffer.data();
   std::vector<double> key_exp(static_cast<std::size_t>(nbk * nk));
   std::vector<double> key_norm(static_cast<std::size_t>(nbk * nk), 0.0);  // s‖k‖²/2 of finite keys
   constexpr index_t kSeg = 512;
@@ -240,7 +249,7 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
   parallel_for(ctx, nbk * nseg, [&](std::int64_t t) {
     const index_t bk = t / nseg, j0 = (t % nseg) * kSeg, rows = std::min(kSeg, nk - j0);
     const index_t b = bk / p.kv_heads(), hk = bk % p.kv_heads();
-    float* out = keys.get() + (bk * nk + j0) * f;
+    float* out = keys_data + (bk * nk + j0) * f;
     project(p.k.row(b, hk, j0), p.k.stride[2], rows, hk, out);
     for (index_t r = 0; r < rows; ++r) {
       const float* row = out + r * f;
@@ -275,7 +284,7 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
       const std::size_t at = static_cast<std::size_t>(bk * nk + j0 + r);
       const double e = key_exp[at];
       const float off = static_cast<float>(e - head_max[static_cast<std::size_t>(bk)]);  // NaN stays NaN
-      finish(keys.get() + at * f, off);
+      finish(keys_data + at * f, off);
     }
   });
 
@@ -297,7 +306,7 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
   cfg.chunk = kCausalChunk;
   cfg.causal_algo = params_.get_string("causal_algo") == "prefix" ? blocks::CausalAlgo::kPrefix : blocks::CausalAlgo::kBlock;
   cfg.den = ker == Kernel::kTrig ? blocks::Denominator{0, true} : blocks::Denominator{};
-  blocks::linear_attention(p, cfg, query, keys.get(), ctx);
+  blocks::linear_attention(p, cfg, query, keys_data, ctx);
 }
 
 NUMATTN_DEFINE_METHOD(PerformerAttention)
