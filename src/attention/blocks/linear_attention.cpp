@@ -108,12 +108,12 @@ Layout layout(const AttentionProblem& p, const LinearAttentionConfig& cfg) {
 /// A key state, M·(Dv+1) floats: S = φ(K)ᵀ V (M × Dv, row-major) then z = φ(K)ᵀ 1 (M). Kept apart
 /// rather than as [V | 1]: GEMMs of width Dv (64) run much faster than of width Dv + 1.
 void state_gemm(const AttentionProblem& p, const Layout& L, index_t b, index_t hk, const float* phi, index_t j0,
-                index_t rows, float* out) {
+                index_t rows, float* out, bool accumulate = false) {
   const index_t dv = p.d_v();
   blas::sgemm(blas::Trans::kYes, blas::Trans::kNo, L.mm, dv, rows, 1.f, phi, L.mm, p.v.row(b, hk, j0), p.v.stride[2],
-              0.f, out, dv);
+              accumulate ? 1.f : 0.f, out, dv);
   float* z = out + L.mm * dv;
-  std::fill(z, z + L.mm, 0.f);
+  if (!accumulate) std::fill(z, z + L.mm, 0.f);
   for (index_t r = 0; r < rows; ++r) {
     const float* f = phi + r * L.mm;
     for (index_t a = 0; a < L.mm; ++a) z[a] += f[a];
@@ -239,7 +239,8 @@ constexpr index_t kItems = 8;
 /// Causal block algorithm. Query chunks of b rows are grouped into S super-segments per head;
 /// (1) the key state up to each super-segment's first chunk is a float64 sum of per-piece GEMMs,
 /// scanned over super-segments; (2) each (head, super-segment) walks its chunks in order: the
-/// carried state times φ(Q_c), plus the masked diagonal, then the state takes the chunk's keys.
+/// carried state (float32, GEMM-accumulated in chunk order) times φ(Q_c), plus the masked
+/// diagonal, then the state takes the chunk's keys.
 void causal_blocks(const AttentionProblem& p, const LinearAttentionConfig& cfg, const FeatureFn& query,
                    const float* keys, const ExecContext& ctx) {
   const Layout L = layout(p, cfg);
@@ -273,8 +274,8 @@ void causal_blocks(const AttentionProblem& p, const LinearAttentionConfig& cfg, 
     const index_t bk = b * p.kv_heads() + hk;
     const float* kbase = keys + bk * L.nk * L.m;
     Scratch& s = ws[static_cast<std::size_t>(thread_index())];
-    std::vector<double> run = pre[static_cast<std::size_t>(bk * nsup + sg)];
-    std::vector<float> state(sf);
+    const std::vector<double>& pre_sg = pre[static_cast<std::size_t>(bk * nsup + sg)];
+    std::vector<float> state(pre_sg.begin(), pre_sg.end());
     const index_t c_end = std::min(nqc, (sg + 1) * per);
     // Query features for several chunks at a time: a larger projection GEMM is more efficient.
     const index_t batch_chunks = std::max<index_t>(1, 512 / chunk);
@@ -282,7 +283,6 @@ void causal_blocks(const AttentionProblem& p, const LinearAttentionConfig& cfg, 
     index_t q_first = -1;
     for (index_t c = sg * per; c < c_end; ++c) {
       const index_t i0 = c * chunk, rows = std::min(chunk, nq - i0);
-      for (std::size_t e = 0; e < sf; ++e) state[e] = static_cast<float>(run[e]);
       if (q_first < 0 || c >= q_first + batch_chunks) {
         q_first = c;
         const index_t qrows = std::min(batch_chunks * chunk, std::min(c_end * chunk, nq) - i0);
@@ -296,7 +296,10 @@ void causal_blocks(const AttentionProblem& p, const LinearAttentionConfig& cfg, 
       if (seen(p, i0) > 0) apply_state(L, dv, qphi, rows, state.data(), s.aug.data());
       diagonal_block(p, cfg, L, b, hk, i0, rows, s.psi.data(), kbase, s);
       for (index_t r = 0; r < rows; ++r) finish_row(cfg.den, s.aug.data() + r * L.dv1, dv, p.out.row(b, h, i0 + r));
-      if (c + 1 < c_end) add_keys(p, cfg, L, b, hk, kbase, seen(p, i0), seen(p, i0 + chunk), chunk, run, s);
+      if (c + 1 < c_end) {  // the chunk's keys join the state (float32 GEMM accumulation, fixed order)
+        const index_t a0 = seen(p, i0), a1 = seen(p, i0 + chunk);
+        if (a1 > a0) state_gemm(p, L, b, hk, expand(cfg, kbase + a0 * L.m, a1 - a0, s.phi), a0, a1 - a0, state.data(), true);
+      }
     }
   });
 }
