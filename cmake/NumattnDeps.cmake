@@ -35,3 +35,12 @@ if(NUMATTN_BLAS)
 else()
   message(FATAL_ERROR "NUMATTN_BLAS=OFF is not supported yet: GEMM has no fallback")
 endif()
+
+# FFTW3 (double precision) for the TensorSketch's circular convolutions (decomp/sketch.h).
+find_path(NUMATTN_FFTW3_INCLUDE fftw3.h)
+find_library(NUMATTN_FFTW3_LIB NAMES fftw3)
+if(NOT NUMATTN_FFTW3_INCLUDE OR NOT NUMATTN_FFTW3_LIB)
+  message(FATAL_ERROR "FFTW3 not found: run scripts/setup.sh (apt-get install libfftw3-dev)")
+endif()
+target_include_directories(numattn_deps INTERFACE ${NUMATTN_FFTW3_INCLUDE})
+target_link_libraries(numattn_deps INTERFACE ${NUMATTN_FFTW3_LIB})
