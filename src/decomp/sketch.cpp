@@ -92,28 +92,44 @@ TensorSketch::~TensorSketch() {
   fftw_destroy_plan(plans_->c2r);
 }
 
-void TensorSketch::apply(const double* x, double* out) const {
-  const std::size_t nc = static_cast<std::size_t>(r_ / 2 + 1);
-  std::vector<double> buf(static_cast<std::size_t>(r_));
-  std::vector<std::complex<double>> acc(nc), spec(nc);
-  for (int t = 0; t < p_; ++t) {
-    cs_[static_cast<std::size_t>(t)].apply(x, buf.data());
-    fftw_execute_dft_r2c(plans_->r2c, buf.data(), reinterpret_cast<fftw_complex*>(t == 0 ? acc.data() : spec.data()));
+namespace {
+/// Scratch of one TensorSketch evaluation (kept across the rows of apply_rows).
+struct TsScratch {
+  std::vector<double> buf;
+  std::vector<std::complex<double>> acc, spec;
+};
+}  // namespace
+
+static void tensor_sketch_apply(const std::vector<CountSketch>& cs, fftw_plan r2c, fftw_plan c2r, index_t r,
+                                const double* x, double* out, TsScratch& s) {
+  const std::size_t nc = static_cast<std::size_t>(r / 2 + 1);
+  s.buf.resize(static_cast<std::size_t>(r));
+  s.acc.resize(nc);
+  s.spec.resize(nc);
+  for (std::size_t t = 0; t < cs.size(); ++t) {
+    cs[t].apply(x, s.buf.data());
+    fftw_execute_dft_r2c(r2c, s.buf.data(), reinterpret_cast<fftw_complex*>(t == 0 ? s.acc.data() : s.spec.data()));
     if (t > 0)
-      for (std::size_t k = 0; k < nc; ++k) acc[k] *= spec[k];
+      for (std::size_t k = 0; k < nc; ++k) s.acc[k] *= s.spec[k];
   }
   // c2r overwrites its input; FFTW's inverse is unnormalised (a factor r).
-  fftw_execute_dft_c2r(plans_->c2r, reinterpret_cast<fftw_complex*>(acc.data()), out);
-  const double inv = 1.0 / static_cast<double>(r_);
-  for (index_t b = 0; b < r_; ++b) out[b] *= inv;
+  fftw_execute_dft_c2r(c2r, reinterpret_cast<fftw_complex*>(s.acc.data()), out);
+  const double inv = 1.0 / static_cast<double>(r);
+  for (index_t b = 0; b < r; ++b) out[b] *= inv;
+}
+
+void TensorSketch::apply(const double* x, double* out) const {
+  TsScratch s;
+  tensor_sketch_apply(cs_, plans_->r2c, plans_->c2r, r_, x, out, s);
 }
 
 void TensorSketch::apply_rows(const float* x, index_t ldx, index_t rows, double scale, float* out, index_t ldo) const {
   std::vector<double> xin(static_cast<std::size_t>(d_)), phi(static_cast<std::size_t>(r_));
+  TsScratch s;
   for (index_t i = 0; i < rows; ++i) {
     const float* xr = x + i * ldx;
     for (index_t k = 0; k < d_; ++k) xin[static_cast<std::size_t>(k)] = scale * xr[k];
-    apply(xin.data(), phi.data());
+    tensor_sketch_apply(cs_, plans_->r2c, plans_->c2r, r_, xin.data(), phi.data(), s);
     float* o = out + i * ldo;
     for (index_t b = 0; b < r_; ++b) o[b] = static_cast<float>(phi[static_cast<std::size_t>(b)]);
   }
