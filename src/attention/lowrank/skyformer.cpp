@@ -132,6 +132,12 @@ Status SkyformerAttention::can_run(const AttentionProblem& p) const {
   };
   scan(p.q);
   scan(p.k);
+  if (params_.get_string("pinv") == "newton_schulz" && total_landmarks(params_, p) > kMaxNsLandmarks)
+    return Status::unsupported(fmt::format(
+        "lowrank.skyformer(pinv=newton_schulz) uses at most {} landmarks (here min(landmarks, Nq+Nk) = {}): "
+        "its 4·iters float32 products of m×m matrices cost 8·iters·m³ flops per head; use pinv=exact "
+        "(one symmetric eigendecomposition) for more",
+        kMaxNsLandmarks, total_landmarks(params_, p)));
   if (worst > kMaxScaledNorm2)
     return Status::unsupported(fmt::format(
         "lowrank.skyformer: scale·max(‖q‖², ‖k‖²) = {:.3g} exceeds {:.0e}; its float32 kernel exponent "
@@ -242,7 +248,14 @@ void SkyformerAttention::forward(const AttentionProblem& p, const ExecContext& c
     const MatD scaled = dsc.asDiagonal() * stas * dsc.asDiagonal();
     MatD z;
     if (exact_pinv) {
-      z = decomp::pinv_svd(scaled, kExactRcond);
+      // The rescaled block is symmetric PSD: its Moore–Penrose inverse from the symmetric
+      // eigendecomposition (several times cheaper than an SVD), same cut-off as pinv_svd.
+      const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig{Eigen::MatrixXd(scaled)};
+      const Eigen::VectorXd& lam = eig.eigenvalues();
+      const double cut = kExactRcond * lam.cwiseAbs().maxCoeff();
+      Eigen::VectorXd inv(lam.size());
+      for (Eigen::Index i = 0; i < lam.size(); ++i) inv(i) = std::abs(lam(i)) > cut ? 1.0 / lam(i) : 0.0;
+      z = eig.eigenvectors() * inv.asDiagonal() * eig.eigenvectors().transpose();
     } else {
       decomp::NewtonSchulzPinv<float> ns(iters);
       ns.compute(scaled.cast<float>());

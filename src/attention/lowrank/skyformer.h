@@ -20,7 +20,8 @@ namespace numattn {
 /// rest from the K rows (capped at Nq and Nk, the remainder taken from the other side), seeded by
 /// (seed, batch, head); STAS = B_SS + γI; the symmetric diagonal rescaling D = diag(STAS·1)^(−1/2),
 /// STAS ← D·STAS·D; its pseudo-inverse by `iters` Newton–Schulz steps in float32 (B3) or the
-/// float64 SVD (`pinv=exact`); then C_Q·(D·STAS⁺·D)·(C_Kᵀ·V).
+/// float64 symmetric eigendecomposition (`pinv=exact`, eigenvalues below 1e-6 of the largest
+/// treated as zero); then C_Q·(D·STAS⁺·D)·(C_Kᵀ·V).
 ///
 /// Normalisation (our choice, so that the output is comparable with softmax and with the
 /// normalised Gaussian target): the official model drops Z⁻¹; we compute Â·[V | 1] and divide each
@@ -35,7 +36,8 @@ namespace numattn {
 /// factors below e^−745 for far-apart rows). Exact attention through the `exact.flash` kernels on
 /// [q, 1]·[k, −‖k‖²/2] (the per-key bias form of the normalised Gaussian kernel).
 ///
-/// Refuses causal problems and masks (not defined by the method), scale ≤ 0 (no Gaussian
+/// Refuses causal problems and masks (not defined by the method), more than 256 landmarks with
+/// the Newton–Schulz pseudo-inverse (its 8·iters·m³ flops; pinv=exact takes any m), scale ≤ 0 (no Gaussian
 /// kernel), and inputs with s·max(‖q‖², ‖k‖²) > 1e6: the float32 kernel exponent
 /// x·y − ‖x‖²/2 − ‖y‖²/2 carries a rounding error of about ε·s·(‖q‖² + ‖k‖²), which is then ≥ 0.1.
 /// Cost per query head: O((Nq + Nk)·m·(Dk + Dv) + iters·m³); workspace O(threads·(1024·m + m²)).
@@ -55,6 +57,8 @@ class SkyformerAttention final : public AttentionMethod {
   };
   Landmarks landmarks(const AttentionProblem& p, index_t b, index_t h) const;
 
+  /// Most landmarks the Newton–Schulz path accepts (pinv=exact has no limit).
+  static constexpr index_t kMaxNsLandmarks = 256;
   /// Largest accepted s·max(‖q‖², ‖k‖²).
   static constexpr double kMaxScaledNorm2 = 1e6;
 };
