@@ -56,7 +56,8 @@ inline constexpr double kConvergenceGain = 0.9;
 /// parameter; named parameters exist; randomized methods have a `seed`.
 std::vector<Violation> check_declaration(const MethodInfo& info);
 
-/// Over parameter_sets × a problem matrix (GQA, both causal alignments, Nq ≠ Nk, Dk ≠ Dv, D and
+/// Over parameter_sets × a problem matrix (the defaults at every thread count of `threads`, the
+/// other parameter sets at its last) (GQA, both causal alignments, Nq ≠ Nk, Dk ≠ Dv, D and
 /// N from 1 to 2000, BNHD strides, logits ×100, spiky inputs, boolean masks with empty rows,
 /// additive masks with -inf/NaN/-1e30 entries, a sliding window) × `threads`: a refused problem
 /// gives a reason and `run` throws; otherwise the output is finite, within the budget (exact
