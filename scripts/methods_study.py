@@ -117,10 +117,10 @@ def sweep_rows(tool, name, param, values, problem):
     return dict(zip(values, rows))
 
 
-def sweep(tool, quick, methods, capture_dir):
-    problems = [("gaussian", ["--n", "1024" if quick else "2048", "--d", "64", "--heads", "4", "--dist", "gaussian"]),
-                ("spiky", ["--n", "1024" if quick else "2048", "--d", "64", "--heads", "4", "--dist", "spiky"])]
-    for layer in ([0] if quick else [0, 15, 29]):
+def sweep(tool, quick, methods, capture_dir, n_synth, layers):
+    problems = [(f"gaussian, N = {n_synth}, H = 4, D = 64", ["--n", n_synth, "--d", "64", "--heads", "4", "--dist", "gaussian"]),
+                (f"spiky, N = {n_synth}, H = 4, D = 64", ["--n", n_synth, "--d", "64", "--heads", "4", "--dist", "spiky"])]
+    for layer in layers:
         problems.append((f"real, layer {layer}", ["--qkv", capture_dir, "--layer", str(layer)]))
     print("## Error against budget (non-causal; target error / softmax error; ratio to lowrank.svd at equal rank)\n")
     for label, problem in problems:
@@ -148,13 +148,13 @@ def sweep(tool, quick, methods, capture_dir):
         print()
 
 
-def ppl(tool, quick, methods):
-    chunks = "4" if quick else "20"
+def ppl(tool, quick, methods, chunks):
     print(f"## In the model: every layer's attention replaced, ctx 512, {chunks} chunks, against exact.flash\n")
     print("| attention | PPL | KL vs exact | top-1 agreement |")
     print("|---|---|---|---|")
     for name, info in methods.items():
-        if "causal" not in info["capabilities"].split() or info["family"] == "exact":
+        # lowrank.svd is an oracle (an SVD of every head's P per chunk): minutes per chunk.
+        if "causal" not in info["capabilities"].split() or info["family"] == "exact" or name == "lowrank.svd":
             continue
         d = tool.json("ppl", "--model", "default", "--text", "default", "--ctx", "512", "--chunks",
                       chunks, "--attn", name, "--baseline", "exact.flash", "--no-progress",
@@ -194,6 +194,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one layer, fewer chunks")
     ap.add_argument("--only", default="speed,crossover,sweep,ppl,ortho")
     ap.add_argument("--capture", default="", help="existing capture directory (default: capture now)")
+    ap.add_argument("--n-synth", default="", help="N of the Gaussian and spiky sweeps (default 2048; 1024 with --quick)")
+    ap.add_argument("--layers", default="", help="captured layers swept (default 0,15,29; 0 with --quick)")
+    ap.add_argument("--chunks", default="", help="ppl chunks (default 20; 4 with --quick)")
     a = ap.parse_args()
     tool = Tool(a.numattn, a.threads)
     methods = tool.methods()
@@ -207,11 +210,12 @@ def main():
         if not cap:
             cap = tempfile.mkdtemp(prefix="numattn_capture_")
             subprocess.run([a.numattn, "capture", "--model", "default", "--text", "default", "--tokens",
-                            "1024" if a.quick else "2048", "--layers", "0" if a.quick else "0,15,29",
+                            "1024" if a.quick else "2048", "--layers", a.layers or ("0" if a.quick else "0,15,29"),
                             "--out", cap], check=True, stdout=sys.stderr)
-        sweep(tool, a.quick, methods, cap)
+        sweep(tool, a.quick, methods, cap, a.n_synth or ("1024" if a.quick else "2048"),
+              [int(x) for x in (a.layers or ("0" if a.quick else "0,15,29")).split(",")])
     if "ppl" in only:
-        ppl(tool, a.quick, methods)
+        ppl(tool, a.quick, methods, a.chunks or ("4" if a.quick else "20"))
     if "ortho" in only:
         ortho(tool, a.quick, methods)
 
