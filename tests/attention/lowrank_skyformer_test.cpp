@@ -136,7 +136,8 @@ TEST(LowrankSkyformer, LandmarksAreHalfQueriesHalfKeysSeeded) {
   EXPECT_EQ(std::set<index_t>(l0.k_rows.begin(), l0.k_rows.end()).size(), 11u);
   EXPECT_EQ(sa.landmarks(p, 0, 0).q_rows, l0.q_rows);  // same seed, same draw
   EXPECT_NE(sa.landmarks(p, 0, 1).q_rows, l0.q_rows);  // per head
-  const auto& sb = dynamic_cast<const SkyformerAttention&>(*create_method("lowrank.skyformer(landmarks=21,seed=5)"));
+  const auto b = create_method("lowrank.skyformer(landmarks=21,seed=5)");
+  const auto& sb = dynamic_cast<const SkyformerAttention&>(*b);
   EXPECT_NE(sb.landmarks(p, 0, 0).k_rows, l0.k_rows);  // per seed
   // More landmarks than one side has: the rest come from the other side.
   RandomProblem small(small_config(1, 1, 3, 40, 8, 1));
