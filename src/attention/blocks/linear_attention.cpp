@@ -363,6 +363,13 @@ InputNorms input_norms(const AttentionProblem& p, const ExecContext& ctx) {
   return all;
 }
 
+void poison_nonfinite_rows(const TensorView<const float>& x, index_t b, index_t h, index_t row0, index_t rows,
+                           float* psi, index_t m) {
+  for (index_t i = 0; i < rows; ++i)
+    if (!simd::all_finite(x.row(b, h, row0 + i), x.shape[3]))
+      std::fill(psi + i * m, psi + (i + 1) * m, std::numeric_limits<float>::quiet_NaN());
+}
+
 double max_row_norm(const float* x, index_t rows, index_t m) {
   double best = 0;
   for (index_t r = 0; r < rows; ++r) {

@@ -120,10 +120,7 @@ void PolySketchAttention::forward(const AttentionProblem& p, const ExecContext& 
       chain[static_cast<std::size_t>(l)]->apply_rows(a.data(), r, rows, 1.f, l == nl - 1 ? out : c.data(), r, scratch);
       a.swap(c);
     }
-    // A non-finite input must not vanish in a product with a zero: mark its row NaN.
-    for (index_t i = 0; i < rows; ++i)
-      if (!simd::all_finite(x.row(b, h, r0 + i), p.d_qk()))
-        std::fill(out + i * r, out + (i + 1) * r, std::numeric_limits<float>::quiet_NaN());
+    blocks::poison_nonfinite_rows(x, b, h, r0, rows, out, r);
   };
   std::vector<float> keys = blocks::key_features(
       p, r, [&](index_t b, index_t hk, index_t r0, index_t rows, float* out) { psi(p.k, b, hk, hk, r0, rows, out); }, ctx);

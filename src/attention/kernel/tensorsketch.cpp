@@ -116,9 +116,7 @@ void TensorSketchAttention::forward(const AttentionProblem& p, const ExecContext
     ts.push_back(std::make_unique<decomp::TensorSketch>(d, r, degree, seed, static_cast<std::uint64_t>(hk)));
   auto phi = [&](const TensorView<const float>& x, index_t b, index_t h, index_t hk, index_t r0, index_t rows, float* out) {
     ts[static_cast<std::size_t>(hk)]->apply_rows(x.row(b, h, r0), x.stride[2], rows, rs, out, r);
-    // A non-finite input must reach the output (a CountSketch could cancel or drop it).
-    for (index_t i = 0; i < rows; ++i)
-      if (!simd::all_finite(x.row(b, h, r0 + i), d)) std::fill(out + i * r, out + (i + 1) * r, std::numeric_limits<float>::quiet_NaN());
+    blocks::poison_nonfinite_rows(x, b, h, r0, rows, out, r);
   };
   std::vector<float> keys = blocks::key_features(
       p, r, [&](index_t b, index_t hk, index_t r0, index_t rows, float* out) { phi(p.k, b, hk, hk, r0, rows, out); }, ctx);

@@ -103,4 +103,10 @@ InputNorms input_norms(const AttentionProblem& p, const ExecContext& ctx);
 double max_query_feature_norm(const AttentionProblem& p, index_t m, const FeatureFn& query, const ExecContext& ctx);
 double max_row_norm(const float* rows_data, index_t rows, index_t m);
 
+/// Sets to NaN each of the `rows` feature rows in `psi` (`rows` × m) whose input row
+/// x[b, h, row0 + i] is not finite: a sketch or a product with a zero could otherwise cancel or
+/// drop the NaN/inf, and `run` must see it to name the input.
+void poison_nonfinite_rows(const TensorView<const float>& x, index_t b, index_t h, index_t row0, index_t rows,
+                           float* psi, index_t m);
+
 }  // namespace numattn::blocks
