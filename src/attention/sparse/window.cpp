@@ -1,0 +1,256 @@
+#include "attention/sparse/window.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "attention/method_def.h"
+#include "attention/sparse/kept_keys_budget.h"
+#include "numattn/attention/blocks/dense_softmax.h"
+#include "numattn/attention/registry.h"
+
+namespace numattn {
+
+namespace {
+
+constexpr index_t kRowBlock = 256;
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+/// The band and sink sizes in force on `p`: the method's band narrowed by the problem's own
+/// window (-1 there = unbounded).
+struct Band {
+  index_t left, right, sinks;
+};
+
+Band band_of(const AttentionProblem& p, const ParamValues& pv) {
+  Band b{pv.get_int("left"), pv.get_int("right"), std::min<index_t>(pv.get_int("sinks"), p.n_kv())};
+  if (p.window_left >= 0) b.left = std::min(b.left, p.window_left);
+  if (p.window_right >= 0) b.right = std::min(b.right, p.window_right);
+  return b;
+}
+
+/// Whether row i has a sink key outside its band (only such rows need the sink pass).
+bool needs_sinks(const AttentionProblem& p, const Band& bd, index_t i) {
+  if (bd.sinks <= 0) return false;
+  const index_t d = i + p.diag_offset();
+  return d - bd.left > 0 || d + bd.right + 1 < bd.sinks;
+}
+
+/// Whether key j of row i is a sink outside the band that the problem lets the row see
+/// (causal rule, window, boolean mask; an additive −inf/NaN is checked by the caller).
+bool extra_sink(const AttentionProblem& p, const Band& bd, index_t i, index_t j) {
+  const index_t d = i + p.diag_offset();
+  if (j >= d - bd.left && j <= d + bd.right) return false;  // in the band: flash's
+  return p.visible(i, j);
+}
+
+/// Logit of key j for row (b, h, i) in float64, with the additive mask; nullopt when the mask
+/// hides the key (−inf or NaN entry).
+std::optional<double> logit(const AttentionProblem& p, index_t b, index_t h, index_t i, index_t j) {
+  double a = 0;
+  if (p.mask.kind == MaskKind::kAdditive) {
+    a = p.mask.additive[i * p.mask.ld + j];
+    if (!(a > kNegInf)) return std::nullopt;
+  }
+  const float* q = p.q.row(b, h, i);
+  const float* k = p.k.row(b, h / p.group(), j);
+  double dot = 0;
+  for (index_t c = 0; c < p.d_qk(); ++c) dot += static_cast<double>(q[c]) * k[c];
+  return p.effective_scale() * dot + a;
+}
+
+/// Softmax of row (b, h, i) over `keys` with float64 logits `s`, merged with a partial result
+/// (normalised output `o`, log-normaliser `lw`: −inf when empty) by log-sum-exp; writes `o` and
+/// `lse`. A non-finite logit (NaN, an infinite input, a +inf mask entry) makes the row NaN so
+/// that run() settles it: dropping it like a hidden key would hide a refused input.
+void softmax_merge(const AttentionProblem& p, index_t b, index_t h, const std::vector<index_t>& keys,
+                   const std::vector<double>& s, double lw, float* o, float& lse, std::vector<double>& acc) {
+  const index_t dv = p.d_v(), hk = h / p.group();
+  bool bad = std::isnan(lw);
+  double m = lw;
+  for (double x : s) bad |= !std::isfinite(x), m = std::max(m, x);
+  if (bad) {
+    std::fill(o, o + dv, std::numeric_limits<float>::quiet_NaN());
+    lse = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  if (m == kNegInf) {  // nothing visible: the empty row of problem.h
+    std::fill(o, o + dv, 0.f);
+    lse = -std::numeric_limits<float>::infinity();
+    return;
+  }
+  const double ww = lw == kNegInf ? 0.0 : std::exp(lw - m);
+  double total = ww;
+  acc.assign(static_cast<std::size_t>(dv), 0.0);
+  if (ww > 0)
+    for (index_t d = 0; d < dv; ++d) acc[static_cast<std::size_t>(d)] = ww * o[d];
+  for (std::size_t c = 0; c < keys.size(); ++c) {
+    const double w = std::exp(s[c] - m);
+    total += w;
+    const float* v = p.v.row(b, hk, keys[c]);
+    // 0·inf is NaN: a non-finite value of an attended key reaches the row even at weight 0.
+    for (index_t d = 0; d < dv; ++d) acc[static_cast<std::size_t>(d)] += w * v[d];
+  }
+  const double inv = 1.0 / total;  // total ≥ 1: the maximum's own weight
+  for (index_t d = 0; d < dv; ++d) o[d] = static_cast<float>(acc[static_cast<std::size_t>(d)] * inv);
+  lse = static_cast<float>(m + std::log(total));
+}
+
+struct RowScratch {
+  std::vector<double> s, acc;
+  std::vector<index_t> keys;
+};
+
+/// Merges the sink keys outside the band into row (b, h, i)'s band result in place.
+void merge_sinks(const AttentionProblem& p, const Band& bd, index_t b, index_t h, index_t i, float& lse,
+                 RowScratch& w) {
+  w.s.clear();
+  w.keys.clear();
+  for (index_t j = 0; j < bd.sinks; ++j) {
+    if (!extra_sink(p, bd, i, j)) continue;
+    const std::optional<double> x = logit(p, b, h, i, j);
+    if (!x) continue;
+    w.s.push_back(*x);
+    w.keys.push_back(j);
+  }
+  if (w.keys.empty()) return;
+  softmax_merge(p, b, h, w.keys, w.s, lse, p.out.row(b, h, i), lse, w.acc);
+}
+
+/// Row (b, h, i) over band ∪ sinks entirely in float64: for rows the float32 band pass left
+/// non-finite. exact.flash leaves a row NaN for run() to settle in float64 when it meets an
+/// infinite logit, also one of a key a boolean mask hides or one that overflowed float32;
+/// run() does that only for exact methods. Here the row is recomputed over exactly the keys this
+/// method attends to, so only a non-finite input the row reads stays NaN.
+void exact_row_f64(const AttentionProblem& p, const Band& bd, index_t b, index_t h, index_t i, float& lse,
+                   RowScratch& w) {
+  w.s.clear();
+  w.keys.clear();
+  for (index_t j : WindowAttention::attended_keys(p, i, bd.left, bd.right, bd.sinks)) {
+    const std::optional<double> x = logit(p, b, h, i, j);
+    if (!x) continue;
+    w.s.push_back(*x);
+    w.keys.push_back(j);
+  }
+  softmax_merge(p, b, h, w.keys, w.s, kNegInf, p.out.row(b, h, i), lse, w.acc);
+}
+
+}  // namespace
+
+const MethodInfo& WindowAttention::describe() {
+  static const MethodInfo info = [] {
+    MethodInfo m;
+    m.name = "sparse.window";
+    m.family = "sparse";
+    m.summary =
+        "sliding-window band plus attention sinks (first keys), exact softmax over them; "
+        "exact.flash on the band (only its tiles), sinks merged by log-sum-exp";
+    m.citation =
+        "Beltagy, Peters, Cohan, Longformer, 2020; Xiao, Tian, Chen, Han, Lewis, Efficient Streaming "
+        "Language Models with Attention Sinks (StreamingLLM), ICLR 2024";
+    m.time_complexity = "O(Nq·(left+right+1+sinks)·(Dk+Dv)); causal O(Nq·(left+1+sinks)·(Dk+Dv))";
+    m.memory_complexity = "exact.flash's workspace + Nq floats per query head (band LSE, with sinks)";
+    m.params = {
+        {"left", ParamType::kInt, "256", 0, 1e9, {}, "keys before the diagonal in the band"},
+        {"right", ParamType::kInt, "256", 0, 1e9, {},
+         "keys after the diagonal in the band (no effect under a causal rule)"},
+        {"sinks", ParamType::kInt, "4", 0, 4096, {}, "first keys every row attends to (attention sinks)"},
+    };
+    m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
+              .window = true, .lse = true, .decode = true};
+    AccuracyContract& a = m.accuracy;
+    a.max_rel_fro_error = [](const BudgetInput& in) {
+      const Band bd = band_of(in.problem, in.params);
+      const AttentionProblem& p = in.problem;
+      // Calibrated on the conformance matrix (see kept_keys_budget): measured errors are at most
+      // 0.73 (window) and 0.62 (topk) times 1 + sqrt(n/c − 1), worst on the 2000-key decode row.
+      return sparse_detail::kept_keys_budget(in, 1.5, 1.5, [&](index_t i, KeyRange r) {
+        const index_t d = i + p.diag_offset();
+        const index_t lo = std::max(r.begin, d - bd.left), hi = std::min(r.end, d + bd.right + 1);
+        index_t c = std::max<index_t>(0, hi - lo);
+        for (index_t j = r.begin; j < std::min(r.end, bd.sinks); ++j) c += j < lo || j >= hi;
+        return c;
+      });
+    };
+    a.limit_case = [](const AttentionProblem& p) {
+      const std::string w = std::to_string(p.n_q() + p.n_kv());
+      return ParamOverrides{{"left", w}, {"right", w}};
+    };
+    a.convergence.param = "left";
+    a.convergence.values = [](const AttentionProblem& p) {
+      const index_t n = p.n_q() + p.n_kv();
+      return std::vector<std::string>{"0", std::to_string(n / 8), std::to_string(n / 2), std::to_string(n)};
+    };
+    a.samples = {{{"left", "3"}, {"right", "0"}, {"sinks", "2"}},
+                 {{"left", "16"}, {"right", "0"}, {"sinks", "0"}},
+                 {{"left", "7"}, {"right", "5"}, {"sinks", "9"}}};
+    return m;
+  }();
+  return info;
+}
+
+std::vector<index_t> WindowAttention::attended_keys(const AttentionProblem& p, index_t i, index_t left,
+                                                    index_t right, index_t sinks) {
+  std::vector<index_t> keys;
+  const index_t d = i + p.diag_offset();
+  for (index_t j = 0; j < p.n_kv(); ++j) {
+    const bool band = j >= d - left && j <= d + right;
+    if ((band || j < sinks) && p.visible(i, j)) keys.push_back(j);
+  }
+  return keys;
+}
+
+std::size_t WindowAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
+  static const std::unique_ptr<AttentionMethod> flash = create_method("exact.flash");
+  const Band bd = band_of(p, params());
+  AttentionProblem sub = p;
+  sub.window_left = bd.left;
+  sub.window_right = bd.right;
+  std::size_t extra = 0;
+  if (bd.sinks > 0 && p.lse.empty())
+    extra = sizeof(float) * static_cast<std::size_t>(p.batch() * p.heads() * p.n_q());
+  return flash->workspace_bytes(sub, ctx) + extra;
+}
+
+void WindowAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
+  const Band bd = band_of(p, params());
+  const index_t nq = p.n_q(), B = p.batch(), H = p.heads();
+  bool any_sinks = false;
+  for (index_t i = 0; i < nq && !any_sinks; ++i) any_sinks = needs_sinks(p, bd, i);
+
+  // The band: flash with the window narrowed (it skips tiles outside it).
+  AttentionProblem sub = p;
+  sub.window_left = bd.left;
+  sub.window_right = bd.right;
+  std::vector<float> lse_tmp;
+  if (any_sinks && p.lse.empty()) {
+    lse_tmp.resize(static_cast<std::size_t>(B * H * nq));
+    sub.lse = TensorView<float>(lse_tmp.data(), {B, H, nq, 1}, {H * nq, nq, 1, 1});
+  }
+  blocks::dense_softmax_attention(sub, ctx);
+
+  // Per row: the sinks outside the band (at most `sinks` keys) merged into the band's result;
+  // then rows left non-finite recomputed in float64 (see exact_row_f64). The scan is O(Nq·Dv)
+  // per head, as run()'s own check.
+  const index_t nblk = (nq + kRowBlock - 1) / kRowBlock, dv = p.d_v();
+  parallel_for(ctx, B * H * nblk, [&](std::int64_t t) {
+    const index_t blk = t % nblk, bh = t / nblk, b = bh / H, h = bh % H;
+    RowScratch w;
+    float dummy = 0;
+    for (index_t i = blk * kRowBlock; i < std::min(nq, (blk + 1) * kRowBlock); ++i) {
+      float& lse = sub.lse.empty() ? dummy : sub.lse(b, h, i, 0);
+      if (needs_sinks(p, bd, i)) merge_sinks(p, bd, b, h, i, lse, w);
+      const float* o = p.out.row(b, h, i);
+      bool finite = sub.lse.empty() || !std::isnan(lse);
+      for (index_t d = 0; d < dv; ++d) finite &= std::isfinite(o[d]);
+      if (!finite) exact_row_f64(p, bd, b, h, i, lse, w);
+    }
+  });
+}
+
+NUMATTN_DEFINE_METHOD(WindowAttention)
+
+}  // namespace numattn
