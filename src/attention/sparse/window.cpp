@@ -11,6 +11,7 @@
 #include "attention/sparse/kept_keys_budget.h"
 #include "numattn/attention/blocks/dense_softmax.h"
 #include "numattn/attention/registry.h"
+#include "numattn/core/blas.h"
 
 namespace numattn {
 
@@ -37,14 +38,6 @@ bool needs_sinks(const AttentionProblem& p, const Band& bd, index_t i) {
   if (bd.sinks <= 0) return false;
   const index_t d = i + p.diag_offset();
   return d - bd.left > 0 || d + bd.right + 1 < bd.sinks;
-}
-
-/// Whether key j of row i is a sink outside the band that the problem lets the row see
-/// (causal rule, window, boolean mask; an additive −inf/NaN is checked by the caller).
-bool extra_sink(const AttentionProblem& p, const Band& bd, index_t i, index_t j) {
-  const index_t d = i + p.diag_offset();
-  if (j >= d - bd.left && j <= d + bd.right) return false;  // in the band: flash's
-  return p.visible(i, j);
 }
 
 /// Logit of key j for row (b, h, i) in float64, with the additive mask; nullopt when the mask
@@ -101,23 +94,57 @@ void softmax_merge(const AttentionProblem& p, index_t b, index_t h, const std::v
 
 struct RowScratch {
   std::vector<double> s, acc;
+  std::vector<float> x, sl;
   std::vector<index_t> keys;
 };
 
-/// Merges the sink keys outside the band into row (b, h, i)'s band result in place.
-void merge_sinks(const AttentionProblem& p, const Band& bd, index_t b, index_t h, index_t i, float& lse,
-                 RowScratch& w) {
-  w.s.clear();
+/// Merges the sink keys outside the band into row i's band result (normalised `o`, `lse`) in
+/// float32, from the row's sink logits `sl[j] = scale·q_i·k_j` (j < sinks, one sgemm per row
+/// block). A non-finite logit of an attended sink makes the row NaN; the caller then recomputes
+/// it in float64 (exact_row_f64), which tells a refused input from a float32 overflow.
+void merge_sinks(const AttentionProblem& p, const Band& bd, index_t b, index_t h, index_t i, const float* sl,
+                 float* o, float& lse, RowScratch& w) {
+  const index_t dv = p.d_v(), hk = h / p.group();
+  const KeyRange kr = p.key_range(i);
+  const index_t d = i + p.diag_offset();
   w.keys.clear();
-  for (index_t j = 0; j < bd.sinks; ++j) {
-    if (!extra_sink(p, bd, i, j)) continue;
-    const std::optional<double> x = logit(p, b, h, i, j);
-    if (!x) continue;
-    w.s.push_back(*x);
+  w.x.clear();
+  bool bad = std::isnan(lse);
+  float m = lse;
+  for (index_t j = kr.begin; j < std::min(kr.end, bd.sinks); ++j) {
+    if (j >= d - bd.left && j <= d + bd.right) continue;  // in the band: flash's
+    if (p.mask.kind == MaskKind::kBool && !p.mask.allowed[i * p.mask.ld + j]) continue;
+    float x = sl[j];
+    if (p.mask.kind == MaskKind::kAdditive) {
+      const float a = p.mask.additive[i * p.mask.ld + j];
+      if (!(a > -std::numeric_limits<float>::infinity())) continue;  // -inf or NaN hides the key
+      x += a;
+    }
+    bad |= !std::isfinite(x);
+    m = std::max(m, x);
     w.keys.push_back(j);
+    w.x.push_back(x);
   }
   if (w.keys.empty()) return;
-  softmax_merge(p, b, h, w.keys, w.s, lse, p.out.row(b, h, i), lse, w.acc);
+  if (bad) {
+    std::fill(o, o + dv, std::numeric_limits<float>::quiet_NaN());
+    lse = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  // Log-sum-exp merge of two disjoint key sets (digest §13.2.1): the band (weight e^{lse − m},
+  // none when it saw nothing) and the sinks (e^{x_j − m}); m ≥ every exponent, total ≥ 1.
+  const float ww = lse == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(lse - m);
+  float total = ww;
+  for (index_t e = 0; e < dv; ++e) o[e] *= ww;
+  for (std::size_t c = 0; c < w.keys.size(); ++c) {
+    const float wt = std::exp(w.x[c] - m);
+    total += wt;
+    const float* v = p.v.row(b, hk, w.keys[c]);
+    for (index_t e = 0; e < dv; ++e) o[e] += wt * v[e];
+  }
+  const float inv = 1.f / total;
+  for (index_t e = 0; e < dv; ++e) o[e] *= inv;
+  lse = m + std::log(total);
 }
 
 /// Row (b, h, i) over band ∪ sinks entirely in float64: for rows the float32 band pass left
@@ -236,16 +263,27 @@ void WindowAttention::forward(const AttentionProblem& p, const ExecContext& ctx)
   // then rows left non-finite recomputed in float64 (see exact_row_f64). The scan is O(Nq·Dv)
   // per head, as run()'s own check.
   const index_t nblk = (nq + kRowBlock - 1) / kRowBlock, dv = p.d_v();
+  const float scale = static_cast<float>(p.effective_scale());
   parallel_for(ctx, B * H * nblk, [&](std::int64_t t) {
     const index_t blk = t % nblk, bh = t / nblk, b = bh / H, h = bh % H;
+    const index_t i0 = blk * kRowBlock, i1 = std::min(nq, i0 + kRowBlock);
     RowScratch w;
+    // Sink logits of the block's rows: one (rows × sinks) sgemm, when some row needs them.
+    bool block_sinks = false;
+    for (index_t i = i0; i < i1 && !block_sinks; ++i) block_sinks = needs_sinks(p, bd, i);
+    if (block_sinks) {
+      w.sl.resize(static_cast<std::size_t>((i1 - i0) * bd.sinks));
+      blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, i1 - i0, bd.sinks, p.d_qk(), scale, p.q.row(b, h, i0),
+                  p.q.stride[2], p.k.row(b, h / p.group(), 0), p.k.stride[2], 0.f, w.sl.data(), bd.sinks);
+    }
     float dummy = 0;
-    for (index_t i = blk * kRowBlock; i < std::min(nq, (blk + 1) * kRowBlock); ++i) {
+    for (index_t i = i0; i < i1; ++i) {
       float& lse = sub.lse.empty() ? dummy : sub.lse(b, h, i, 0);
-      if (needs_sinks(p, bd, i)) merge_sinks(p, bd, b, h, i, lse, w);
-      const float* o = p.out.row(b, h, i);
+      float* o = p.out.row(b, h, i);
+      if (block_sinks && needs_sinks(p, bd, i))
+        merge_sinks(p, bd, b, h, i, w.sl.data() + (i - i0) * bd.sinks, o, lse, w);
       bool finite = sub.lse.empty() || !std::isnan(lse);
-      for (index_t d = 0; d < dv; ++d) finite &= std::isfinite(o[d]);
+      for (index_t e = 0; e < dv; ++e) finite &= std::isfinite(o[e]);
       if (!finite) exact_row_f64(p, bd, b, h, i, lse, w);
     }
   });
