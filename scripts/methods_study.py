@@ -32,7 +32,7 @@ SWEEPS = [
     ("lowrank.loki", "topk_frac", ["0.125", "0.25", "0.5"], False),
     ("kernel.performer", "features", ["64", "256", "1024"], False),
     ("kernel.linear", None, [], False),
-    ("kernel.polysketch", "sketch", ["16", "32", "64"], False),
+    ("kernel.polysketch", "sketch", ["8", "16", "32"], False),
     ("kernel.tensorsketch", "sketch", ["64", "256", "1024"], False),
     ("kernel.levattention", "keys", ["16", "64", "256"], False),
 ]
@@ -63,7 +63,9 @@ class Tool:
 
     def bench(self, *args):
         rows = self.json("bench", "--threads", str(self.threads), *args)
-        return rows if isinstance(rows, list) else [rows]
+        rows = rows if isinstance(rows, list) else [rows]
+        # The same-run GEMM baseline row (method "blas.sgemm") is not a method row.
+        return [r for r in rows if not str(r.get("method", "")).startswith("blas.")]
 
     def methods(self):
         return {m["name"]: m for m in self.json("methods")}
@@ -114,7 +116,7 @@ def sweep_rows(tool, name, param, values, problem):
     if param is None:
         return {None: tool.bench("--method", name, *problem, "--reps", "1")[0]}
     rows = tool.bench("--method", name, "--sweep", f"{param}={','.join(values)}", *problem, "--reps", "1")
-    return dict(zip(values, rows))
+    return {str(r.get("sweep_value")): r for r in rows}
 
 
 def sweep(tool, quick, methods, capture_dir, n_synth, layers):

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "numattn/attention/registry.h"
+#include "support/method_problem.h"
 #include "support/test_util.h"
 
 namespace numattn {
@@ -77,18 +78,7 @@ double rel_error(const AttentionProblem& p, const Ref& ref) {
 }
 
 ProblemConfig config(index_t h, index_t hk, index_t n, index_t nk, index_t d, Causal c, std::uint64_t seed) {
-  ProblemConfig cfg;
-  cfg.heads = h;
-  cfg.kv_heads = hk;
-  cfg.n = n;
-  cfg.n_kv = nk;
-  cfg.d = d;
-  cfg.dv = d + 3;
-  cfg.causal = c;
-  cfg.seed = seed;
-  cfg.want_lse = false;
-  cfg.dist = Dist::kSpiky;
-  return cfg;
+  return test::method_problem(h, hk, n, nk, d, d + 3, c, seed, Dist::kSpiky);
 }
 
 TEST(LevAttention, NonCausalEqualsItsFloat64Transcription) {

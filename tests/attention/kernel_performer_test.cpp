@@ -13,6 +13,7 @@
 #include "numattn/attention/registry.h"
 #include "numattn/core/rng.h"
 #include "numattn/decomp/random_features.h"
+#include "support/method_problem.h"
 #include "support/test_util.h"
 
 namespace numattn {
@@ -22,17 +23,7 @@ using test::base_seed;
 
 ProblemConfig config(index_t hq, index_t hk, index_t n, index_t nk, index_t d, index_t dv, Causal c,
                      std::uint64_t seed) {
-  ProblemConfig cfg;
-  cfg.heads = hq;
-  cfg.kv_heads = hk;
-  cfg.n = n;
-  cfg.n_kv = nk;
-  cfg.d = d;
-  cfg.dv = dv;
-  cfg.causal = c;
-  cfg.seed = seed;
-  cfg.want_lse = false;
-  return cfg;
+  return test::method_problem(hq, hk, n, nk, d, dv, c, seed);
 }
 
 /// FAVOR+ in float64 with the method's draws and its stabiliser (rows of Φ_Q over their maximum,

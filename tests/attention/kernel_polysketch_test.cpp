@@ -12,22 +12,14 @@
 #include "attention/kernel_dense.h"
 #include "numattn/attention/registry.h"
 #include "numattn/decomp/sketch.h"
+#include "support/method_problem.h"
 #include "support/test_util.h"
 
 namespace numattn {
 namespace {
 
 ProblemConfig config(index_t hq, index_t hk, index_t n, index_t nk, index_t d, Causal c, std::uint64_t seed) {
-  ProblemConfig cfg;
-  cfg.heads = hq;
-  cfg.kv_heads = hk;
-  cfg.n = n;
-  cfg.n_kv = nk;
-  cfg.d = d;
-  cfg.causal = c;
-  cfg.seed = seed;
-  cfg.want_lse = false;
-  return cfg;
+  return test::method_problem(hq, hk, n, nk, d, d, c, seed);
 }
 
 /// ψ = φ_{p/2}(√s x) with the method's draws (seed, stream hk·16 + level), in float64.

@@ -13,6 +13,7 @@
 #include "attention/lowrank/wildcat.h"
 #include "numattn/attention/registry.h"
 #include "numattn/decomp/rpcholesky.h"
+#include "support/method_problem.h"
 #include "support/test_util.h"
 
 namespace numattn {
@@ -44,17 +45,7 @@ std::vector<index_t> pivots(const Mat& K, double c, index_t r, std::uint64_t see
 }
 
 ProblemConfig config(index_t h, index_t hk, index_t n, index_t nk, index_t d, Dist dist, std::uint64_t seed) {
-  ProblemConfig cfg;
-  cfg.heads = h;
-  cfg.kv_heads = hk;
-  cfg.n = n;
-  cfg.n_kv = nk;
-  cfg.d = d;
-  cfg.dv = d + 2;
-  cfg.seed = seed;
-  cfg.want_lse = false;
-  cfg.dist = dist;
-  return cfg;
+  return test::method_problem(h, hk, n, nk, d, d + 2, Causal::kNone, seed, dist);
 }
 
 TEST(Wildcat, EqualsItsFloat64Transcription) {

@@ -523,4 +523,55 @@ void exact_polynomial_attention(const AttentionProblem& p, int degree, double sh
   });
 }
 
+std::size_t exact_polynomial_workspace(const AttentionProblem& p, const ExecContext& ctx) {
+  return 4 * static_cast<std::size_t>(ctx.num_threads()) *
+         static_cast<std::size_t>(64 * (p.n_kv() + p.d_v() + 1) + p.n_kv() * (p.d_v() + 1));
+}
+
+std::size_t sketched_polynomial_workspace(const AttentionProblem& p, const LinearAttentionConfig& cfg,
+                                          const ExecContext& ctx) {
+  return 4 * static_cast<std::size_t>(p.batch() * p.kv_heads() * keys_read(p) * cfg.feature_dim) +
+         linear_attention_workspace(p, cfg, ctx);
+}
+
+void sketched_polynomial_attention(const AttentionProblem& p, const LinearAttentionConfig& cfg, const SketchFn& phi,
+                                   const char* name, const ExecContext& ctx) {
+  const index_t m = cfg.feature_dim;
+  const InputNorms n = input_norms(p, ctx);
+  NUMATTN_CHECK(static_cast<double>(std::max<index_t>(p.n_kv(), 1)) * std::max(1.0, n.v) <= 1e36,
+                "{}: Nk·max(1,|v|) = {:.3g} exceeds the float32 bound 1e36 of its weighted sums; "
+                "reduce the magnitude of v",
+                name, static_cast<double>(p.n_kv()) * n.v);
+  auto guarded = [&](const TensorView<const float>& x, index_t b, index_t h, index_t hk, index_t r0, index_t rows,
+                     float* out) {
+    phi(x, b, h, hk, r0, rows, out);
+    poison_nonfinite_rows(x, b, h, r0, rows, out, m);
+  };
+  std::vector<float> keys = key_features(
+      p, m, [&](index_t b, index_t hk, index_t r0, index_t rows, float* out) { guarded(p.k, b, hk, hk, r0, rows, out); },
+      ctx);
+  const FeatureFn qphi = [&](index_t b, index_t h, index_t r0, index_t rows, float* out) {
+    guarded(p.q, b, h, h / p.group(), r0, rows, out);
+  };
+  const double qmax = max_query_feature_norm(p, m, qphi, ctx);
+  const double kmax = max_row_norm(keys.data(), static_cast<index_t>(keys.size()) / m, m);
+  const double alpha = qmax > 0 ? 1 / qmax : 1, beta = kmax > 0 ? 1 / kmax : 1;
+  const double shift = cfg.self_tensor ? (alpha * beta) * (alpha * beta) : alpha * beta;
+  NUMATTN_CHECK(shift > 0 && std::isfinite(shift),
+                "{}: the sketched features reach norms {:.3g} (queries) and {:.3g} (keys); the denominator's 1 is "
+                "then beyond float64's range relative to the weights; reduce the scale or the magnitude of q and k",
+                name, qmax, kmax);
+  for (float& x : keys) x = static_cast<float>(x * beta);
+  LinearAttentionConfig scaled = cfg;
+  scaled.den.shift = shift;
+  const float fa = static_cast<float>(alpha);
+  linear_attention(
+      p, scaled,
+      [&](index_t b, index_t h, index_t r0, index_t rows, float* out) {
+        qphi(b, h, r0, rows, out);
+        for (index_t e = 0; e < rows * m; ++e) out[e] *= fa;
+      },
+      keys.data(), ctx);
+}
+
 }  // namespace numattn::blocks

@@ -77,16 +77,19 @@ Status PolySketchAttention::can_run(const AttentionProblem& p) const {
   return Status::ok();
 }
 
-std::size_t PolySketchAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
-  if (params_.get_bool("exact"))
-    return 4 * static_cast<std::size_t>(ctx.num_threads()) * static_cast<std::size_t>(64 * (p.n_kv() + p.d_v() + 1) + p.n_kv() * (p.d_v() + 1));
-  const index_t r = params_.get_int("sketch");
+namespace {
+blocks::LinearAttentionConfig config(const ParamValues& params) {
   blocks::LinearAttentionConfig cfg;
-  cfg.feature_dim = r;
+  cfg.feature_dim = params.get_int("sketch");
   cfg.self_tensor = true;
-  cfg.chunk = params_.get_int("grain");
-  return 4 * static_cast<std::size_t>(p.batch() * p.kv_heads() * blocks::keys_read(p) * r) +
-         blocks::linear_attention_workspace(p, cfg, ctx);
+  cfg.chunk = params.get_int("grain");
+  return cfg;
+}
+}  // namespace
+
+std::size_t PolySketchAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
+  if (params_.get_bool("exact")) return blocks::exact_polynomial_workspace(p, ctx);
+  return blocks::sketched_polynomial_workspace(p, config(params_), ctx);
 }
 
 void PolySketchAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
@@ -97,12 +100,6 @@ void PolySketchAttention::forward(const AttentionProblem& p, const ExecContext& 
   }
   const index_t r = params_.get_int("sketch"), d = p.d_qk();
   const auto seed = static_cast<std::uint64_t>(params_.get_int("seed"));
-  const double s = p.effective_scale();
-  const blocks::InputNorms n = blocks::input_norms(p, ctx);
-  NUMATTN_CHECK(static_cast<double>(std::max<index_t>(p.n_kv(), 1)) * std::max(1.0, n.v) <= 1e36,
-                "kernel.polysketch: Nk·max(1,|v|) = {:.3g} exceeds the float32 bound 1e36 of its weighted sums; "
-                "reduce the magnitude of v",
-                static_cast<double>(p.n_kv()) * n.v);
   // One chain of nl = log2(p/2) sketches per KV head: level 0 maps Dk → r, the others r → r.
   const int nl = levels(degree);
   std::vector<std::vector<std::unique_ptr<decomp::GaussianSketch2>>> sk(static_cast<std::size_t>(p.kv_heads()));
@@ -110,8 +107,9 @@ void PolySketchAttention::forward(const AttentionProblem& p, const ExecContext& 
     for (int l = 0; l < nl; ++l)
       sk[static_cast<std::size_t>(hk)].push_back(std::make_unique<decomp::GaussianSketch2>(
           l == 0 ? d : r, r, seed, static_cast<std::uint64_t>(hk * 16 + l)));
-  const float rs = static_cast<float>(std::sqrt(s));
-  auto psi = [&](const TensorView<const float>& x, index_t b, index_t h, index_t hk, index_t r0, index_t rows, float* out) {
+  const float rs = static_cast<float>(std::sqrt(p.effective_scale()));
+  auto psi = [&](const TensorView<const float>& x, index_t b, index_t h, index_t hk, index_t r0, index_t rows,
+                 float* out) {
     std::vector<float> scratch, a(static_cast<std::size_t>(rows * r)), c;
     const auto& chain = sk[static_cast<std::size_t>(hk)];
     chain[0]->apply_rows(x.row(b, h, r0), x.stride[2], rows, rs, nl == 1 ? out : a.data(), r, scratch);
@@ -120,39 +118,8 @@ void PolySketchAttention::forward(const AttentionProblem& p, const ExecContext& 
       chain[static_cast<std::size_t>(l)]->apply_rows(a.data(), r, rows, 1.f, l == nl - 1 ? out : c.data(), r, scratch);
       a.swap(c);
     }
-    blocks::poison_nonfinite_rows(x, b, h, r0, rows, out, r);
   };
-  std::vector<float> keys = blocks::key_features(
-      p, r, [&](index_t b, index_t hk, index_t r0, index_t rows, float* out) { psi(p.k, b, hk, hk, r0, rows, out); }, ctx);
-  blocks::FeatureFn qpsi = [&](index_t b, index_t h, index_t r0, index_t rows, float* out) {
-    psi(p.q, b, h, h / p.group(), r0, rows, out);
-  };
-  // (ψ_q·ψ_k)² multiplied out can leave float32 although ψ does not (p-th powers of logits ×100
-  // times the sketch's spread): ψ_Q and ψ_K are scaled to unit maximum norm, so every weight is in
-  // [0, 1], and the "1 +" of the denominator becomes (α·β)² with them (the ratio is unchanged).
-  const double qmax = blocks::max_query_feature_norm(p, r, qpsi, ctx);
-  const double kmax = blocks::max_row_norm(keys.data(), static_cast<index_t>(keys.size()) / r, r);
-  const double alpha = qmax > 0 ? 1 / qmax : 1, beta = kmax > 0 ? 1 / kmax : 1;
-  const double shift = (alpha * beta) * (alpha * beta);
-  NUMATTN_CHECK(shift > 0 && std::isfinite(shift),
-                "kernel.polysketch: the sketched features reach norms {:.3g} (queries) and {:.3g} (keys); the "
-                "denominator's 1 is then below float64's range relative to the weights; reduce the scale or the "
-                "magnitude of q and k",
-                qmax, kmax);
-  for (float& x : keys) x = static_cast<float>(x * beta);
-  blocks::LinearAttentionConfig cfg;
-  cfg.feature_dim = r;
-  cfg.self_tensor = true;
-  cfg.chunk = params_.get_int("grain");
-  cfg.den = {shift, false};
-  const float fa = static_cast<float>(alpha);
-  blocks::linear_attention(
-      p, cfg,
-      [&](index_t b, index_t h, index_t r0, index_t rows, float* out) {
-        qpsi(b, h, r0, rows, out);
-        for (index_t e = 0; e < rows * r; ++e) out[e] *= fa;
-      },
-      keys.data(), ctx);
+  blocks::sketched_polynomial_attention(p, config(params_), psi, "kernel.polysketch", ctx);
 }
 
 NUMATTN_DEFINE_METHOD(PolySketchAttention)

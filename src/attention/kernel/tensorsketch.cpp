@@ -86,15 +86,19 @@ Status TensorSketchAttention::can_run(const AttentionProblem& p) const {
   return Status::ok();
 }
 
-std::size_t TensorSketchAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
-  if (params_.get_bool("exact"))
-    return 4 * static_cast<std::size_t>(ctx.num_threads()) * static_cast<std::size_t>(64 * (p.n_kv() + p.d_v() + 1) + p.n_kv() * (p.d_v() + 1));
-  const index_t r = params_.get_int("sketch");
+namespace {
+blocks::LinearAttentionConfig config(const ParamValues& params) {
   blocks::LinearAttentionConfig cfg;
-  cfg.feature_dim = r;
+  cfg.feature_dim = params.get_int("sketch");
   cfg.chunk = kChunk;
-  return 4 * static_cast<std::size_t>(p.batch() * p.kv_heads() * blocks::keys_read(p) * r) +
-         blocks::linear_attention_workspace(p, cfg, ctx);
+  cfg.den.clamp_nonneg = true;  // signed estimates: out = Σ w v / (α·β + max(Σ w, 0))
+  return cfg;
+}
+}  // namespace
+
+std::size_t TensorSketchAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
+  if (params_.get_bool("exact")) return blocks::exact_polynomial_workspace(p, ctx);
+  return blocks::sketched_polynomial_workspace(p, config(params_), ctx);
 }
 
 void TensorSketchAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
@@ -106,47 +110,12 @@ void TensorSketchAttention::forward(const AttentionProblem& p, const ExecContext
   const index_t r = params_.get_int("sketch"), d = p.d_qk();
   const auto seed = static_cast<std::uint64_t>(params_.get_int("seed"));
   const double rs = std::sqrt(p.effective_scale());
-  const blocks::InputNorms n = blocks::input_norms(p, ctx);
-  NUMATTN_CHECK(static_cast<double>(std::max<index_t>(p.n_kv(), 1)) * std::max(1.0, n.v) <= 1e36,
-                "kernel.tensorsketch: Nk·max(1,|v|) = {:.3g} exceeds the float32 bound 1e36 of its weighted sums; "
-                "reduce the magnitude of v",
-                static_cast<double>(p.n_kv()) * n.v);
   std::vector<std::unique_ptr<decomp::TensorSketch>> ts;
   for (index_t hk = 0; hk < p.kv_heads(); ++hk)
     ts.push_back(std::make_unique<decomp::TensorSketch>(d, r, degree, seed, static_cast<std::uint64_t>(hk)));
-  auto phi = [&](const TensorView<const float>& x, index_t b, index_t h, index_t hk, index_t r0, index_t rows, float* out) {
-    ts[static_cast<std::size_t>(hk)]->apply_rows(x.row(b, h, r0), x.stride[2], rows, rs, out, r);
-    blocks::poison_nonfinite_rows(x, b, h, r0, rows, out, r);
-  };
-  std::vector<float> keys = blocks::key_features(
-      p, r, [&](index_t b, index_t hk, index_t r0, index_t rows, float* out) { phi(p.k, b, hk, hk, r0, rows, out); }, ctx);
-  blocks::FeatureFn qphi = [&](index_t b, index_t h, index_t r0, index_t rows, float* out) {
-    phi(p.q, b, h, h / p.group(), r0, rows, out);
-  };
-  // As in kernel.polysketch: features scaled to unit maximum norm (|weight| ≤ 1), the target's
-  // "1 +" scaled with them: out = Σ w v / (α·β + max(Σ w, 0)) with w = (αφ_q)·(βφ_k).
-  const double qmax = blocks::max_query_feature_norm(p, r, qphi, ctx);
-  const double kmax = blocks::max_row_norm(keys.data(), static_cast<index_t>(keys.size()) / r, r);
-  const double alpha = qmax > 0 ? 1 / qmax : 1, beta = kmax > 0 ? 1 / kmax : 1;
-  const double shift = alpha * beta;
-  NUMATTN_CHECK(shift > 0 && std::isfinite(shift),
-                "kernel.tensorsketch: the sketched features reach norms {:.3g} (queries) and {:.3g} (keys); the "
-                "denominator's 1 is then beyond float64's range relative to the weights; reduce the scale or the "
-                "magnitude of q and k",
-                qmax, kmax);
-  for (float& x : keys) x = static_cast<float>(x * beta);
-  blocks::LinearAttentionConfig cfg;
-  cfg.feature_dim = r;
-  cfg.chunk = kChunk;
-  cfg.den = {shift, true};
-  const float fa = static_cast<float>(alpha);
-  blocks::linear_attention(
-      p, cfg,
-      [&](index_t b, index_t h, index_t r0, index_t rows, float* out) {
-        qphi(b, h, r0, rows, out);
-        for (index_t e = 0; e < rows * r; ++e) out[e] *= fa;
-      },
-      keys.data(), ctx);
+  auto phi = [&](const TensorView<const float>& x, index_t b, index_t h, index_t hk, index_t r0, index_t rows,
+                 float* out) { ts[static_cast<std::size_t>(hk)]->apply_rows(x.row(b, h, r0), x.stride[2], rows, rs, out, r); };
+  blocks::sketched_polynomial_attention(p, config(params_), phi, "kernel.tensorsketch", ctx);
 }
 
 NUMATTN_DEFINE_METHOD(TensorSketchAttention)

@@ -83,6 +83,25 @@ std::size_t linear_attention_workspace(const AttentionProblem& p, const LinearAt
 /// (⟨x^{⊗p}, y^{⊗p}⟩ = (x·y)^p, without forming the d^p-dimensional features). Refuses (Error)
 /// inputs whose p-th powers leave float32.
 void exact_polynomial_attention(const AttentionProblem& p, int degree, double shift, const ExecContext& ctx);
+/// Scratch `exact_polynomial_attention` needs (bytes).
+std::size_t exact_polynomial_workspace(const AttentionProblem& p, const ExecContext& ctx);
+
+/// Sketched polynomial attention, the shared pipeline of kernel.polysketch and
+/// kernel.tensorsketch: out_i = Σ_j w_ij v_j / (1 + Σ_j w_ij) with w_ij = ⟨φ(q_i), φ(k_j)⟩ (made
+/// ⟨ψ, ψ⟩² when `cfg.self_tensor`). `phi(x, b, h, hk, row0, rows, out)` writes the m = cfg.feature_dim
+/// sketched features of rows [row0, row0 + rows) of head h of x (q or k; hk is the KV head whose
+/// sketch applies) and must be thread-safe. Because the products can leave float32 while ψ does
+/// not, ψ_Q and ψ_K are scaled to unit maximum norm (every weight in [−1, 1]) and the "1 +" is
+/// scaled with them (α·β, squared when self-tensored). Rows with non-finite inputs get NaN features.
+/// Refuses (Error, naming `name`) values whose weighted sums leave float32 and feature norms that
+/// push the scaled "1" out of float64.
+using SketchFn = std::function<void(const TensorView<const float>& x, index_t b, index_t h, index_t hk,
+                                    index_t row0, index_t rows, float* out)>;
+void sketched_polynomial_attention(const AttentionProblem& p, const LinearAttentionConfig& cfg, const SketchFn& phi,
+                                   const char* name, const ExecContext& ctx);
+/// Scratch `sketched_polynomial_attention` needs (bytes), key features included.
+std::size_t sketched_polynomial_workspace(const AttentionProblem& p, const LinearAttentionConfig& cfg,
+                                          const ExecContext& ctx);
 
 }  // namespace numattn::blocks
 
