@@ -10,6 +10,7 @@
 #include "attention/method_def.h"
 #include "attention/sparse/kept_keys_budget.h"
 #include "numattn/attention/blocks/dense_softmax.h"
+#include "numattn/attention/blocks/lse_merge.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
 
@@ -94,7 +95,7 @@ void softmax_merge(const AttentionProblem& p, index_t b, index_t h, const std::v
 
 struct RowScratch {
   std::vector<double> s, acc;
-  std::vector<float> x, sl;
+  std::vector<float> x, sl, os;
   std::vector<index_t> keys;
 };
 
@@ -110,7 +111,7 @@ void merge_sinks(const AttentionProblem& p, const Band& bd, index_t b, index_t h
   w.keys.clear();
   w.x.clear();
   bool bad = std::isnan(lse);
-  float m = lse;
+  float m = -std::numeric_limits<float>::infinity();
   for (index_t j = kr.begin; j < std::min(kr.end, bd.sinks); ++j) {
     if (j >= d - bd.left && j <= d + bd.right) continue;  // in the band: flash's
     if (p.mask.kind == MaskKind::kBool && !p.mask.allowed[i * p.mask.ld + j]) continue;
@@ -131,20 +132,21 @@ void merge_sinks(const AttentionProblem& p, const Band& bd, index_t b, index_t h
     lse = std::numeric_limits<float>::quiet_NaN();
     return;
   }
-  // Log-sum-exp merge of two disjoint key sets (digest §13.2.1): the band (weight e^{lse − m},
-  // none when it saw nothing) and the sinks (e^{x_j − m}); m ≥ every exponent, total ≥ 1.
-  const float ww = lse == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(lse - m);
-  float total = ww;
-  for (index_t e = 0; e < dv; ++e) o[e] *= ww;
+  // The sinks' own partial result (o_s, l_s), then the exact merge of the two disjoint key
+  // sets through log-sum-exp (digest §13.2.1; blocks::lse_merge).
+  float total = 0;
+  w.os.assign(static_cast<std::size_t>(dv), 0.f);
   for (std::size_t c = 0; c < w.keys.size(); ++c) {
-    const float wt = std::exp(w.x[c] - m);
+    const float wt = std::exp(w.x[c] - m);  // m ≥ every sink logit
     total += wt;
     const float* v = p.v.row(b, hk, w.keys[c]);
-    for (index_t e = 0; e < dv; ++e) o[e] += wt * v[e];
+    for (index_t e = 0; e < dv; ++e) w.os[static_cast<std::size_t>(e)] += wt * v[e];
   }
   const float inv = 1.f / total;
-  for (index_t e = 0; e < dv; ++e) o[e] *= inv;
-  lse = m + std::log(total);
+  for (float& x : w.os) x *= inv;
+  double merged = lse;
+  blocks::lse_merge_into(o, merged, w.os.data(), static_cast<double>(m) + std::log(static_cast<double>(total)), dv);
+  lse = static_cast<float>(merged);
 }
 
 /// Row (b, h, i) over band ∪ sinks entirely in float64: for rows the float32 band pass left
