@@ -156,7 +156,9 @@ void TopkAttention::forward(const AttentionProblem& p, const ExecContext& ctx) c
   parallel_for(ctx, p.batch() * H * nblk, [&](std::int64_t t) {
     const index_t blk = t % nblk, bh = t / nblk, b = bh / H, h = bh % H, hk = h / p.group();
     const index_t i0 = blk * kRowBlock, i1 = std::min(nq, i0 + kRowBlock);
-    Scratch& ws = scratch[static_cast<std::size_t>(thread_index())];
+    // Inside an outer parallel_for this runs serially on the outer worker, whose index may
+    // exceed this context's thread count; only one thread then uses this call's scratch.
+    Scratch& ws = scratch[static_cast<std::size_t>(thread_index()) % scratch.size()];
     const index_t j0 = select_block(p, b, h, i0, i1, k, ws);
     const index_t span = ws.s.empty() ? 0 : static_cast<index_t>(ws.s.size()) / (i1 - i0);
     for (index_t i = i0; i < i1; ++i) {
