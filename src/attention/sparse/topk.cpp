@@ -111,7 +111,7 @@ const MethodInfo& TopkAttention::describe() {
     m.memory_complexity = "O(threads·64·Nk)";
     m.params = {{"k", ParamType::kInt, "64", 1, 1e9, {}, "keys attended per query row (ties: lower index)"}};
     m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = true, .decode = true};
+              .window = true, .lse = true, .decode = false};
     AccuracyContract& a = m.accuracy;
     a.max_rel_fro_error = [](const BudgetInput& in) {
       const index_t k = in.params.get_int("k");

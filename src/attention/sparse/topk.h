@@ -24,6 +24,8 @@ namespace numattn {
 /// scores (half with causal) + O(Nq·Nk) selection + O(Nq·k·Dv): it is slower than exact.flash
 /// (it is an oracle of accuracy, not a speed-up). Workspace O(threads·64·Nk) floats. Every
 /// visible key's k row is read (a NaN there reaches the row); v rows only of chosen keys.
+/// Decoding (Nq = 1 over a KV cache) works through the same path, with no fast path of its own
+/// (`Capabilities::decode` false): every cached key is scored, about 2× exact.flash's decode time.
 /// Limit case: k ≥ Nk is exact softmax attention.
 class TopkAttention final : public AttentionMethod {
  public:
