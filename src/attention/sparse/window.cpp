@@ -238,9 +238,10 @@ std::size_t WindowAttention::workspace_bytes(const AttentionProblem& p, const Ex
   AttentionProblem sub = p;
   sub.window_left = bd.left;
   sub.window_right = bd.right;
-  std::size_t extra = 0;
+  // Sink logits of a row block per thread, and the band's LSE when the caller wants none.
+  std::size_t extra = sizeof(float) * static_cast<std::size_t>(ctx.num_threads() * kRowBlock * bd.sinks);
   if (bd.sinks > 0 && p.lse.empty())
-    extra = sizeof(float) * static_cast<std::size_t>(p.batch() * p.heads() * p.n_q());
+    extra += sizeof(float) * static_cast<std::size_t>(p.batch() * p.heads() * p.n_q());
   return flash->workspace_bytes(sub, ctx) + extra;
 }
 
