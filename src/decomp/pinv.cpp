@@ -1,6 +1,7 @@
 #include "numattn/decomp/pinv.h"
 
 #include "numattn/core/blas.h"
+#include "numattn/decomp/dense.h"
 
 #include <algorithm>
 #include <cmath>
@@ -93,16 +94,7 @@ Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> pinv_svd(
     const Eigen::Ref<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>& c,
     double rcond) {
   using M = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  if (c.size() == 0) return M::Zero(c.cols(), c.rows());
-  if (!c.allFinite()) return M::Constant(c.cols(), c.rows(), std::nan(""));
-  Eigen::BDCSVD<Eigen::MatrixXd> svd(Eigen::MatrixXd(c), Eigen::ComputeThinU | Eigen::ComputeThinV);
-  const Eigen::VectorXd& s = svd.singularValues();
-  const double tol = (rcond < 0 ? Eigen::NumTraits<double>::epsilon() * static_cast<double>(std::max(c.rows(), c.cols()))
-                                : rcond) * (s.size() ? s(0) : 0.0);
-  Eigen::VectorXd inv = Eigen::VectorXd::Zero(s.size());
-  for (Eigen::Index i = 0; i < s.size(); ++i)
-    if (s(i) > tol) inv(i) = 1.0 / s(i);
-  return M(svd.matrixV() * inv.asDiagonal() * svd.matrixU().transpose());
+  return M(dense::pinv(c, rcond));
 }
 
 }  // namespace numattn::decomp
