@@ -37,15 +37,13 @@ void gemm(const M& a, const M& b, double alpha, double beta, M& c) {
 }  // namespace
 
 template <typename Scalar>
-double NewtonSchulzPinv<Scalar>::one_sided_residual(const Eigen::Ref<const Matrix>& c) const {
-  // The product of the smaller size is the one that can reach the identity (full rank).
-  if (c.rows() <= c.cols()) {
-    Matrix r = -(c * z_);
-    r.diagonal().array() += Scalar(1);
-    return static_cast<double>(r.norm());
-  }
-  Matrix r = -(z_ * c);
-  r.diagonal().array() += Scalar(1);
+double NewtonSchulzPinv<Scalar>::one_sided_residual(const Matrix& c) const {
+  // The product of the smaller size is the one that can reach the identity (full rank). Through
+  // BLAS, not Eigen's product: Eigen's GEMM templates would cost this file a minute of compile.
+  const bool left = c.rows() <= c.cols();
+  Matrix r = Matrix::Identity(left ? c.rows() : c.cols(), left ? c.rows() : c.cols());
+  if (left) gemm(c, z_, -1.0, 1.0, r);
+  else gemm(z_, c, -1.0, 1.0, r);
   return static_cast<double>(r.norm());
 }
 
@@ -65,8 +63,8 @@ NewtonSchulzPinv<Scalar>& NewtonSchulzPinv<Scalar>::compute(const Eigen::Ref<con
     return *this;
   }
   z_ = c.transpose() * static_cast<Scalar>(1.0 / denom);
-  initial_residual_ = one_sided_residual(c);
   const Matrix cm = c;  // contiguous row-major copy for BLAS
+  initial_residual_ = one_sided_residual(cm);
   Matrix cz(m, m), t(m, m), u(m, m), znew(c.cols(), m);
   const Matrix eye = Matrix::Identity(m, m);
   for (int it = 0; it < iterations_; ++it) {
@@ -81,7 +79,7 @@ NewtonSchulzPinv<Scalar>& NewtonSchulzPinv<Scalar>::compute(const Eigen::Ref<con
     gemm(z_, t, 0.25, 0.0, znew);
     z_.swap(znew);
   }
-  residual_ = one_sided_residual(c);
+  residual_ = one_sided_residual(cm);
   if (!std::isfinite(residual_)) info_ = PinvInfo::kNumericalIssue;
   else info_ = residual_ <= tolerance_ ? PinvInfo::kSuccess : PinvInfo::kNoConvergence;
   return *this;

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "numattn/core/error.h"
@@ -358,6 +362,35 @@ TEST(DenseSolve, LuCholeskyAndLeastSquares) {
   // Underdetermined, full row rank: an exact solution.
   const Matrix w = randn(3, 7, 47), wb = randn(3, 2, 48);
   EXPECT_LE(diff(mul(w, lstsq(w, wb).x), wb), 1e-12 * fro(wb));
+}
+
+// The compile-time rule of docs/design.md: Eigen's decompositions are instantiated in
+// src/decomp/dense.cpp only (each other TU that does so costs CI minutes under ASan).
+TEST(DenseApi, NoOtherFileUsesEigenDecompositions) {
+  namespace fs = std::filesystem;
+  const std::vector<std::string> banned = {
+      "<Eigen/Dense>", "<Eigen/SVD>", "<Eigen/QR>", "<Eigen/Eigenvalues>", "<Eigen/LU>", "<Eigen/Cholesky>",
+      "<Eigen/Eigen>", "BDCSVD<", "JacobiSVD<", "SelfAdjointEigenSolver<", "HouseholderQR<", "PartialPivLU<",
+      "FullPivLU<", "LDLT<", "LLT<", "CompleteOrthogonalDecomposition<", ".ldlt()", ".llt()", ".inverse()",
+      ".partialPivLu()", ".fullPivLu()", ".jacobiSvd(", ".bdcSvd(", ".householderQr()", ".colPivHouseholderQr()",
+      ".completeOrthogonalDecomposition()", ".determinant()"};
+  const fs::path root(NUMATTN_SOURCE_DIR);
+  for (const char* dir : {"src", "include", "tests", "tools", "bench", "fuzz"}) {
+    if (!fs::exists(root / dir)) continue;
+    for (const auto& e : fs::recursive_directory_iterator(root / dir)) {
+      const std::string ext = e.path().extension().string();
+      if (!e.is_regular_file() || (ext != ".cpp" && ext != ".h" && ext != ".cu")) continue;
+      const std::string name = e.path().filename().string();
+      if (name == "dense.h" || name == "dense.cpp" || name == "dense_test.cpp") continue;
+      std::ifstream f(e.path());
+      std::stringstream ss;
+      ss << f.rdbuf();
+      const std::string text = ss.str();
+      for (const std::string& b : banned)
+        EXPECT_EQ(text.find(b), std::string::npos)
+            << e.path() << " uses " << b << ": call decomp/dense.h instead (docs/design.md)";
+    }
+  }
 }
 
 }  // namespace

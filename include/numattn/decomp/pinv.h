@@ -59,7 +59,7 @@ class NewtonSchulzPinv {
   PinvInfo info() const { return info_; }
 
  private:
-  double one_sided_residual(const Eigen::Ref<const Matrix>& c) const;
+  double one_sided_residual(const Matrix& c) const;
 
   int iterations_;
   double tolerance_;
