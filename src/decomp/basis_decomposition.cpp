@@ -1,21 +1,18 @@
 #include "numattn/decomp/basis_decomposition.h"
 
-#include <Eigen/LU>
-#include <Eigen/QR>
-#include <Eigen/SVD>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
 #include "numattn/core/error.h"
+#include "numattn/decomp/dense.h"
 
 namespace numattn::decomp {
 
 namespace {
 
-using ColMatrix = Eigen::MatrixXd;  // column-major work copies (Eigen's fast path)
+using ColMatrix = Eigen::MatrixXd;  // column-major: LAPACK's layout
 constexpr double kEps64 = std::numeric_limits<double>::epsilon();
 
 std::vector<index_t> complement_of(const std::vector<index_t>& s, index_t m) {
@@ -45,19 +42,17 @@ struct Solved {
   }
 };
 
-// C·B = W[S^c,:] for a basis block B (r×n). A square block is solved by LU with partial
-// pivoting (LAPACK getrf; exact for the unimodular integer blocks of digest §6.3); a wide one
-// by least squares through column-pivoted Householder QR of Bᵀ (rank-revealing, stable).
+// C·B = W[S^c,:] for a basis block B (r×n), i.e. Bᵀ·Cᵀ = W[S^c,:]ᵀ (the transposes of the
+// row-major blocks are column-major views, no copy). A square block is solved by LU with
+// partial pivoting (LAPACK getrf; exact for the unimodular integer blocks of digest §6.3); a
+// wide one by least squares through column-pivoted Householder QR of Bᵀ (rank-revealing,
+// stable). The QR's rank cut is ε·max|R_ii| (about Eigen's "nonzero pivots"): a block that
+// singular is reported through κ anyway.
 MatrixXd solve_right(const MatrixXd& b, const MatrixXd& rhs) {
   if (rhs.rows() == 0) return MatrixXd(0, b.rows());
-  const ColMatrix bt = b.transpose();
-  const ColMatrix rt = rhs.transpose();
-  ColMatrix ct;
-  if (b.rows() == b.cols())
-    ct = Eigen::PartialPivLU<ColMatrix>(bt).solve(rt);
-  else
-    ct = Eigen::ColPivHouseholderQR<ColMatrix>(bt).solve(rt);
-  return ct.transpose();
+  const dense::Solution sol = b.rows() == b.cols() ? dense::lu_solve(b.transpose(), rhs.transpose())
+                                                   : dense::lstsq(b.transpose(), rhs.transpose(), kEps64);
+  return sol.x.transpose();
 }
 
 Solved solve_dense_rows(std::span<const MatrixXd> ws, const std::vector<index_t>& s,
@@ -124,10 +119,8 @@ std::vector<index_t> pivoted_rows(std::span<const MatrixXd> mats, index_t r) {
     at.middleRows(off, a.cols()) = a.transpose() / (nrm > 0 ? nrm : 1.0);
     off += a.cols();
   }
-  Eigen::ColPivHouseholderQR<ColMatrix> qr(at);
-  const auto& perm = qr.colsPermutation().indices();
-  std::vector<index_t> s(perm.data(), perm.data() + r);
-  return s;
+  const std::vector<std::int64_t> perm = dense::colpiv_qr(at).perm;
+  return std::vector<index_t>(perm.begin(), perm.begin() + r);
 }
 
 // Multi-matrix greedy max-min pivoting (digest §1.5, step 2): a column-pivoted QR whose pivot
@@ -238,13 +231,7 @@ BdAccounting bd_accounting(std::int64_t m, std::int64_t n, std::int64_t r) {
 }
 
 double condition_number(const MatrixXd& a) {
-  if (a.size() == 0) return 1.0;
-  if (!a.allFinite()) return std::numeric_limits<double>::infinity();
-  Eigen::BDCSVD<ColMatrix> svd(a);
-  const auto& sv = svd.singularValues();
-  const double smax = sv(0), smin = sv(sv.size() - 1);
-  if (smax == 0) return std::numeric_limits<double>::infinity();
-  return smin > 0 ? smax / smin : std::numeric_limits<double>::infinity();
+  return dense::condition_number(a);
 }
 
 std::vector<index_t> select_rows(std::span<const MatrixXd> mats, index_t r, BasisStrategy s) {
@@ -410,9 +397,7 @@ void BasisDecomposition::run_rows(std::span<const MatrixXd> as, std::span<const 
       return fail(ComputationInfo::kInvalidInput, "set a rank (set_rank) or a tolerance");
     r = 0;
     for (const auto& a : as) {
-      Eigen::ColPivHouseholderQR<ColMatrix> qr(a);
-      qr.setThreshold(tol_);
-      r = std::max<index_t>(r, qr.rank());
+      r = std::max<index_t>(r, dense::colpiv_qr(a, tol_).rank);
     }
     if (r == 0) return fail(ComputationInfo::kInvalidInput, "numerical rank is 0 at this tolerance");
   }

@@ -1,14 +1,13 @@
 #include "numattn/decomp/leverage.h"
 
-#include <Eigen/Eigenvalues>
-#include <Eigen/QR>
-#include <Eigen/SVD>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "numattn/core/error.h"
+#include "numattn/decomp/dense.h"
 
 namespace numattn::decomp {
 
@@ -37,32 +36,31 @@ LeverageScores leverage_scores(const double* a, index_t n, index_t d, index_t ld
       Am(a, n, d, Eigen::OuterStride<>(lda));
   if (n >= d) {
     const Eigen::MatrixXd G = Am.transpose() * Am;
-    Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(G);
-    const Eigen::VectorXd& lam = eig.eigenvalues();  // ascending
-    if (lam(d - 1) > 0 && lam(0) >= 1e-8 * lam(d - 1)) {
+    const dense::SymEig eig = dense::sym_eig(G);
+    const Eigen::VectorXd& lam = eig.values;  // ascending
+    if (eig.info == dense::Info::kSuccess && lam(d - 1) > 0 && lam(0) >= 1e-8 * lam(d - 1)) {
       out.rank = d;
-      const Eigen::MatrixXd B = eig.eigenvectors() * lam.cwiseSqrt().cwiseInverse().asDiagonal();
+      const Eigen::MatrixXd B = eig.vectors * lam.cwiseSqrt().cwiseInverse().asDiagonal();
       const Eigen::MatrixXd L = Am * B;
       for (index_t i = 0; i < n; ++i)
         out.scores[static_cast<std::size_t>(i)] = std::clamp(L.row(i).squaredNorm(), 0.0, 1.0);
       return out;
     }
   }
-  Eigen::MatrixXd A = Am;  // column-major: Eigen's fast QR path
+  const Eigen::MatrixXd A = Am;  // column-major: LAPACK's layout
   // A = Q·R, then R = U_R·Σ·Vᵀ: the left singular vectors of A are Q·U_R, and their rows'
   // norms are those of A·V·Σ⁻¹ — computed from A without forming Q or AᵀA.
-  const index_t m = std::min(n, d);
-  Eigen::HouseholderQR<Eigen::MatrixXd> qr(A);
-  Eigen::MatrixXd R = qr.matrixQR().topRows(m).triangularView<Eigen::Upper>();
-  Eigen::JacobiSVD<Eigen::MatrixXd> svd(R, Eigen::ComputeThinV);
-  const Eigen::VectorXd& sigma = svd.singularValues();
+  const Eigen::MatrixXd R = dense::qr(A, false).r;  // min(n, d) × d, upper trapezoidal
+  const dense::Svd svd = dense::svd(R);
+  NUMATTN_ASSERT(svd.info == dense::Info::kSuccess);  // finite input (checked above)
+  const Eigen::VectorXd& sigma = svd.s;
   const double tol = (rank_tol < 0 ? static_cast<double>(std::max(n, d)) * std::numeric_limits<double>::epsilon()
                                    : rank_tol) * (sigma.size() ? sigma(0) : 0.0);
   index_t rho = 0;
   while (rho < sigma.size() && sigma(rho) > tol && sigma(rho) > 0) ++rho;
   out.rank = rho;
   if (rho == 0) return out;
-  const Eigen::MatrixXd B = svd.matrixV().leftCols(rho) * sigma.head(rho).cwiseInverse().asDiagonal();
+  const Eigen::MatrixXd B = svd.vt.topRows(rho).transpose() * sigma.head(rho).cwiseInverse().asDiagonal();
   const Eigen::MatrixXd L = A * B;  // n × ρ: the rows of the truncated U
   for (index_t i = 0; i < n; ++i)
     out.scores[static_cast<std::size_t>(i)] = std::clamp(L.row(i).squaredNorm(), 0.0, 1.0);

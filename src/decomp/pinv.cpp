@@ -1,6 +1,7 @@
 #include "numattn/decomp/pinv.h"
 
 #include "numattn/core/blas.h"
+#include "numattn/decomp/dense.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,15 +37,13 @@ void gemm(const M& a, const M& b, double alpha, double beta, M& c) {
 }  // namespace
 
 template <typename Scalar>
-double NewtonSchulzPinv<Scalar>::one_sided_residual(const Eigen::Ref<const Matrix>& c) const {
-  // The product of the smaller size is the one that can reach the identity (full rank).
-  if (c.rows() <= c.cols()) {
-    Matrix r = -(c * z_);
-    r.diagonal().array() += Scalar(1);
-    return static_cast<double>(r.norm());
-  }
-  Matrix r = -(z_ * c);
-  r.diagonal().array() += Scalar(1);
+double NewtonSchulzPinv<Scalar>::one_sided_residual(const Matrix& c) const {
+  // The product of the smaller size is the one that can reach the identity (full rank). Through
+  // BLAS, not Eigen's product: Eigen's GEMM templates would cost this file a minute of compile.
+  const bool left = c.rows() <= c.cols();
+  Matrix r = Matrix::Identity(left ? c.rows() : c.cols(), left ? c.rows() : c.cols());
+  if (left) gemm(c, z_, -1.0, 1.0, r);
+  else gemm(z_, c, -1.0, 1.0, r);
   return static_cast<double>(r.norm());
 }
 
@@ -64,8 +63,8 @@ NewtonSchulzPinv<Scalar>& NewtonSchulzPinv<Scalar>::compute(const Eigen::Ref<con
     return *this;
   }
   z_ = c.transpose() * static_cast<Scalar>(1.0 / denom);
-  initial_residual_ = one_sided_residual(c);
   const Matrix cm = c;  // contiguous row-major copy for BLAS
+  initial_residual_ = one_sided_residual(cm);
   Matrix cz(m, m), t(m, m), u(m, m), znew(c.cols(), m);
   const Matrix eye = Matrix::Identity(m, m);
   for (int it = 0; it < iterations_; ++it) {
@@ -80,7 +79,7 @@ NewtonSchulzPinv<Scalar>& NewtonSchulzPinv<Scalar>::compute(const Eigen::Ref<con
     gemm(z_, t, 0.25, 0.0, znew);
     z_.swap(znew);
   }
-  residual_ = one_sided_residual(c);
+  residual_ = one_sided_residual(cm);
   if (!std::isfinite(residual_)) info_ = PinvInfo::kNumericalIssue;
   else info_ = residual_ <= tolerance_ ? PinvInfo::kSuccess : PinvInfo::kNoConvergence;
   return *this;
@@ -93,16 +92,7 @@ Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> pinv_svd(
     const Eigen::Ref<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>& c,
     double rcond) {
   using M = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  if (c.size() == 0) return M::Zero(c.cols(), c.rows());
-  if (!c.allFinite()) return M::Constant(c.cols(), c.rows(), std::nan(""));
-  Eigen::BDCSVD<Eigen::MatrixXd> svd(Eigen::MatrixXd(c), Eigen::ComputeThinU | Eigen::ComputeThinV);
-  const Eigen::VectorXd& s = svd.singularValues();
-  const double tol = (rcond < 0 ? Eigen::NumTraits<double>::epsilon() * static_cast<double>(std::max(c.rows(), c.cols()))
-                                : rcond) * (s.size() ? s(0) : 0.0);
-  Eigen::VectorXd inv = Eigen::VectorXd::Zero(s.size());
-  for (Eigen::Index i = 0; i < s.size(); ++i)
-    if (s(i) > tol) inv(i) = 1.0 / s(i);
-  return M(svd.matrixV() * inv.asDiagonal() * svd.matrixU().transpose());
+  return M(dense::pinv(c, rcond));
 }
 
 }  // namespace numattn::decomp

@@ -1,10 +1,10 @@
 #include "numattn/decomp/random_features.h"
 
-#include <Eigen/Dense>
 #include <cmath>
 
 #include "numattn/core/error.h"
 #include "numattn/core/rng.h"
+#include "numattn/decomp/dense.h"
 
 namespace numattn::decomp {
 
@@ -25,18 +25,17 @@ std::vector<double> orthogonal_features(index_t m, index_t d, std::uint64_t seed
   // Counter layout: block b uses [b·2d², b·2d² + d²) for its Gaussian matrix and the next d² for
   // the d fresh vectors whose norms rescale its rows, so every draw has a fixed index.
   const std::uint64_t dd = static_cast<std::uint64_t>(d) * static_cast<std::uint64_t>(d);
-  using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const index_t blocks = (m + d - 1) / d;
   for (index_t b = 0; b < blocks; ++b) {
     const std::uint64_t base = static_cast<std::uint64_t>(b) * 2 * dd;
-    Mat g(d, d);
-    for (index_t i = 0; i < d * d; ++i) g.data()[i] = rng.normal(base + static_cast<std::uint64_t>(i));
-    Eigen::HouseholderQR<Mat> qr(g);
-    Mat q = qr.householderQ();
-    const Mat r = qr.matrixQR().triangularView<Eigen::Upper>();
+    // G row-major: draw i is G(i / d, i % d).
+    Eigen::MatrixXd g(d, d);
+    for (index_t i = 0; i < d * d; ++i) g(i / d, i % d) = rng.normal(base + static_cast<std::uint64_t>(i));
+    dense::Qr qr = dense::qr(g);
+    Eigen::MatrixXd& q = qr.q;
     // Q·diag(sign(R_ii)) makes the factorisation unique, and Q Haar distributed.
     for (index_t j = 0; j < d; ++j)
-      if (r(j, j) < 0) q.col(j) *= -1.0;
+      if (qr.r(j, j) < 0) q.col(j) *= -1.0;
     // Rows of Qᵀ (columns of Q) are the orthonormal directions.
     const index_t rows = std::min(d, m - b * d);
     for (index_t i = 0; i < rows; ++i) {

@@ -1,11 +1,10 @@
 // The float64 builder of a BD projection (transform/bd_projection_builder.h).
 #include "numattn/transform/bd_projection_builder.h"
 
-#include <Eigen/LU>
-
 #include <utility>
 
 #include "numattn/core/error.h"
+#include "numattn/decomp/dense.h"
 
 namespace numattn::transform {
 
@@ -87,8 +86,7 @@ BdProjection build_bd_projection(index_t d_in, index_t heads, index_t head_dim, 
       for (index_t j = 0; j < head_dim; ++j) bh(j) = bias[static_cast<std::size_t>(h * head_dim + j)];
       if (!dense[static_cast<std::size_t>(h)]) {
         // b'_h = b_h·T_h = b_h·B_h^{-1}, i.e. B_hᵀ·b'_hᵀ = b_hᵀ.
-        const Eigen::MatrixXd bt = bd.basis_block(h).transpose();
-        bh = Eigen::PartialPivLU<Eigen::MatrixXd>(bt).solve(bh.transpose()).transpose();
+        bh = decomp::dense::lu_solve(bd.basis_block(h).transpose(), bh.transpose()).x.transpose();
       }
       for (index_t j = 0; j < head_dim; ++j)
         p.bias[static_cast<std::size_t>(h * head_dim + j)] = static_cast<float>(bh(j));

@@ -4,7 +4,7 @@
 // error falling as the universal set grows.
 #include <gtest/gtest.h>
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "numattn/attention/registry.h"
+#include "numattn/decomp/dense.h"
 #include "support/method_problem.h"
 #include "support/test_util.h"
 
@@ -89,7 +90,7 @@ TEST(LevAttention, NonCausalEqualsItsFloat64Transcription) {
   std::vector<std::vector<index_t>> U;
   for (index_t hk = 0; hk < 2; ++hk) {
     const RowMat K = keys_of(p, 0, hk, 90);
-    const Eigen::MatrixXd Gp = (K.transpose() * K).completeOrthogonalDecomposition().pseudoInverse();
+    const Eigen::MatrixXd Gp = decomp::dense::pinv(K.transpose() * K);
     std::vector<double> lev(90);
     for (index_t j = 0; j < 90; ++j) lev[static_cast<std::size_t>(j)] = K.row(j) * Gp * K.row(j).transpose();
     U.push_back(top(lev, 90, s));
@@ -113,7 +114,7 @@ TEST(LevAttention, CausalEqualsOnlineLeverageTopKOfEachPrefix) {
       std::vector<double> on(static_cast<std::size_t>(nk), 0.0);
       for (index_t j = 0; j < used; ++j) {
         const Eigen::MatrixXd M = K.topRows(j + 1).transpose() * K.topRows(j + 1) + lambda * Eigen::MatrixXd::Identity(8, 8);
-        on[static_cast<std::size_t>(j)] = K.row(j) * M.ldlt().solve(K.row(j).transpose());
+        on[static_cast<std::size_t>(j)] = K.row(j).dot(decomp::dense::cholesky_solve(M, K.row(j).transpose()).x.col(0));
       }
       const double err = rel_error(p, [&](index_t b, index_t h, index_t i) {
         return attend(p, b, h, i, top(on, p.key_range(i).end, s));

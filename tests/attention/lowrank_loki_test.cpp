@@ -5,7 +5,7 @@
 // falling with topk_frac.
 #include <gtest/gtest.h>
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "numattn/attention/registry.h"
+#include "numattn/decomp/dense.h"
 #include "support/test_util.h"
 
 namespace numattn {
@@ -45,8 +46,7 @@ std::vector<double> transcription(const AttentionProblem& p, double rank_frac, d
       Mat K(nk, d);
       for (index_t j = 0; j < nk; ++j)
         for (index_t c = 0; c < d; ++c) K(j, c) = p.k(b, hk, j, c);
-      Eigen::SelfAdjointEigenSolver<Mat> eig(K.transpose() * K);
-      const Mat P = eig.eigenvectors().rightCols(r);  // the leading r (order within is irrelevant)
+      const Mat P = decomp::dense::sym_eig(K.transpose() * K).vectors.rightCols(r);  // the leading r (order within is irrelevant)
       const Mat KP = K * P;
       for (index_t i = 0; i < p.n_q(); ++i) {
         Eigen::VectorXd q(d);

@@ -2,7 +2,7 @@
 // dense float64 transcriptions of the formulas, error measures.
 #pragma once
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +12,7 @@
 
 #include "numattn/attention/random_problem.h"
 #include "numattn/attention/registry.h"
+#include "numattn/decomp/dense.h"
 #include "support/test_util.h"
 
 namespace numattn::test {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "numattn/core/rng.h"
+#include "numattn/decomp/dense.h"
 #include "numattn/decomp/pinv.h"
 #include "support/test_util.h"
 
@@ -35,9 +36,7 @@ Md softmax_matrix(Eigen::Index m, double temperature, std::uint64_t stream) {
 /// U·diag(σ)·Vᵀ with random orthogonal U, V and the given singular values.
 Md with_singular_values(const Eigen::VectorXd& sigma, std::uint64_t stream) {
   const Eigen::Index m = sigma.size();
-  Eigen::HouseholderQR<Eigen::MatrixXd> qu(Eigen::MatrixXd(randn(m, m, stream)));
-  Eigen::HouseholderQR<Eigen::MatrixXd> qv(Eigen::MatrixXd(randn(m, m, stream + 1)));
-  Eigen::MatrixXd u = qu.householderQ(), v = qv.householderQ();
+  const Eigen::MatrixXd u = dense::qr(randn(m, m, stream)).q, v = dense::qr(randn(m, m, stream + 1)).q;
   return Md(u * sigma.asDiagonal() * v.transpose());
 }
 
@@ -111,7 +110,7 @@ TEST(NewtonSchulzPinv, ReportsNonConvergenceWhenIllConditioned) {
   EXPECT_GT(ns.residual(), 1.0);
   EXPECT_TRUE(ns.pinv().allFinite());
   // Still a damped inverse: ‖Z‖ does not exceed ‖C⁺‖ (every x stays in (0, 1]).
-  EXPECT_LE(Eigen::MatrixXd(ns.pinv()).jacobiSvd().singularValues()(0), 1e8 * (1 + 1e-6));
+  EXPECT_LE(dense::spectral_norm(ns.pinv(), dense::SvdAlgorithm::kJacobi), 1e8 * (1 + 1e-6));
   // Rank-deficient: never a one-sided inverse, but Z → C⁺ with enough steps.
   Md low = Md::Zero(10, 10);  // exactly rank 3 (a rounding-level σ would be inverted too)
   low.topLeftCorner(3, 3) = randn(3, 3, 60) + 4 * Md::Identity(3, 3);

@@ -3,7 +3,7 @@
 // determinism per (seed, stream).
 #include <gtest/gtest.h>
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>

@@ -13,8 +13,8 @@
 ///   column form C = V[:,S]^{-1} · V[:,S^c], B = U · V[:,S].
 ///
 /// Numerics (docs/bd.md, digest §1.5): everything is computed in float64 from a pivoted
-/// factorisation (PartialPivLU for a square basis block, column-pivoted Householder QR for the
-/// least-squares case n > r). In exact arithmetic BD is lossless; in floating point its error
+/// factorisation (LU with partial pivoting for a square basis block, column-pivoted Householder
+/// QR for the least-squares case n > r; LAPACK through decomp/dense.h). In exact arithmetic BD is lossless; in floating point its error
 /// is amplified by κ = cond(basis block), so κ is reported per matrix and the basis index set
 /// is chosen to keep the worst κ small:
 ///   - `first` / `last`: S = the first / last r indices (what the official code tries);
@@ -38,7 +38,7 @@
 /// Citation: J. Zhao, "Accelerating Attention with Basis Decomposition", arXiv 2510.01718.
 #pragma once
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 
 #include <cstdint>
 #include <functional>

@@ -27,7 +27,7 @@
 /// Non-finite entries of C give a non-finite Z and residual (kNumericalIssue).
 #pragma once
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 
 namespace numattn::decomp {
 
@@ -59,7 +59,7 @@ class NewtonSchulzPinv {
   PinvInfo info() const { return info_; }
 
  private:
-  double one_sided_residual(const Eigen::Ref<const Matrix>& c) const;
+  double one_sided_residual(const Matrix& c) const;
 
   int iterations_;
   double tolerance_;
@@ -71,9 +71,9 @@ class NewtonSchulzPinv {
 extern template class NewtonSchulzPinv<float>;
 extern template class NewtonSchulzPinv<double>;
 
-/// Moore–Penrose inverse of C (m×n) in float64 through a bidiagonal-divide-and-conquer SVD:
-/// singular values at most `rcond`·σ_max are treated as zero (rcond < 0: Eigen's default,
-/// ε·max(m, n)). Cost O(m·n·min(m, n)). Non-finite C gives a non-finite result.
+/// Moore–Penrose inverse of C (m×n) in float64 through a divide-and-conquer SVD (dense::pinv,
+/// LAPACK dgesdd): singular values at most `rcond`·σ_max are treated as zero (rcond < 0: Eigen's
+/// default, ε·max(m, n)). Cost O(m·n·min(m, n)). Non-finite C gives an all-NaN result.
 Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> pinv_svd(
     const Eigen::Ref<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>& c,
     double rcond = -1);

@@ -24,7 +24,7 @@
 /// `CounterRng(seed, stream).uniform(t)`, so the result is a pure function of (seed, stream).
 #pragma once
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 
 #include <cstdint>
 #include <functional>

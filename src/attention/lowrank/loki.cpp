@@ -1,6 +1,6 @@
 #include "attention/lowrank/loki.h"
 
-#include <Eigen/Eigenvalues>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <bit>
@@ -13,6 +13,7 @@
 #include "attention/method_def.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/simd.h"
+#include "numattn/decomp/dense.h"
 
 namespace numattn {
 
@@ -58,13 +59,13 @@ KvBasis make_basis(const AttentionProblem& p, index_t b, index_t hk, index_t r) 
   if (rows > 0)
     blas::dgemm(blas::Trans::kYes, blas::Trans::kNo, d, d, rows, 1.0, kf.data(), d, kf.data(), d, 0.0, C.data(), d);
   Eigen::Map<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> Cm(C.data(), d, d);
-  const Eigen::MatrixXd Cc = Cm;
-  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(Cc);
+  const decomp::dense::SymEig eig = decomp::dense::sym_eig(Cm);  // finite rows only: cannot fail
+  NUMATTN_ASSERT(eig.info == decomp::dense::Info::kSuccess);
   // Eigenvalues ascend: the leading r eigenvectors are the last r columns, largest first.
   kb.P.resize(static_cast<std::size_t>(d * r));
   for (index_t c = 0; c < d; ++c)
     for (index_t t = 0; t < r; ++t)
-      kb.P[static_cast<std::size_t>(c * r + t)] = static_cast<float>(eig.eigenvectors()(c, d - 1 - t));
+      kb.P[static_cast<std::size_t>(c * r + t)] = static_cast<float>(eig.vectors(c, d - 1 - t));
   if (!kb.bad.empty()) {
     const index_t dv = p.d_v();
     kb.vclean.resize(static_cast<std::size_t>(nk * dv));

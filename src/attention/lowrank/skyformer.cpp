@@ -1,6 +1,6 @@
 #include "attention/lowrank/skyformer.h"
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +14,7 @@
 #include "numattn/core/blas.h"
 #include "numattn/core/rng.h"
 #include "numattn/core/simd.h"
+#include "numattn/decomp/dense.h"
 #include "numattn/decomp/pinv.h"
 
 namespace numattn {
@@ -250,12 +251,13 @@ void SkyformerAttention::forward(const AttentionProblem& p, const ExecContext& c
     if (exact_pinv) {
       // The rescaled block is symmetric PSD: its Moore–Penrose inverse from the symmetric
       // eigendecomposition (several times cheaper than an SVD), same cut-off as pinv_svd.
-      const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig{Eigen::MatrixXd(scaled)};
-      const Eigen::VectorXd& lam = eig.eigenvalues();
+      // (Finite: a problem with a non-finite input returned at the top.)
+      const decomp::dense::SymEig eig = decomp::dense::sym_eig(scaled);
+      const Eigen::VectorXd& lam = eig.values;
       const double cut = kExactRcond * lam.cwiseAbs().maxCoeff();
       Eigen::VectorXd inv(lam.size());
       for (Eigen::Index i = 0; i < lam.size(); ++i) inv(i) = std::abs(lam(i)) > cut ? 1.0 / lam(i) : 0.0;
-      z = eig.eigenvectors() * inv.asDiagonal() * eig.eigenvectors().transpose();
+      z = eig.vectors * inv.asDiagonal() * eig.vectors.transpose();
     } else {
       decomp::NewtonSchulzPinv<float> ns(iters);
       ns.compute(scaled.cast<float>());

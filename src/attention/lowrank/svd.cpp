@@ -1,6 +1,6 @@
 #include "attention/lowrank/svd.h"
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +10,7 @@
 #include "attention/method_def.h"
 #include "numattn/attention/blocks/nonfinite_rows.h"
 #include "numattn/core/memory.h"
+#include "numattn/decomp/dense.h"
 
 namespace numattn {
 
@@ -22,7 +23,9 @@ constexpr float kInfF = std::numeric_limits<float>::infinity();
 std::size_t head_bytes(index_t nq, index_t nk) {
   const auto e = static_cast<std::size_t>(nq) * static_cast<std::size_t>(nk);
   const auto k = static_cast<std::size_t>(std::min(nq, nk));
-  return sizeof(double) * (3 * e + k * static_cast<std::size_t>(nq + nk));
+  // P, LAPACK's copy of it, U and Vᵀ, and dgesdd's workspace (about 4·k² + 7·k doubles, 5·k²
+  // when one side is much longer).
+  return sizeof(double) * (2 * e + k * static_cast<std::size_t>(nq + nk) + 5 * k * k + 16 * k);
 }
 
 double svd_budget(const BudgetInput& in) {
@@ -144,10 +147,14 @@ void SvdAttention::forward(const AttentionProblem& p, const ExecContext& ctx) co
     if (rank >= std::min(nr, nc)) {
       out = pm * v;  // P_r = P
     } else {
-      Eigen::BDCSVD<Eigen::MatrixXd> svd(Eigen::MatrixXd(pm), Eigen::ComputeThinU | Eigen::ComputeThinV);
+      // A non-finite P (only a +inf additive mask entry can make one) gives NaN factors
+      // (info kInvalidInput), hence NaN rows: never a silently wrong number.
+      // The SVD of Pᵀ (the row-major P read as column-major: no copy), Pᵀ = U'ΣV'ᵀ, so
+      // P = V'·Σ·U'ᵀ: U_r = V'ᵀ[:r]ᵀ and V_r = U'[:, :r].
+      const decomp::dense::Svd svd = decomp::dense::svd(pm.transpose());
       const auto r = static_cast<Eigen::Index>(rank);
-      const Eigen::MatrixXd w = svd.singularValues().head(r).asDiagonal() * (svd.matrixV().leftCols(r).transpose() * v);
-      out = svd.matrixU().leftCols(r) * w;
+      const Eigen::MatrixXd w = svd.s.head(r).asDiagonal() * (svd.u.leftCols(r).transpose() * v);
+      out = svd.vt.topRows(r).transpose() * w;
     }
     for (Eigen::Index r = 0; r < nr; ++r) {
       float* o = p.out.row(b, h, rows[static_cast<std::size_t>(r)]);

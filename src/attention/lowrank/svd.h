@@ -10,8 +10,8 @@ namespace numattn {
 ///
 /// Per (batch, query head): P = softmax(s·QKᵀ + mask) (Nq×Nk, rows stochastic, with the causal
 /// rule, window, boolean and additive masks of problem.h; rows that see no key are 0) is
-/// materialised in float64, its truncated SVD P_r = U_r Σ_r V_rᵀ is taken (Eigen's BDCSVD, thin
-/// factors), and out = U_r·(Σ_r·(V_rᵀ·V)) is rounded once to float32. By Eckart–Young P_r is the
+/// materialised in float64, its truncated SVD P_r = U_r Σ_r V_rᵀ is taken (LAPACK dgesdd through
+/// decomp/dense.h, thin factors), and out = U_r·(Σ_r·(V_rᵀ·V)) is rounded once to float32. By Eckart–Young P_r is the
 /// best rank-r approximation of P in the spectral and Frobenius norms; the output error is
 /// ‖(P − P_r)V‖ ≤ σ_{r+1}(P)·‖V‖₂ (it is not the best rank-r approximation of PV). Keys no query
 /// sees and queries that see no key are dropped before the SVD, so non-finite values there are
@@ -20,8 +20,8 @@ namespace numattn {
 ///
 /// Cost per head: O(Nq·Nk·(Dk + Dv) + Nq·Nk·min(Nq, Nk)) time (the SVD dominates), memory
 /// O(Nq·Nk) doubles per thread for P and its factors. Refused (with the size) when Nq·Nk exceeds
-/// 4096·4096 entries (128 MiB of P per head, about 4× that with the SVD's factors). Not a fast
-/// method: a measuring instrument.
+/// 4096·4096 entries (128 MiB of P per head, about 9× that with the SVD's copy, factors and
+/// workspace). Not a fast method: a measuring instrument.
 class SvdAttention final : public AttentionMethod {
  public:
   using AttentionMethod::AttentionMethod;

@@ -1,6 +1,6 @@
 #include "attention/lowrank/wildcat.h"
 
-#include <Eigen/Dense>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
