@@ -28,11 +28,16 @@ namespace numattn {
 /// output is the log of that denominator. Limits: near ≥ C (every cluster exact) is exact
 /// softmax; C = Nk (each key its own centroid) makes the monopole terms exact too.
 ///
-/// Non-causal only: the key clusters are fitted on all keys, so a causal row's far field would
-/// mix future keys into its centroids (the paper targets decoding, where every cached key is in
-/// the past); masks and windows refused.
+/// Causal (both alignments), the paper's blockwise clustering made exact about the past: the
+/// keys are cut into segments of S = 4·ceil(Nk/C) keys (about four clusters each), each segment
+/// clustered on its own keys only (C_s = ceil(C·S/Nk) clusters). A row whose diagonal key
+/// e = min(i + off, Nk − 1) lies in segment t attends exactly to keys t·S..e of its own segment
+/// and chooses near/far among the clusters of segments 0..t−1 only: no key after e is read, and
+/// no cluster it uses contains one (rows before the first full segment are exact). A row with
+/// no visible key gives 0 and LSE −inf. Non-causal: one segment of all keys, no local part.
+/// Masks and windows refused.
 /// Cost per head: O(iters·Nk·C·Dk) k-means per kv head + O(Nq·C·(Dk+Dv)) importance and far field
-/// (sgemm) + O(Nq·near·(Nk/C)·(Dk+Dv)) exact near field (sgemm per cluster per block of 256
+/// (sgemm) + O(Nq·near·(Nk/C)·(Dk+Dv)) exact near field (+ O(Nq·S·(Dk+Dv)) causal local part) (sgemm per cluster per block of 256
 /// queries). Memory O(Nk·(Dk+Dv) + C·(Dk+Dv)) per kv head, O(256·(C + Nk/C + Dv)) per thread.
 class MultipoleAttention final : public AttentionMethod {
  public:
