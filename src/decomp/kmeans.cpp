@@ -1,6 +1,8 @@
 #include "numattn/decomp/kmeans.h"
 
 #include <algorithm>
+#include <bit>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -22,16 +24,27 @@ struct Data {
   const float* row(index_t i) const { return x + i * ld; }
 };
 
-/// d2[i] ← min(d2[i], dist(x_i, c)) for one new centre c (k-means++): the dot products by one
-/// GEMM-shaped product, the rest as `dist`.
-void update_d2(const Data& X, const float* c, std::vector<double>& d2, std::vector<float>& dots) {
+/// x·y in float32 with 16 independent lanes (vectorises; the order is fixed, so deterministic).
+float dot_f32(const float* x, const float* y, index_t d) {
+  float lane[16] = {};
+  index_t t = 0;
+  for (; t + 16 <= d; t += 16)
+    for (int l = 0; l < 16; ++l) lane[l] += x[t + l] * y[t + l];
+  float s = 0;
+  for (; t < d; ++t) s += x[t] * y[t];
+  for (int l = 0; l < 16; ++l) s += lane[l];
+  return s;
+}
+
+/// d2[i] ← min(d2[i], dist(x_i, c)) for one new centre c (k-means++) over the rows `rows`.
+void update_d2(const Data& X, const std::vector<index_t>& rows, const float* c, std::vector<double>& d2) {
   double c2 = 0;
   for (index_t t = 0; t < X.d; ++t) c2 += static_cast<double>(c[t]) * c[t];
-  centroid_scores(X.x, X.n, X.d, X.ld, c, 1, dots.data());
-  for (index_t i = 0; i < X.n; ++i) {
-    const double dot = dots[static_cast<std::size_t>(i)];
+  for (std::size_t u = 0; u < rows.size(); ++u) {
+    const index_t i = rows[u];
+    const double dot = dot_f32(X.row(i), c, X.d);
     const double v = X.spherical ? 1 - dot : std::max(0.0, X.norm2[static_cast<std::size_t>(i)] - 2 * dot + c2);
-    d2[static_cast<std::size_t>(i)] = std::min(d2[static_cast<std::size_t>(i)], v);
+    d2[u] = std::min(d2[u], v);
   }
 }
 
@@ -105,19 +118,19 @@ void normalized_rows(const float* x, index_t n, index_t d, index_t ldx, float* o
 std::vector<std::vector<index_t>> top_w_members(const float* s, index_t n, index_t k, index_t w) {
   std::vector<std::vector<index_t>> out(static_cast<std::size_t>(k));
   w = std::clamp<index_t>(w, 0, n);
-  std::vector<index_t> idx(static_cast<std::size_t>(n));
-  std::vector<float> col(static_cast<std::size_t>(n));
+  // One 64-bit key per row: the score's order-preserving bits above the complemented row index,
+  // so "larger key" = larger score, then lower row; nth_element on plain integers.
+  std::vector<std::uint64_t> key(static_cast<std::size_t>(n));
   for (index_t c = 0; c < k; ++c) {
-    std::iota(idx.begin(), idx.end(), 0);
-    for (index_t i = 0; i < n; ++i) col[static_cast<std::size_t>(i)] = s[i * k + c];
-    // Larger score first, then lower row: a strict total order, so the selection is unique.
-    auto before = [&](index_t a, index_t b) {
-      const float sa = col[static_cast<std::size_t>(a)], sb = col[static_cast<std::size_t>(b)];
-      return sa > sb || (sa == sb && a < b);
-    };
-    if (w < n) std::nth_element(idx.begin(), idx.begin() + w, idx.end(), before);
+    for (index_t i = 0; i < n; ++i) {
+      const auto u = std::bit_cast<std::uint32_t>(s[i * k + c] + 0.0f);  // −0 → +0
+      const std::uint32_t ord = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+      key[static_cast<std::size_t>(i)] = (static_cast<std::uint64_t>(ord) << 32) | (0xffffffffu - static_cast<std::uint32_t>(i));
+    }
+    if (w < n) std::nth_element(key.begin(), key.begin() + w, key.end(), std::greater<std::uint64_t>());
     std::vector<index_t>& m = out[static_cast<std::size_t>(c)];
-    m.assign(idx.begin(), idx.begin() + w);
+    m.resize(static_cast<std::size_t>(w));
+    for (index_t u = 0; u < w; ++u) m[static_cast<std::size_t>(u)] = static_cast<index_t>(0xffffffffu - static_cast<std::uint32_t>(key[static_cast<std::size_t>(u)]));
     std::sort(m.begin(), m.end());
   }
   return out;
@@ -160,33 +173,49 @@ KMeansResult kmeans(const float* x, index_t n, index_t d, index_t ldx, const KMe
     return std::min(i, n - 1);
   };
   if (opt.plusplus) {
-    take(0, std::min<index_t>(static_cast<index_t>(rng.uniform(0) * static_cast<double>(n)), n - 1));
-    std::vector<double> d2(static_cast<std::size_t>(n), std::numeric_limits<double>::infinity());
-    std::vector<float> dots(static_cast<std::size_t>(n));
-    update_d2(X, C.data(), d2, dots);
-    for (index_t i = 0; i < n; ++i)
-      if (chosen[static_cast<std::size_t>(i)]) d2[static_cast<std::size_t>(i)] = 0;
+    // k-means++ seeding on a uniform subsample of at most max(16·k, 1024) rows (all rows when n
+    // is smaller): the D² draws are sequential, k passes over the sample, which on all n rows
+    // would cost more than the Lloyd iterations themselves.
+    const index_t m = std::min(n, std::max<index_t>(16 * k, 1024));
+    std::vector<index_t> rows(static_cast<std::size_t>(n));
+    std::iota(rows.begin(), rows.end(), 0);
+    if (m < n) {
+      for (index_t u = 0; u < m; ++u) {  // partial Fisher–Yates on a separate counter range
+        const index_t r = u + std::min<index_t>(static_cast<index_t>(rng.uniform(static_cast<std::uint64_t>(k + u)) * static_cast<double>(n - u)), n - u - 1);
+        std::swap(rows[static_cast<std::size_t>(u)], rows[static_cast<std::size_t>(r)]);
+      }
+      rows.resize(static_cast<std::size_t>(m));
+      std::sort(rows.begin(), rows.end());
+    }
+    std::vector<double> d2(static_cast<std::size_t>(m), std::numeric_limits<double>::infinity());
+    index_t pick = std::min<index_t>(static_cast<index_t>(rng.uniform(0) * static_cast<double>(m)), m - 1);
+    take(0, rows[static_cast<std::size_t>(pick)]);
+    update_d2(X, rows, C.data(), d2);
+    d2[static_cast<std::size_t>(pick)] = 0;
     for (index_t c = 1; c < k; ++c) {
       double total = 0;
       for (double v : d2) total += v;
-      index_t pick = -1;
+      pick = -1;
       if (total > 0 && std::isfinite(total)) {
         const double target = rng.uniform(static_cast<std::uint64_t>(c)) * total;
         double acc = 0;
-        for (index_t i = 0; i < n; ++i) {
-          acc += d2[static_cast<std::size_t>(i)];
-          if (acc > target && d2[static_cast<std::size_t>(i)] > 0) {
-            pick = i;
+        for (index_t u = 0; u < m; ++u) {
+          acc += d2[static_cast<std::size_t>(u)];
+          if (acc > target && d2[static_cast<std::size_t>(u)] > 0) {
+            pick = u;
             break;
           }
         }
         if (pick < 0)  // rounding at the end of the cumulative sum: the last row with weight
-          for (index_t i = n - 1; i >= 0 && pick < 0; --i)
-            if (d2[static_cast<std::size_t>(i)] > 0) pick = i;
+          for (index_t u = m - 1; u >= 0 && pick < 0; --u)
+            if (d2[static_cast<std::size_t>(u)] > 0) pick = u;
       }
-      if (pick < 0) pick = first_free();  // every row coincides with a centre
-      take(c, pick);
-      update_d2(X, C.data() + c * d, d2, dots);
+      if (pick < 0) {  // every sampled row coincides with a centre: the first row not taken
+        take(c, first_free());
+        continue;
+      }
+      take(c, rows[static_cast<std::size_t>(pick)]);
+      update_d2(X, rows, C.data() + c * d, d2);
       d2[static_cast<std::size_t>(pick)] = 0;  // exactly: rounding must not let it be drawn again
     }
   } else {

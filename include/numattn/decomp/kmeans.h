@@ -7,7 +7,8 @@
 /// inertia Σᵢ dist(xᵢ, c_{a(i)}) and the number of Lloyd iterations run.
 ///
 /// - Initialisation: k-means++ (Arthur & Vassilvitskii 2007: each next centre drawn with
-///   probability ∝ D(x)², the squared distance to the nearest chosen centre) or k distinct rows
+///   probability ∝ D(x)², the squared distance to the nearest chosen centre; run on a uniform
+///   subsample of max(16·k, 1024) rows when n is larger, since its k passes are sequential) or k distinct rows
 ///   drawn uniformly; all draws come from the counter RNG (seed, stream), so the result is a
 ///   pure function of (X, options) and independent of the thread count (k-means itself runs on
 ///   the calling thread; callers parallelise over independent problems, e.g. heads).
@@ -19,7 +20,7 @@
 /// - Empty clusters are re-seeded deterministically: each takes the row farthest from its
 ///   current centroid (ties: lower row index) among rows not already taken this step.
 ///
-/// Cost: O(n·k·d) per iteration (GEMM-shaped) plus O(n·k·d) for k-means++; memory O((n + k)·k)
+/// Cost: O(n·k·d) per iteration (GEMM-shaped) plus O(min(n, 16k)·k·d) for k-means++; memory O((n + k)·k)
 /// floats with rows processed in blocks. Non-finite rows are the caller's concern: the result is
 /// deterministic but meaningless (methods screen them out first).
 #pragma once

@@ -33,18 +33,35 @@ inline void refuse_out_of_range(const AttentionProblem& p, const char* name, con
 inline void softmax_rows(float* s, index_t rows, index_t cols, index_t ld, float* inv, double* lse) {
   for (index_t r = 0; r < rows; ++r) {
     float* x = s + r * ld;
-    float m = kNegInf;
-    for (index_t c = 0; c < cols; ++c) m = std::max(m, x[c]);
+    // Max and sum in 16 fixed lanes: vectorised, and the same order at any thread count.
+    float ml[16], m = kNegInf;
+    std::fill(ml, ml + 16, kNegInf);
+    index_t c = 0;
+    for (; c + 16 <= cols; c += 16)
+      for (int l = 0; l < 16; ++l) ml[l] = ml[l] > x[c + l] ? ml[l] : x[c + l];
+    for (; c < cols; ++c) m = std::max(m, x[c]);
+    for (int l = 0; l < 16; ++l) m = std::max(m, ml[l]);
     if (!(m > kNegInf)) {
       std::fill(x, x + cols, 0.f);
       inv[r] = 0.f;
       lse[r] = -std::numeric_limits<double>::infinity();
       continue;
     }
-    for (index_t c = 0; c < cols; ++c) x[c] -= m;
-    simd::exp_f32(x, x, cols);
     double z = 0;
-    for (index_t c = 0; c < cols; ++c) z += x[c];
+    c = 0;
+#if defined(__AVX512F__)
+    {
+      const __m512 mv = _mm512_set1_ps(m);
+      __m512 acc = _mm512_setzero_ps();
+      for (; c + 16 <= cols; c += 16) {
+        const __m512 e = simd::exp_f32(_mm512_sub_ps(_mm512_loadu_ps(x + c), mv));
+        _mm512_storeu_ps(x + c, e);
+        acc = _mm512_add_ps(acc, e);
+      }
+      z = _mm512_reduce_add_ps(acc);
+    }
+#endif
+    for (; c < cols; ++c) z += (x[c] = simd::exp_f32(x[c] - m));
     inv[r] = static_cast<float>(1 / z);
     lse[r] = m + std::log(z);
   }

@@ -18,7 +18,7 @@ namespace numattn {
 namespace {
 
 using cluster_detail::kNegInf;
-constexpr index_t kRowBlock = 256;
+constexpr index_t kRowBlock = 1024;  // query rows per task: larger blocks give each near cluster more rows per sgemm
 constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
 
 /// Causal segmentation: keys in segments of S = 4·ceil(Nk/C) (about four clusters' worth). A row
@@ -135,7 +135,7 @@ const MethodInfo& MultipoleAttention::describe() {
     m.summary = "k-means on keys; the most important clusters exact, the others by their centroid (monopole)";
     m.citation = "Hooper et al., Multipole Attention for Efficient Long Context Reasoning, NeurIPS 2025";
     m.time_complexity = "O(iters·Nk·C·Dk + Nq·C·(Dk+Dv) + Nq·near·(Nk/C)·(Dk+Dv))";
-    m.memory_complexity = "O(Nk·(Dk+Dv)) per kv head + O(threads·256·(C + Nk/C + Dv))";
+    m.memory_complexity = "O(Nk·(Dk+Dv)) per kv head + O(threads·1024·(C + Nk/C + Dv))";
     m.params = {
         {"clusters", ParamType::kInt, "0", 0, 65536, {}, "C: k-means clusters of the keys per kv head (0: ceil(sqrt(Nk)))"},
         {"near", ParamType::kInt, "8", 1, 65536, {}, "clusters attended key by key per query (the most important); ≥ C = exact"},

@@ -37,8 +37,8 @@ namespace numattn {
 /// no visible key gives 0 and LSE −inf. Non-causal: one segment of all keys, no local part.
 /// Masks and windows refused.
 /// Cost per head: O(iters·Nk·C·Dk) k-means per kv head + O(Nq·C·(Dk+Dv)) importance and far field
-/// (sgemm) + O(Nq·near·(Nk/C)·(Dk+Dv)) exact near field (+ O(Nq·S·(Dk+Dv)) causal local part) (sgemm per cluster per block of 256
-/// queries). Memory O(Nk·(Dk+Dv) + C·(Dk+Dv)) per kv head, O(256·(C + Nk/C + Dv)) per thread.
+/// (sgemm) + O(Nq·near·(Nk/C)·(Dk+Dv)) exact near field (+ O(Nq·S·(Dk+Dv)) causal local part) (sgemm per cluster per block of 1024
+/// queries). Memory O(Nk·(Dk+Dv) + C·(Dk+Dv)) per kv head, O(1024·(C + Nk/C + Dv)) per thread.
 class MultipoleAttention final : public AttentionMethod {
  public:
   using AttentionMethod::AttentionMethod;
