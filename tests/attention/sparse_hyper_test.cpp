@@ -39,6 +39,11 @@ double run_error(const std::string& spec, RandomProblem& prob, double* lse_err =
   return e.rel_fro_error;
 }
 
+double run_error(const std::string& spec, RandomProblem& prob, const ReferenceRows& ref) {
+  create_method(spec)->run(prob.problem(), ExecContext{2});
+  return compare_with_reference(prob.problem(), ref).rel_fro_error;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -127,14 +132,14 @@ TEST(SparseHyper, LimitsAreExact) {
 
 TEST(SparseHyper, ErrorFallsAsTheBlockGrows) {
   std::vector<double> med;
+  ProblemConfig cfg = config(2, 2, 512, 512, 32, Causal::kNone, 3);
+  cfg.dist = Dist::kSpiky;
+  RandomProblem prob(cfg);
+  const ReferenceRows ref = reference_all(prob.problem(), ExecContext{2});
   for (index_t block : {16, 64, 256}) {
     std::vector<double> e;
-    for (int seed = 1; seed <= 5; ++seed) {
-      ProblemConfig cfg = config(2, 2, 512, 512, 32, Causal::kNone, 3);
-      cfg.dist = Dist::kSpiky;
-      RandomProblem prob(cfg);
-      e.push_back(run_error(fmt::format("sparse.hyper(block={},samples=32,min_seq_len=16,seed={})", block, seed), prob));
-    }
+    for (int seed = 1; seed <= 5; ++seed)
+      e.push_back(run_error(fmt::format("sparse.hyper(block={},samples=32,min_seq_len=16,seed={})", block, seed), prob, ref));
     med.push_back(median(e));
   }
   std::printf("hyper median rel_fro_error at block 16/64/256 (N=512, spiky): %.3g %.3g %.3g\n", med[0], med[1], med[2]);

@@ -36,6 +36,11 @@ double run_error(const std::string& spec, RandomProblem& prob) {
   return compare_with_reference(p, reference_all(p, ExecContext{2})).rel_fro_error;
 }
 
+double run_error(const std::string& spec, RandomProblem& prob, const ReferenceRows& ref) {
+  create_method(spec)->run(prob.problem(), ExecContext{2});
+  return compare_with_reference(prob.problem(), ref).rel_fro_error;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -159,16 +164,17 @@ TEST(SparseReformer, LimitsAreExact) {
 
 TEST(SparseReformer, ErrorAndRecallImproveWithRounds) {
   std::vector<double> med, rec;
+  ProblemConfig cfg = config(2, 2, 512, 512, 32, Causal::kNone, 8);
+  cfg.dist = Dist::kSpiky;
+  RandomProblem prob(cfg);
+  const AttentionProblem& p = prob.problem();
+  const ReferenceRows ref = reference_all(p, ExecContext{2});
   for (int rounds : {1, 2, 4, 8}) {
     std::vector<double> e;
     double recall = 0;
     for (int seed = 1; seed <= 5; ++seed) {
-      ProblemConfig cfg = config(2, 2, 512, 512, 32, Causal::kNone, 8);
-      cfg.dist = Dist::kSpiky;
-      RandomProblem prob(cfg);
-      const AttentionProblem& p = prob.problem();
       const std::string spec = fmt::format("sparse.reformer(rounds={},chunk=32,seed={})", rounds, seed);
-      e.push_back(run_error(spec, prob));
+      e.push_back(run_error(spec, prob, ref));
       // Recall: fraction of each row's true top-8 keys inside the union of its windows.
       const auto m = create_method(spec);
       const auto& rm = dynamic_cast<const ReformerAttention&>(*m);
@@ -203,12 +209,12 @@ TEST(SparseReformer, ErrorAndRecallImproveWithRounds) {
 
 TEST(SparseReformer, ErrorFallsAsTheChunkGrows) {
   std::vector<double> med;
+  RandomProblem prob(config(2, 2, 512, 512, 32, Causal::kBottomRight, 9));
+  const ReferenceRows ref = reference_all(prob.problem(), ExecContext{2});
   for (int chunk : {16, 64, 256}) {
     std::vector<double> e;
-    for (int seed = 1; seed <= 5; ++seed) {
-      RandomProblem prob(config(2, 2, 512, 512, 32, Causal::kBottomRight, 9));
-      e.push_back(run_error(fmt::format("sparse.reformer(rounds=2,chunk={},seed={})", chunk, seed), prob));
-    }
+    for (int seed = 1; seed <= 5; ++seed)
+      e.push_back(run_error(fmt::format("sparse.reformer(rounds=2,chunk={},seed={})", chunk, seed), prob, ref));
     med.push_back(median(e));
   }
   std::printf("reformer causal (N=512) chunk 16/64/256: median rel_fro_error %.3g %.3g %.3g\n", med[0], med[1], med[2]);

@@ -225,7 +225,10 @@ void ReformerAttention::forward(const AttentionProblem& p, const ExecContext& ct
   struct Scratch {
     std::vector<float> qg, kg, vg, o, tile;
     std::vector<double> l;
+    reformer::WindowCounts counts;
   };
+  std::vector<float> log_count(static_cast<std::size_t>(R) + 1, 0.f);  // log N for N = 1..R
+  for (int r = 1; r <= R; ++r) log_count[static_cast<std::size_t>(r)] = std::log(static_cast<float>(r));
   std::vector<Scratch> scratch(static_cast<std::size_t>(ctx.num_threads()));
   parallel_for(ctx, static_cast<std::int64_t>(items.size()), [&](std::int64_t it) {
     const Item& I = items[static_cast<std::size_t>(it)];
@@ -245,17 +248,19 @@ void ReformerAttention::forward(const AttentionProblem& p, const ExecContext& ct
       std::copy_n(key_row(b, h, j), dk, w.kg.data() + t * dk);
       std::copy_n(p.v.row(b, hk, j), dv, w.vg.data() + t * dv);
     }
+    // Duplicate counts (log N_ij subtracted; a key of this window is in this round's, N ≥ 1).
+    if (R > 1) w.counts.prepare(plans, static_cast<std::size_t>(I.bh * R), R, P, w0, keys);
     const blocks::TileAdjust adjust = [&](index_t u, float* row) {
       const index_t i = P.query_order[static_cast<std::size_t>(I.s0 + u)];
-      for (index_t t = 0; t < keys; ++t) {
-        const index_t j = P.key_order[static_cast<std::size_t>(w0 + t)];
-        if ((causal && j > i + off) || (shared && j == i)) {
-          row[t] = kNegInf;
-        } else if (R > 1) {
-          const int n = reformer::collisions(plans, static_cast<std::size_t>(I.bh * R), R, i, j);
-          row[t] -= std::log(static_cast<float>(n));
-        }
+      if (R > 1) {
+        const std::int32_t* n = w.counts.row(plans, static_cast<std::size_t>(I.bh * R), R, i);
+        for (index_t t = 0; t < keys; ++t) row[t] -= log_count[static_cast<std::size_t>(n[t])];
       }
+      if (causal || shared)
+        for (index_t t = 0; t < keys; ++t) {
+          const index_t j = P.key_order[static_cast<std::size_t>(w0 + t)];
+          if ((causal && j > i + off) || (shared && j == i)) row[t] = kNegInf;
+        }
     };
     blocks::tile_softmax(w.qg.data(), dk, rows, w.kg.data(), dk, w.vg.data(), dv, keys, dk, dv, scale,
                          (causal || shared || R > 1) ? &adjust : nullptr, w.o.data(), dv, w.l.data(), w.tile);

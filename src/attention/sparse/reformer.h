@@ -42,16 +42,35 @@ index_t auto_buckets(index_t n, index_t chunk);
 Round plan_round(const float* q, index_t ldq, index_t nq, const float* k, index_t ldk, index_t nk, index_t d,
                  index_t buckets, index_t chunk, std::uint64_t seed, std::uint64_t stream, bool causal, index_t off);
 
-/// Number of rounds r' (of `rounds`) in whose window query i sees key j: N_ij of the paper.
-inline int collisions(const std::vector<Round>& rounds, std::size_t first, int count, index_t i, index_t j) {
-  int n = 0;
-  for (int r = 0; r < count; ++r) {
-    const Round& R = rounds[first + static_cast<std::size_t>(r)];
-    const index_t c = R.query_chunk[static_cast<std::size_t>(i)], pos = R.key_pos[static_cast<std::size_t>(j)];
-    n += pos >= R.window_begin(c) && pos < R.window_end(c);
+/// Duplicate counts N_ij of the paper for the keys of one window (sorted positions [w0, w0 + keys)
+/// of round `P`): N_ij = the number of rounds (of `count`, starting at `rounds[first]`) whose window
+/// for query i holds key j. `prepare` once per window, `row` per query.
+struct WindowCounts {
+  std::vector<index_t> pos;        ///< count × keys: the window's keys' sorted positions per round
+  std::vector<std::int32_t> cnt;   ///< keys: N_ij of the last row
+  index_t keys = 0;
+  void prepare(const std::vector<Round>& rounds, std::size_t first, int count, const Round& P, index_t w0, index_t n) {
+    keys = n;
+    pos.resize(static_cast<std::size_t>(count * n));
+    cnt.resize(static_cast<std::size_t>(n));
+    for (int r = 0; r < count; ++r) {
+      const Round& R = rounds[first + static_cast<std::size_t>(r)];
+      for (index_t t = 0; t < n; ++t)
+        pos[static_cast<std::size_t>(r * n + t)] = R.key_pos[static_cast<std::size_t>(P.key_order[static_cast<std::size_t>(w0 + t)])];
+    }
   }
-  return n;
-}
+  const std::int32_t* row(const std::vector<Round>& rounds, std::size_t first, int count, index_t i) {
+    std::fill(cnt.begin(), cnt.end(), 0);
+    for (int r = 0; r < count; ++r) {
+      const Round& R = rounds[first + static_cast<std::size_t>(r)];
+      const index_t c = R.query_chunk[static_cast<std::size_t>(i)], lo = R.window_begin(c), hi = R.window_end(c);
+      const index_t* p = pos.data() + r * keys;
+      std::int32_t* n = cnt.data();
+      for (index_t t = 0; t < keys; ++t) n[t] += (p[t] >= lo) & (p[t] < hi);
+    }
+    return cnt.data();
+  }
+};
 
 }  // namespace reformer
 

@@ -235,6 +235,7 @@ void ScatterbrainAttention::forward(const AttentionProblem& p, const ExecContext
   std::vector<double> sden(np), aden(np), sshift(np, kNegInfD);
   struct Scratch {
     std::vector<float> qg, kg, vg, fq, fk, sl, ll, o;
+    reformer::WindowCounts counts;
   };
   std::vector<Scratch> scratch(static_cast<std::size_t>(ctx.num_threads()));
   parallel_for(ctx, static_cast<std::int64_t>(items.size()), [&](std::int64_t it) {
@@ -268,8 +269,10 @@ void ScatterbrainAttention::forward(const AttentionProblem& p, const ExecContext
                   w.ll.data(), keys);
     }
     // Row frames and the two coefficient matrices: w.sl ← A terms, w.ll ← C terms.
+    if (R > 1) w.counts.prepare(plans, static_cast<std::size_t>(I.bh * R), R, P, w0, keys);
     for (index_t u = 0; u < rows; ++u) {
       const index_t i = qi(u);
+      const std::int32_t* cnt = R > 1 ? w.counts.row(plans, static_cast<std::size_t>(I.bh * R), R, i) : nullptr;
       const std::size_t at = static_cast<std::size_t>((I.bh * R + I.r) * nq + i);
       float* sr = w.sl.data() + u * keys;
       const double lam = lowrank ? qshift[static_cast<std::size_t>(I.bh * nq + i)] : kNegInfD;
@@ -280,11 +283,11 @@ void ScatterbrainAttention::forward(const AttentionProblem& p, const ExecContext
       double da = 0, dc = 0;
       for (index_t t = 0; t < keys; ++t) {
         float a = simd::exp_f32(static_cast<float>(sr[t] - c));
-        if (R > 1) a /= static_cast<float>(reformer::collisions(plans, static_cast<std::size_t>(I.bh * R), R, i, kj(t)));
+        const float inv_n = cnt ? 1.f / static_cast<float>(cnt[t]) : 1.f;
+        a *= inv_n;
         float cc = a;
         if (lr) {
-          float l = fl * lr[t];
-          if (R > 1) l /= static_cast<float>(reformer::collisions(plans, static_cast<std::size_t>(I.bh * R), R, i, kj(t)));
+          const float l = fl * lr[t] * inv_n;
           cc = a - l;
           lr[t] = cc;
         }
