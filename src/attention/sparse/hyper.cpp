@@ -103,7 +103,10 @@ void noncausal(const Head& H, index_t qa, index_t qb, index_t ka, index_t kb, st
   const AttentionProblem& p = H.p;
   const index_t nq = qb - qa, nk = kb - ka, dk = p.d_qk(), dv = p.d_v();
   if (nq <= 0) return;
-  if (nk <= H.block || std::max(nq, nk) <= H.min_seq_len) {
+  // Strictly below min_seq_len, as the official forward_no_causal_mask: the off-diagonal parts of
+  // the causal recursion's last level (N/2 = min_seq_len rows) are approximated. (The whole problem
+  // is exact when max(Nq, Nk) ≤ min_seq_len: forward checks that first.)
+  if (nk <= H.block || std::max(nq, nk) < H.min_seq_len) {
     exact_part(H, qa, qb, ka, kb, false, o, ldo, l);
     return;
   }

@@ -28,7 +28,8 @@ namespace numattn {
 ///    residual term (bias).
 /// 4. The block part and the sampled part are one softmax over [block keys ∪ draws]
 ///    (blocks/tile_softmax.h): (o, lse) with lse = log of the estimated normaliser; unsort.
-/// If n_k ≤ block, or max(n_q, n_k) ≤ min_seq_len, the routine is exact (flash kernel).
+/// If n_k ≤ block, or max(n_q, n_k) < min_seq_len (strictly, as the official code), the routine is
+/// exact (flash kernel); the whole problem is exact when max(Nq, Nk) ≤ min_seq_len.
 ///
 /// Causal (Algorithm 4, CausalApproxD): rows i with i + off < 0 see no key (0, lse −inf); rows
 /// that see every key run the non-causal routine; the rest [q0, q1) with keys [0, q1 + off) is
