@@ -33,8 +33,8 @@ namespace numattn {
 /// chunk holds every key (chunk ≥ Nk) every pair is a collision pair, the low-rank terms cancel
 /// exactly and are skipped: exact attention whatever φ. Non-causal only (a causal version needs
 /// prefix sums of φ(k)vᵀ and a causal mask in the sparse part; not implemented, refused). No
-/// masks, no window, no LSE (the weights Â_ij of a row are an estimate, some of them negative:
-/// log Σ_j Â_ij is not the log-sum-exp of anything the output is a softmax of).
+/// masks, no window, no LSE output (log Σ_j Â_ij, the log of the estimated normaliser, could be
+/// given as sparse.hyper does; not implemented).
 ///
 /// Target: softmax. Refuses (Error) |scale|·max‖q‖·max‖k‖ > 1e6 when the low-rank part runs
 /// (as kernel.performer). Cost per head O(N·M·(Dk+Dv) + rounds·N·2·chunk·(Dk+Dv+M)).
