@@ -80,15 +80,18 @@ const MethodInfo& KdeformerAttention::describe() {
       const AttentionProblem& p = in.problem;
       const index_t nk = p.n_kv(), bucket = in.params.get_int("bucket");
       if (bucket >= nk) return exact;
-      // A flat row whose weight is spread over its Nk keys, estimated from c = Nk/nb block keys
-      // plus m draws, is off by about sqrt(Nk/(c + m)) relative to its (small) exact norm:
-      // Monte Carlo over near-uniform draws, or averaging over c of Nk keys without them. Peaked
-      // rows (logits ×100, spiky) err less. Measured on the conformance matrix and N = 1024
-      // Gaussian/spiky problems (median over 5 seeds): at most 1.04× that (3.7 at Nk = 1024 with
-      // bucket 16, m = 64; 19 with bucket 1, m = 0); the budget is 2× it + 0.5.
+      // Flat rows err most (their exact output is a small average of many values). With m > 0
+      // draws the residual's Monte Carlo noise dominates: about sqrt(Nk/m) relative to the exact
+      // row (the block's Nk/nb keys help little); with m = 0 the row averages its Nk/nb block
+      // keys instead of all Nk: about sqrt(Nk/(Nk/nb)). Model sqrt(Nk/c) with c = m + (Nk/nb)/16
+      // (m > 0) or Nk/nb (m = 0); measured on the conformance matrix and on N = 1024–4096
+      // Gaussian/spiky inputs at logits ×1 and ×2 (medians over 3–5 seeds): at most 1.0× the
+      // model (12.9 at N = 4096, m = 16; 19 at N = 1024, bucket 1, m = 0), peaked rows less. The
+      // budget is 2× the model + 0.5.
       const index_t nb = (nk + bucket - 1) / bucket;
-      const double c = static_cast<double>(nk) / static_cast<double>(nb) +
-                       static_cast<double>(in.params.get_int("samples"));
+      const index_t m = in.params.get_int("samples");
+      const double blk = static_cast<double>(nk) / static_cast<double>(nb);
+      const double c = m > 0 ? static_cast<double>(m) + blk / 16 : blk;
       return 0.5 + 2 * std::sqrt(static_cast<double>(nk) / c) + exact;
     };
     a.limit_case = [](const AttentionProblem& p) {
