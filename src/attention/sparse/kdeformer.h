@@ -51,6 +51,12 @@ namespace numattn {
 /// Non-causal only; no masks or windows; GQA (a group's query heads share their kv head's
 /// hashes and draws), batches, Dk ≠ Dv.
 ///
+/// Measured (relative Frobenius error against exact softmax; N = 4096, D = 64, 2 heads): Gaussian
+/// inputs 6.25 / 2.21 / 0.95 at m = 100 / 800 / 4000, spiky inputs 4.14 / 2.01 / 0.88 (flat rows
+/// err most: about sqrt(Nk/m) from the draws). Top-8 recall of the LSH block (8 blocks of 32
+/// keys): about 0.2 against 0.125 for a random block. Speed at N = 16384, D = 64, 4 heads, 2
+/// threads: 10.9× exact.flash (same run).
+///
 /// Cost per head: hashing O(N·Dk·bits), sorts O(N + 2^bits), blocks O(Nq·(Nk/nb)·(Dk+Dv)),
 /// residual O(Nq·min(m, Nk)·(Dk+Dv)), both through the flash kernel (blocks/dense_softmax.h);
 /// the distribution O(Nk·Dv²). Memory: O(N) orders per head, O(m·(Dk+Dv)) sampled rows per kv

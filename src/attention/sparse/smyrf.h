@@ -45,6 +45,13 @@ namespace numattn {
 /// in several rounds. Non-causal only (balanced clusters mix past and future keys; the reference
 /// implementation has no causal mode); no masks or windows; GQA and batches; Dk ≠ Dv.
 ///
+/// Measured (relative Frobenius error against exact softmax; N = 4096, D = 64, 2 heads): Gaussian
+/// inputs 2.76 / 1.36 / 0.61 at L = 64 (default) / 16 / 4, 5.39 / 2.76 / 1.41 at H = 2 / 8 / 32;
+/// spiky inputs 2.27 / 1.21 / 0.48. Flat rows err most (their exact output is a small average of
+/// many values). Top-8 recall at L = 16 over 256 keys: 0.54 with H = 8 on Gaussian inputs (random
+/// clusters: 0.40), 0.97 on clustered inputs. Speed at N = 16384, D = 64, 4 heads, 2 threads:
+/// 6.4× exact.flash (same run).
+///
 /// Cost per head: projections O(N·Dk·H), sorts O(H·N log N), attention
 /// O(H·Nq·(Nk/L)·(Dk+Dv)) through the flash kernel (blocks/dense_softmax.h) on each gathered
 /// (query group, key group) pair. Memory: O(H·(Nq + Nk)) orders per head, O(N·(Dk+2)) lifted
