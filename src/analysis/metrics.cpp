@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <numeric>
+#include <vector>
+
+#include "numattn/attention/method.h"
 
 namespace numattn {
 
@@ -44,6 +49,77 @@ ErrorMetrics compare_with_reference(const AttentionProblem& p, const ReferenceRo
   }
   m.rows_checked = static_cast<index_t>(ref.rows.size());
   m.logit_magnitude = ref.logit_magnitude;
+  return m;
+}
+
+namespace {
+
+// Indices of the k largest entries of row[0..n) (NaN ranks last), as a sorted list.
+template <class T>
+std::vector<index_t> top_indices(const T* row, index_t n, index_t k) {
+  std::vector<index_t> idx(static_cast<std::size_t>(n));
+  std::iota(idx.begin(), idx.end(), index_t{0});
+  auto key = [&](index_t j) {
+    const double x = static_cast<double>(row[j]);
+    return std::isnan(x) ? -std::numeric_limits<double>::infinity() : x;
+  };
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](index_t a, index_t b) {
+    const double x = key(a), y = key(b);
+    return x > y || (x == y && a < b);
+  });
+  idx.resize(static_cast<std::size_t>(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+}  // namespace
+
+RecallMetrics topk_recall(const AttentionMethod& method, const AttentionProblem& p, index_t k,
+                          index_t rows, std::uint64_t seed, const ExecContext& ctx) {
+  NUMATTN_CHECK(k > 0, "top-k recall needs k > 0 (got {})", k);
+  const index_t nq = p.n_q(), nk = p.n_kv(), d = p.d_qk();
+  NUMATTN_CHECK(nk <= 8192, "top-k recall probes with V = I ({} × {} floats per row set): Nk ≤ 8192", nk, nk);
+  std::vector<float> q(static_cast<std::size_t>(nq * d)), kk(static_cast<std::size_t>(nk * d)),
+      v(static_cast<std::size_t>(nk * nk), 0.f), out(static_cast<std::size_t>(nq * nk)), lse;
+  for (index_t i = 0; i < nq; ++i)
+    for (index_t c = 0; c < d; ++c) q[static_cast<std::size_t>(i * d + c)] = p.q(0, 0, i, c);
+  for (index_t j = 0; j < nk; ++j) {
+    for (index_t c = 0; c < d; ++c) kk[static_cast<std::size_t>(j * d + c)] = p.k(0, 0, j, c);
+    v[static_cast<std::size_t>(j * nk + j)] = 1.f;
+  }
+  AttentionProblem probe;
+  probe.q = TensorView<const float>::contiguous(q.data(), {1, 1, nq, d});
+  probe.k = TensorView<const float>::contiguous(kk.data(), {1, 1, nk, d});
+  probe.v = TensorView<const float>::contiguous(v.data(), {1, 1, nk, nk});
+  probe.out = TensorView<float>::contiguous(out.data(), {1, 1, nq, nk});
+  if (method.info().caps.lse) {
+    lse.resize(static_cast<std::size_t>(nq));
+    probe.lse = TensorView<float>::contiguous(lse.data(), {1, 1, nq, 1});
+  }
+  probe.scale = p.scale;
+  probe.causal = p.causal;
+  probe.mask = p.mask;
+  probe.window_left = p.window_left;
+  probe.window_right = p.window_right;
+  method.run(probe, ctx);
+  const ReferenceRows ref = reference_sample(probe, rows, seed, ctx);
+  RecallMetrics m;
+  m.k = k;
+  double sum = 0;
+  for (std::size_t t = 0; t < ref.rows.size(); ++t) {
+    if (!(ref.lse[t] > -std::numeric_limits<double>::infinity())) continue;  // no visible key
+    const double* exact = ref.out.data() + t * static_cast<std::size_t>(nk);
+    index_t visible = 0;
+    for (index_t j = 0; j < nk; ++j) visible += exact[j] > 0;
+    const index_t kr = std::min(k, std::max<index_t>(visible, 1));
+    const auto a = top_indices(exact, nk, kr);
+    const auto b = top_indices(probe.out.row(0, 0, ref.rows[t].i), nk, kr);
+    std::vector<index_t> both;
+    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+    sum += static_cast<double>(both.size()) / static_cast<double>(kr);
+    ++m.rows;
+  }
+  m.recall = m.rows > 0 ? sum / static_cast<double>(m.rows) : std::numeric_limits<double>::quiet_NaN();
   return m;
 }
 

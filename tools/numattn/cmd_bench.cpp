@@ -4,6 +4,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "numattn/analysis/metrics.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
 #include "qkv_source.h"
@@ -18,6 +19,7 @@ struct BenchOptions {
   std::string format = "md";
   int reps = 5;
   long long check_rows = 256;
+  long long recall_k = 0;
   long long gemm_size = 2048;
   bool all = false;
   std::string qkv, layers, sweep;
@@ -92,6 +94,10 @@ void add_bench(CLI::App& app) {
   sub->add_option("--reps", o->reps, "timed repetitions per row (median reported)")->capture_default_str();
   sub->add_option("--check-rows", o->check_rows, "query rows sampled for the float64 check (0 = none)")
       ->capture_default_str();
+  sub->add_option("--recall", o->recall_k,
+                  "K: add `topk_recall`, the mean top-K recall of each method's attention rows "
+                  "(first head, --check-rows rows, probe V = I; Nk ≤ 8192; 0 = off)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--gemm-size", o->gemm_size, "size of the sgemm baseline (m = n = k)")->capture_default_str();
   sub->add_option("--qkv", o->qkv,
                   "a `numattn capture` directory: the problems are the captured q/k/v of --layer "
@@ -185,6 +191,16 @@ void add_bench(CLI::App& app) {
           Row r = run_method_row(*m, p, problem_row(*m, p, ctx, prob.seed(), prob.source), ctx,
                                  o->reps, o->check_rows, prob.check_seed());
           if (r.contains("gflops")) r["efficiency"] = r["gflops"].get<double>() / sgemm;
+          if (o->recall_k > 0 && o->check_rows > 0 && r["status"].get<std::string>().rfind("ok", 0) == 0) {
+            try {
+              const RecallMetrics rm = topk_recall(*m, p, o->recall_k, o->check_rows, prob.check_seed(), ctx);
+              r["topk_recall"] = rm.recall;
+              r["recall_k"] = o->recall_k;
+            } catch (const Error& e) {
+              r["topk_recall"] = nullptr;
+              r["recall_status"] = std::string("failed: ") + e.what();
+            }
+          }
           if (!sweep_param.empty()) {
             r["sweep_param"] = sweep_param;
             r["sweep_value"] = sweep_values[mi];

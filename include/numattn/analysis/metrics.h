@@ -9,6 +9,8 @@
 ///   (`exact_f32_tolerance`, `AccuracyContract`)
 #pragma once
 
+#include <cstdint>
+
 #include "numattn/attention/problem.h"
 #include "numattn/attention/reference.h"
 
@@ -27,5 +29,24 @@ struct ErrorMetrics {
 
 /// Compares the method's `p.out` (and `p.lse` if present) with reference rows.
 ErrorMetrics compare_with_reference(const AttentionProblem& p, const ReferenceRows& ref);
+
+class AttentionMethod;
+
+/// Top-k recall of the attention rows a method forms, for any method: the method runs on a probe
+/// problem with the first query head of `p` (batch 0), its KV head, and V = I (Nk × Nk), so its
+/// output row i *is* its effective attention row P̂_i; the float64 reference on the same probe
+/// gives the exact row P_i. For `rows` sampled query rows (seeded), recall = |top-k(P̂_i) ∩
+/// top-k(P_i)| / k, averaged (k shrinks to the number of visible keys of a row; rows with no
+/// visible key are skipped; a NaN weight ranks last). Causal rule, window, mask and scale of `p`
+/// apply. Methods whose choices depend on V (e.g. a sampling distribution from value norms) are
+/// measured with unit value rows. Cost: one run at Dv = Nk and `rows`·Nk·(Dk + Nk) in float64;
+/// refuses (`Error`) Nk > 8192 (the probe is Nq·Nk floats) and methods that cannot run the probe.
+struct RecallMetrics {
+  double recall = 0;      ///< mean over the counted rows
+  index_t k = 0;          ///< the requested k
+  index_t rows = 0;       ///< rows counted
+};
+RecallMetrics topk_recall(const AttentionMethod& method, const AttentionProblem& p, index_t k,
+                          index_t rows, std::uint64_t seed, const ExecContext& ctx);
 
 }  // namespace numattn
