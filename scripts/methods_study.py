@@ -8,7 +8,8 @@ problem in the same process; absolute times on a shared machine are not evidence
   speed     N = 16384, D = 64, H = 8, 2 threads: speed-up over exact.flash, non-causal and causal
   crossover the smallest N (D = 64, H = 8) at which each method is faster than exact.flash
   sweep     error against budget on Gaussian, spiky and real (captured) Q/K/V, three budgets each,
-            and for the low-rank methods the ratio to lowrank.svd at equal rank
+            and for the low-rank methods the ratio to lowrank.svd at equal rank; --family picks
+            the families swept, --recall K adds the top-K recall of each method's attention rows
   ppl       the default model with each causal method in every layer: PPL, KL and top-1 against
             exact.flash at ctx 512
   ortho     Performer: orthogonal against i.i.d. features at equal M over 20 seeds
@@ -35,6 +36,17 @@ SWEEPS = [
     ("kernel.polysketch", "sketch", ["8", "16", "32"], False),
     ("kernel.tensorsketch", "sketch", ["64", "256", "1024"], False),
     ("kernel.levattention", "keys", ["16", "64", "256"], False),
+    # Budgets in increasing order of cost (routing and smyrf: fewer, larger clusters cost more).
+    ("sparse.window", "left", ["64", "256", "1024"], False),
+    ("sparse.topk", "k", ["16", "64", "256"], False),
+    ("sparse.reformer", "rounds", ["1", "2", "4"], False),
+    ("sparse.smyrf", "rounds", ["2", "8", "16"], False),
+    ("sparse.routing", "clusters", ["64", "16", "4"], False),
+    ("sparse.clustered", "topk", ["16", "64", "256"], False),
+    ("sparse.multipole", "near", ["2", "8", "32"], False),
+    ("sparse.kdeformer", "samples", ["200", "800", "3200"], False),
+    ("sparse.hyper(min_seq_len=256)", "block", ["64", "256", "1024"], False),
+    ("sparse.scatterbrain", "features", ["64", "256", "1024"], False),
 ]
 SPEED = ["kernel.performer(features=256)", "lowrank.nystrom(landmarks=64)",
          "lowrank.linformer(k=256)", "lowrank.skyformer(landmarks=128)", "lowrank.wildcat(rank=64)",
@@ -112,28 +124,31 @@ def crossover(tool, quick, methods):
     print()
 
 
-def sweep_rows(tool, name, param, values, problem):
+def sweep_rows(tool, name, param, values, problem, extra):
     if param is None:
-        return {None: tool.bench("--method", name, *problem, "--reps", "1")[0]}
-    rows = tool.bench("--method", name, "--sweep", f"{param}={','.join(values)}", *problem, "--reps", "1")
+        return {None: tool.bench("--method", name, *problem, "--reps", "1", *extra)[0]}
+    rows = tool.bench("--method", name, "--sweep", f"{param}={','.join(values)}", *problem, "--reps", "1", *extra)
     return {str(r.get("sweep_value")): r for r in rows}
 
 
-def sweep(tool, quick, methods, capture_dir, n_synth, layers):
+def sweep(tool, quick, methods, capture_dir, n_synth, layers, families, recall):
     problems = [(f"gaussian, N = {n_synth}, H = 4, D = 64", ["--n", n_synth, "--d", "64", "--heads", "4", "--dist", "gaussian"]),
                 (f"spiky, N = {n_synth}, H = 4, D = 64", ["--n", n_synth, "--d", "64", "--heads", "4", "--dist", "spiky"])]
     for layer in layers:
         problems.append((f"real, layer {layer}", ["--qkv", capture_dir, "--layer", str(layer)]))
+    extra = ["--recall", str(recall)] if recall else []
     print("## Error against budget (non-causal; target error / softmax error; ratio to lowrank.svd at equal rank)\n")
     for label, problem in problems:
         print(f"### {label}\n")
-        print("| method | budget | target | target error | softmax error | ÷ svd error | time ms | speed-up |")
-        print("|---|---|---|---|---|---|---|---|")
+        rec = f" top-{recall} recall |" if recall else ""
+        print(f"| method | budget | target | target error | softmax error | ÷ svd error |{rec} time ms | speed-up |")
+        print("|---|---|---|---|---|---|---|---|" + ("---|" if recall else ""))
         svd = {}
         for name, param, values, ranklike in SWEEPS:
-            if name not in methods:
+            base = name.split("(")[0]
+            if base not in methods or base.split(".")[0] not in families:
                 continue
-            rows = sweep_rows(tool, name, param, values, problem)
+            rows = sweep_rows(tool, name, param, values, problem, extra)
             if name == "lowrank.svd":
                 svd = {v: r.get("rel_fro_error") for v, r in rows.items()}
             for v, r in rows.items():
@@ -141,11 +156,12 @@ def sweep(tool, quick, methods, capture_dir, n_synth, layers):
                 if ranklike and svd.get(v) and r.get("rel_fro_error") is not None:
                     ratio = r["rel_fro_error"] / svd[v]
                 if not str(r.get("status", "")).startswith("ok"):
-                    print(f"| {name} | {param}={v} | {r.get('status')} | | | | | |")
+                    print(f"| {name} | {param}={v} | {r.get('status')} | | | | | |" + (" |" if recall else ""))
                     continue
+                rc = f" {fmt(r.get('topk_recall'), '{:.3f}')} |" if recall else ""
                 print(f"| {name} | {'' if param is None else f'{param}={v}'} | {r.get('target')} | "
                       f"{fmt(r.get('target_rel_fro_error'))} | {fmt(r.get('rel_fro_error'))} | "
-                      f"{fmt(ratio, '{:.2f}')} | {fmt(r.get('time_ms'), '{:.1f}')} | "
+                      f"{fmt(ratio, '{:.2f}')} |{rc} {fmt(r.get('time_ms'), '{:.1f}')} | "
                       f"{fmt(r.get('speedup_vs_exact'), '{:.1f}×')} |")
         print()
 
@@ -199,6 +215,9 @@ def main():
     ap.add_argument("--n-synth", default="", help="N of the Gaussian and spiky sweeps (default 2048; 1024 with --quick)")
     ap.add_argument("--layers", default="", help="captured layers swept (default 0,15,29; 0 with --quick)")
     ap.add_argument("--chunks", default="", help="ppl chunks (default 20; 4 with --quick)")
+    ap.add_argument("--family", default="lowrank,kernel,sparse", help="families swept (comma-separated)")
+    ap.add_argument("--recall", type=int, default=0, help="K: add top-K recall columns to the sweep (0 = off)")
+    ap.add_argument("--tokens", default="", help="tokens captured when --capture is not given (default 2048; 1024 with --quick)")
     a = ap.parse_args()
     tool = Tool(a.numattn, a.threads)
     methods = tool.methods()
@@ -212,10 +231,11 @@ def main():
         if not cap:
             cap = tempfile.mkdtemp(prefix="numattn_capture_")
             subprocess.run([a.numattn, "capture", "--model", "default", "--text", "default", "--tokens",
-                            "1024" if a.quick else "2048", "--layers", a.layers or ("0" if a.quick else "0,15,29"),
+                            a.tokens or ("1024" if a.quick else "2048"), "--layers", a.layers or ("0" if a.quick else "0,15,29"),
                             "--out", cap], check=True, stdout=sys.stderr)
         sweep(tool, a.quick, methods, cap, a.n_synth or ("1024" if a.quick else "2048"),
-              [int(x) for x in (a.layers or ("0" if a.quick else "0,15,29")).split(",")])
+              [int(x) for x in (a.layers or ("0" if a.quick else "0,15,29")).split(",")],
+              set(a.family.split(",")), a.recall)
     if "ppl" in only:
         ppl(tool, a.quick, methods, a.chunks or ("4" if a.quick else "20"))
     if "ortho" in only:
