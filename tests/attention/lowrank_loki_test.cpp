@@ -14,6 +14,7 @@
 
 #include "numattn/attention/registry.h"
 #include "numattn/decomp/dense.h"
+#include "support/method_problem.h"
 #include "support/test_util.h"
 
 namespace numattn {
@@ -22,17 +23,7 @@ namespace {
 using Mat = Eigen::MatrixXd;
 
 ProblemConfig config(index_t h, index_t hk, index_t n, index_t nk, index_t d, Causal c, std::uint64_t seed) {
-  ProblemConfig cfg;
-  cfg.heads = h;
-  cfg.kv_heads = hk;
-  cfg.n = n;
-  cfg.n_kv = nk;
-  cfg.d = d;
-  cfg.dv = d + 1;
-  cfg.causal = c;
-  cfg.seed = seed;
-  cfg.want_lse = false;
-  return cfg;
+  return test::method_problem(h, hk, n, nk, d, d + 1, c, seed, Dist::kGaussian, false);
 }
 
 /// The float64 Loki output of every row; `use_true_scores` selects by the exact logits instead.

@@ -13,6 +13,7 @@
 #include "numattn/attention/random_problem.h"
 #include "numattn/attention/registry.h"
 #include "numattn/decomp/dense.h"
+#include "support/method_problem.h"
 #include "support/test_util.h"
 
 namespace numattn::test {
@@ -53,20 +54,6 @@ inline ProblemConfig small_config(index_t heads, index_t kv_heads, index_t n, in
   cfg.dist = dist;
   cfg.want_lse = false;
   return cfg;
-}
-
-/// Runs `spec` on `prob` and returns rel_fro_error against the float64 target of the method.
-inline double run_error(const std::string& spec, RandomProblem& prob, int threads = 2) {
-  auto m = create_method(spec);
-  m->run(prob.problem(), ExecContext{threads});
-  const ReferenceRows ref = reference_all(prob.problem(), ExecContext{threads}, m->target());
-  return compare_with_reference(prob.problem(), ref).rel_fro_error;
-}
-
-inline double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace numattn::test

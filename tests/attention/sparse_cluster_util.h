@@ -10,23 +10,14 @@
 #include <vector>
 
 #include "numattn/attention/registry.h"
+#include "support/method_problem.h"
 #include "support/test_util.h"
 
 namespace numattn::cluster_test {
 
 inline ProblemConfig config(index_t h, index_t hk, index_t n, index_t nk, index_t d, std::uint64_t seed,
                             Dist dist = Dist::kGaussian) {
-  ProblemConfig cfg;
-  cfg.heads = h;
-  cfg.kv_heads = hk;
-  cfg.n = n;
-  cfg.n_kv = nk;
-  cfg.d = d;
-  cfg.dv = d + 1;
-  cfg.seed = seed;
-  cfg.dist = dist;
-  cfg.want_lse = false;
-  return cfg;
+  return test::method_problem(h, hk, n, nk, d, d + 1, Causal::kNone, seed, dist);
 }
 
 /// s·q_i·k_j in float64.
@@ -53,14 +44,10 @@ inline double rel_error(const AttentionProblem& p, const std::vector<double>& re
 
 /// rel_fro_error of `spec` on `prob` against the float64 reference.
 inline double error_of(const std::string& spec, RandomProblem& prob, int threads = 2) {
-  create_method(spec)->run(prob.problem(), ExecContext{threads});
-  return compare_with_reference(prob.problem(), reference_all(prob.problem(), ExecContext{2})).rel_fro_error;
+  return test::run_error(spec, prob, nullptr, threads);
 }
 
-inline double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using test::median;
 
 /// Mean over rows (b, h, i) of the fraction of the row's true top-`k` keys (by exact logit) for
 /// which `attends(b, h, i, j)` holds: the keys the method attends to exactly.

@@ -17,22 +17,14 @@
 #include "attention/sparse/kdeformer.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/rng.h"
+#include "support/method_problem.h"
 #include "support/test_util.h"
 
 namespace numattn {
 namespace {
 
 ProblemConfig config(index_t h, index_t hk, index_t n, index_t nk, index_t d, std::uint64_t seed) {
-  ProblemConfig cfg;
-  cfg.heads = h;
-  cfg.kv_heads = hk;
-  cfg.n = n;
-  cfg.n_kv = nk;
-  cfg.d = d;
-  cfg.dv = d / 2;
-  cfg.seed = seed;
-  cfg.want_lse = true;
-  return cfg;
+  return test::method_problem(h, hk, n, nk, d, d / 2, Causal::kNone, seed, Dist::kGaussian, true);
 }
 
 const KdeformerAttention& as_kde(const std::unique_ptr<AttentionMethod>& m) {

@@ -13,38 +13,17 @@
 #include "attention/kernel/performer.h"
 #include "attention/sparse/scatterbrain.h"
 #include "numattn/attention/registry.h"
+#include "support/method_problem.h"
 #include "support/test_util.h"
 
 namespace numattn {
 namespace {
 
+using test::median;
+using test::run_error;
+
 ProblemConfig config(index_t h, index_t hk, index_t n, index_t nk, index_t d, std::uint64_t seed) {
-  ProblemConfig cfg;
-  cfg.heads = h;
-  cfg.kv_heads = hk;
-  cfg.n = n;
-  cfg.n_kv = nk;
-  cfg.d = d;
-  cfg.dv = d + 1;
-  cfg.seed = test::base_seed() + seed;
-  cfg.want_lse = false;
-  return cfg;
-}
-
-double run_error(const std::string& spec, RandomProblem& prob) {
-  const AttentionProblem& p = prob.problem();
-  create_method(spec)->run(p, ExecContext{2});
-  return compare_with_reference(p, reference_all(p, ExecContext{2})).rel_fro_error;
-}
-
-double run_error(const std::string& spec, RandomProblem& prob, const ReferenceRows& ref) {
-  create_method(spec)->run(prob.problem(), ExecContext{2});
-  return compare_with_reference(prob.problem(), ref).rel_fro_error;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return test::method_problem(h, hk, n, nk, d, d + 1, Causal::kNone, test::base_seed() + seed, Dist::kGaussian, false);
 }
 
 TEST(SparseScatterbrain, MatchesFloat64LowRankPlusSparse) {

@@ -14,22 +14,14 @@
 #include "attention/sparse/smyrf.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/rng.h"
+#include "support/method_problem.h"
 #include "support/test_util.h"
 
 namespace numattn {
 namespace {
 
 ProblemConfig config(index_t h, index_t hk, index_t n, index_t nk, index_t d, std::uint64_t seed) {
-  ProblemConfig cfg;
-  cfg.heads = h;
-  cfg.kv_heads = hk;
-  cfg.n = n;
-  cfg.n_kv = nk;
-  cfg.d = d;
-  cfg.dv = d - 3;
-  cfg.seed = seed;
-  cfg.want_lse = false;
-  return cfg;
+  return test::method_problem(h, hk, n, nk, d, d - 3, Causal::kNone, seed, Dist::kGaussian, false);
 }
 
 const SmyrfAttention& as_smyrf(const std::unique_ptr<AttentionMethod>& m) { return dynamic_cast<const SmyrfAttention&>(*m); }

@@ -107,7 +107,7 @@ std::size_t NystromAttention::workspace_bytes(const AttentionProblem& p, const E
 
 void NystromAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
   if (blocks::mark_rows_reading_nonfinite(p, ctx)) return;
-  const index_t B = p.batch(), H = p.heads(), Hk = p.kv_heads(), G = p.group();
+  const index_t B = p.batch(), H = p.heads(), G = p.group();
   const index_t nq = p.n_q(), nk = p.n_kv(), dk = p.d_qk(), dv = p.d_v();
   const index_t m = params_.get_int("landmarks");
   const double s = p.effective_scale();
