@@ -131,13 +131,15 @@ def sweep_rows(tool, name, param, values, problem, extra):
     return {str(r.get("sweep_value")): r for r in rows}
 
 
-def sweep(tool, quick, methods, capture_dir, n_synth, layers, families, recall):
+def sweep(tool, quick, methods, capture_dir, n_synth, layers, families, recall, causal):
     problems = [(f"gaussian, N = {n_synth}, H = 4, D = 64", ["--n", n_synth, "--d", "64", "--heads", "4", "--dist", "gaussian"]),
                 (f"spiky, N = {n_synth}, H = 4, D = 64", ["--n", n_synth, "--d", "64", "--heads", "4", "--dist", "spiky"])]
     for layer in layers:
         problems.append((f"real, layer {layer}", ["--qkv", capture_dir, "--layer", str(layer)]))
+    if causal:
+        problems = [(label + ", causal", args + ["--causal", "top-left"]) for label, args in problems]
     extra = ["--recall", str(recall)] if recall else []
-    print("## Error against budget (non-causal; target error / softmax error; ratio to lowrank.svd at equal rank)\n")
+    print(f"## Error against budget ({'causal' if causal else 'non-causal'}; target error / softmax error; ratio to lowrank.svd at equal rank)\n")
     for label, problem in problems:
         print(f"### {label}\n")
         rec = f" top-{recall} recall |" if recall else ""
@@ -147,6 +149,8 @@ def sweep(tool, quick, methods, capture_dir, n_synth, layers, families, recall):
         for name, param, values, ranklike in SWEEPS:
             base = name.split("(")[0]
             if base not in methods or base.split(".")[0] not in families:
+                continue
+            if causal and "causal" not in methods[base]["capabilities"].split():
                 continue
             rows = sweep_rows(tool, name, param, values, problem, extra)
             if name == "lowrank.svd":
@@ -166,19 +170,22 @@ def sweep(tool, quick, methods, capture_dir, n_synth, layers, families, recall):
         print()
 
 
-def ppl(tool, quick, methods, chunks):
-    print(f"## In the model: every layer's attention replaced, ctx 512, {chunks} chunks, against exact.flash\n")
+def ppl(tool, quick, methods, chunks, ctx, families, specs):
+    print(f"## In the model: every layer's attention replaced, ctx {ctx}, {chunks} chunks, against exact.flash\n")
     print("| attention | PPL | KL vs exact | top-1 agreement |")
     print("|---|---|---|---|")
-    for name, info in methods.items():
-        # lowrank.svd is an oracle (an SVD of every head's P per chunk): minutes per chunk.
-        if "causal" not in info["capabilities"].split() or info["family"] == "exact" or name == "lowrank.svd":
-            continue
-        d = tool.json("ppl", "--model", "default", "--text", "default", "--ctx", "512", "--chunks",
-                      chunks, "--attn", name, "--baseline", "exact.flash", "--no-progress",
+    if not specs:
+        # Every causal approximate method at its defaults; lowrank.svd is an oracle (an SVD of
+        # every head's P per chunk): minutes per chunk.
+        specs = [name for name, info in methods.items()
+                 if "causal" in info["capabilities"].split() and info["family"] in families
+                 and name != "lowrank.svd"]
+    for spec in ["exact.flash"] + specs:
+        d = tool.json("ppl", "--model", "default", "--text", "default", "--ctx", str(ctx), "--chunks",
+                      chunks, "--attn", spec, "--baseline", "exact.flash", "--no-progress",
                       "--threads", str(tool.threads), check=False)
         if d is None:
-            print(f"| {name} | failed | | |")
+            print(f"| {spec} | failed | | |")
             continue
         print(f"| {d['attn']} | {d['ppl']:.3f} ± {d['ppl_stderr']:.3f} | {fmt(d.get('kld_mean'))} | "
               f"{fmt(d.get('top1_agreement'), '{:.4f}')} |")
@@ -215,6 +222,9 @@ def main():
     ap.add_argument("--n-synth", default="", help="N of the Gaussian and spiky sweeps (default 2048; 1024 with --quick)")
     ap.add_argument("--layers", default="", help="captured layers swept (default 0,15,29; 0 with --quick)")
     ap.add_argument("--chunks", default="", help="ppl chunks (default 20; 4 with --quick)")
+    ap.add_argument("--ctx", type=int, default=512, help="ppl context length")
+    ap.add_argument("--ppl-attn", default="", help="';'-separated --attn specs for ppl (default: every causal method)")
+    ap.add_argument("--causal", action="store_true", help="sweep causal (top-left) problems with the causal methods only")
     ap.add_argument("--family", default="lowrank,kernel,sparse", help="families swept (comma-separated)")
     ap.add_argument("--recall", type=int, default=0, help="K: add top-K recall columns to the sweep (0 = off)")
     ap.add_argument("--tokens", default="", help="tokens captured when --capture is not given (default 2048; 1024 with --quick)")
@@ -235,9 +245,10 @@ def main():
                             "--out", cap], check=True, stdout=sys.stderr)
         sweep(tool, a.quick, methods, cap, a.n_synth or ("1024" if a.quick else "2048"),
               [int(x) for x in (a.layers or ("0" if a.quick else "0,15,29")).split(",")],
-              set(a.family.split(",")), a.recall)
+              set(a.family.split(",")), a.recall, a.causal)
     if "ppl" in only:
-        ppl(tool, a.quick, methods, a.chunks or ("4" if a.quick else "20"))
+        ppl(tool, a.quick, methods, a.chunks or ("4" if a.quick else "20"), a.ctx, set(a.family.split(",")),
+            [x for x in a.ppl_attn.split(";") if x])
     if "ortho" in only:
         ortho(tool, a.quick, methods)
 
