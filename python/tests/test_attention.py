@@ -208,3 +208,17 @@ def test_reference_is_interruptible():
             numattn.reference(q, k, v, threads=2)
     finally:
         timer.cancel()
+
+
+def test_error_metrics_of_bnhd_results():
+    rng = np.random.default_rng(9)
+    q, k, v = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in qkv(rng, hq=3, hkv=3, nq=7, nk=7, d=4))
+    out, lse = numattn.attention(q, k, v, layout="bnhd", return_lse=True)
+    ref, ref_lse = numattn.reference(q, k, v, layout="bnhd", return_lse=True)
+    assert out.shape == (1, 7, 3, 4) and lse.shape == (1, 3, 7)
+    # metrics are elementwise (rows of Dv) and LSEs pairwise, so the layout does not matter
+    m = numattn.error(out, ref, approx_lse=lse, exact_lse=ref_lse)
+    assert m["lse_max_abs_error"] < 1e-5 and m["rel_fro_error"] < 1e-5
+    shifted = ref_lse.copy()
+    shifted[0, 1, 2] += 1.0
+    assert abs(numattn.error(out, ref, approx_lse=lse, exact_lse=shifted)["lse_max_abs_error"] - 1.0) < 1e-5
