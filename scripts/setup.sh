@@ -5,8 +5,8 @@ PKGS=(build-essential cmake ninja-build pkg-config python3 python3-numpy python3
       libopenblas-dev libeigen3-dev libfftw3-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev time)
 missing=()
-# The Python package (python/): venv and headers for the nanobind extension.
-PKGS+=(python3-venv python3-dev)
+# The Python package (python/): venv and headers for the nanobind extension, pytest.
+PKGS+=(python3-venv python3-dev python3-pytest)
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
@@ -18,10 +18,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # A virtual environment for the Python package and its tests (.venv, gitignored): Debian's
-# python3 with its numpy (--system-site-packages), plus the build and test tools from PyPI,
-# pinned. Scripts use .venv/bin/python, never whatever `python3` comes first on PATH.
+# python3 with its numpy and pytest (--system-site-packages), plus nanobind from PyPI (pinned; not
+# in Debian 12). Scripts use .venv/bin/python, never whatever `python3` comes first on PATH.
+# (`pip install .` fetches its own build tools, scikit-build-core and nanobind, into an isolated
+# build environment.)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY_REQS=("nanobind==3.1.0" "scikit-build-core==1.1.2" "pytest==9.2.0")
+PY_REQS=("nanobind==3.1.0")
 if [ ! -x "$ROOT/.venv/bin/python" ]; then
   echo "setup: creating $ROOT/.venv" >&2
   /usr/bin/python3 -m venv --system-site-packages "$ROOT/.venv"
