@@ -14,3 +14,14 @@ def test_attention_tour_runs():
                        text=True, env=env)
     assert p.returncode == 0, p.stderr
     assert "rel_fro_error" in p.stdout and "BasisDecomposition(" in p.stdout
+
+
+def test_type_stubs_sit_beside_the_extension():
+    import numattn
+
+    stub = pathlib.Path(numattn.__file__).with_name("_numattn.pyi")
+    text = stub.read_text()
+    for name in ("def attention(", "def reference(", "def error(", "class BasisDecomposition",
+                 "class Model", "def methods("):
+        assert name in text, name
+    assert pathlib.Path(numattn.__file__).with_name("py.typed").exists()
