@@ -59,6 +59,10 @@ def main():
     cli, py = statistics.median(cli_ms), statistics.median(py_ms)
     print(json.dumps({"method": a.method, "shape_bhnd": list(shape), "reps": a.reps, "rounds": a.rounds,
                       "cli_time_ms": cli, "python_time_ms": py, "overhead_pct": 100 * (py / cli - 1),
+                      # each round's Python median over the CLI's of the same round: the pairs saw
+                      # the same machine load, so their ratio is steadier than the medians' on a
+                      # shared machine
+                      "overhead_pct_paired": 100 * (statistics.median(p / c for p, c in zip(py_ms, cli_ms)) - 1),
                       "cli_rounds_ms": cli_ms, "python_rounds_ms": py_ms}))
     return 0
 
