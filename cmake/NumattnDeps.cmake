@@ -18,29 +18,17 @@ if(NUMATTN_OPENMP)
   target_compile_definitions(numattn_deps INTERFACE NUMATTN_HAS_OPENMP=1)
 endif()
 
+# OpenBLAS and FFTW3 through find modules of our own (cmake/Find*.cmake), which the installed
+# package config reuses, so that find_package(numattn) finds the same libraries (NumattnInstall).
+list(APPEND CMAKE_MODULE_PATH ${CMAKE_CURRENT_LIST_DIR})
 if(NUMATTN_BLAS)
-  # Debian ships several BLAS behind alternatives; we want OpenBLAS itself (pthread build)
-  # so that openblas_set_num_threads() exists and GEMM speed is OpenBLAS's.
-  find_path(NUMATTN_CBLAS_INCLUDE cblas.h
-    PATHS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas
-          /usr/include/aarch64-linux-gnu/openblas-pthread
-    NO_DEFAULT_PATH)
-  find_library(NUMATTN_OPENBLAS_LIB NAMES openblas)
-  if(NOT NUMATTN_CBLAS_INCLUDE OR NOT NUMATTN_OPENBLAS_LIB)
-    message(FATAL_ERROR "OpenBLAS not found: run scripts/setup.sh (apt-get install libopenblas-dev)")
-  endif()
-  target_include_directories(numattn_deps INTERFACE ${NUMATTN_CBLAS_INCLUDE})
-  target_link_libraries(numattn_deps INTERFACE ${NUMATTN_OPENBLAS_LIB})
+  find_package(NumattnOpenBLAS REQUIRED)
+  target_link_libraries(numattn_deps INTERFACE NumattnOpenBLAS::OpenBLAS)
   target_compile_definitions(numattn_deps INTERFACE NUMATTN_HAS_BLAS=1)
 else()
   message(FATAL_ERROR "NUMATTN_BLAS=OFF is not supported yet: GEMM has no fallback")
 endif()
 
 # FFTW3 (double precision) for the TensorSketch's circular convolutions (decomp/sketch.h).
-find_path(NUMATTN_FFTW3_INCLUDE fftw3.h)
-find_library(NUMATTN_FFTW3_LIB NAMES fftw3)
-if(NOT NUMATTN_FFTW3_INCLUDE OR NOT NUMATTN_FFTW3_LIB)
-  message(FATAL_ERROR "FFTW3 not found: run scripts/setup.sh (apt-get install libfftw3-dev)")
-endif()
-target_include_directories(numattn_deps INTERFACE ${NUMATTN_FFTW3_INCLUDE})
-target_link_libraries(numattn_deps INTERFACE ${NUMATTN_FFTW3_LIB})
+find_package(NumattnFFTW3 REQUIRED)
+target_link_libraries(numattn_deps INTERFACE NumattnFFTW3::FFTW3)

@@ -5,6 +5,11 @@ option(NUMATTN_BUILD_CLI "Build the numattn command-line tool" ON)
 option(NUMATTN_NATIVE "Compile for the host CPU (-march=native)" ON)
 option(NUMATTN_OPENMP "Use OpenMP for numattn::parallel_for (serial fallback otherwise)" ON)
 option(NUMATTN_BLAS "Link OpenBLAS for GEMM (required by exact.naive and the sgemm baseline)" ON)
+# The Python extension numattn._numattn (python/, nanobind): `pip install .` turns it on; in a
+# CMake build it needs nanobind (scripts/setup.sh puts it in .venv; scripts/build.sh turns this
+# on when it finds it) and adds the pytest suite to ctest.
+option(NUMATTN_BUILD_PYTHON "Build the Python extension (needs nanobind and Python development files)" OFF)
+option(NUMATTN_PIC "Compile libnumattn position-independent (always on with NUMATTN_BUILD_PYTHON)" OFF)
 option(NUMATTN_CUDA "Build the CUDA back-end (compiles without a GPU; tests skip without one)" OFF)
 option(NUMATTN_WERROR "Treat warnings as errors" OFF)
 set(NUMATTN_SANITIZE "" CACHE STRING "Sanitizers to enable, e.g. address;undefined or thread")

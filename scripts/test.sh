@@ -7,13 +7,16 @@ scripts/setup.sh
 scripts/fetch_data.sh || echo "test: scripts/fetch_data.sh failed; tests that need the "\
   "default model/text will skip" >&2
 scripts/build.sh
+# Includes the pytest suite (python_pytest, when scripts/setup.sh's .venv has nanobind) and the
+# CMake package test (install_find_package); the sanitizer pass builds neither.
 ctest --test-dir build --output-on-failure -j 2
 if [ "${NUMATTN_SKIP_SANITIZERS:-0}" != 1 ]; then
   # -O1 -g1: sanitizer builds at -O2 -g cost twice the compile time (Eigen-heavy files 3 min
   # each) for no extra checking; -g1 keeps the line tables the reports need.
   BUILD_DIR=build-asan scripts/build.sh -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-    -DNUMATTN_SANITIZE="address;undefined" -DNUMATTN_BUILD_BENCHMARKS=OFF
+    -DNUMATTN_SANITIZE="address;undefined" -DNUMATTN_BUILD_BENCHMARKS=OFF \
+    -DNUMATTN_BUILD_PYTHON=OFF
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 NUMATTN_TEST_QUICK=1 \
     ctest --test-dir build-asan --output-on-failure -j 2
 fi

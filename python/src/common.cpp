@@ -1,0 +1,237 @@
+#include "common.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "numattn/attention/problem.h"
+#include "numattn/core/error.h"
+
+namespace numattn::py {
+
+Layout parse_layout(const std::string& s) {
+  std::string l = s;
+  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (l == "bhnd") return Layout::kBHND;
+  if (l == "bnhd") return Layout::kBNHD;
+  throw OptionError("layout", fmt::format("'{}' is not a layout: use 'bhnd' ([B,H,N,D]) or 'bnhd' ([B,N,H,D])", s));
+}
+
+namespace {
+
+std::string dtype_name(nb::dlpack::dtype t) {
+  const char* kind = "?";
+  switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
+    case nb::dlpack::dtype_code::Int: kind = "int"; break;
+    case nb::dlpack::dtype_code::UInt: kind = "uint"; break;
+    case nb::dlpack::dtype_code::Float: kind = "float"; break;
+    case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
+    case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
+    case nb::dlpack::dtype_code::Bool: return "bool";
+    default: break;
+  }
+  return fmt::format("{}{}", kind, t.bits);
+}
+
+void check_cpu(const AnyArray& a, const char* name) {
+  if (a.device_type() != nb::device::cpu::value)
+    throw nb::type_error(fmt::format("{}: the array is not in host memory (DLPack device type {}); "
+                                     "numattn computes on the CPU: copy it to the host first "
+                                     "(e.g. tensor.cpu())",
+                                     name, a.device_type())
+                             .c_str());
+}
+
+// The caller's memory span: lowest to one past the highest byte the strides reach.
+void mem_span(const AnyArray& a, const void*& begin, const void*& end) {
+  auto base = reinterpret_cast<std::intptr_t>(a.data());
+  std::intptr_t lo = base, hi = base;
+  bool empty = false;
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    if (a.shape(i) == 0) empty = true;
+    const auto ext = static_cast<std::intptr_t>(a.shape(i) - 1) * a.stride(i) *
+                     static_cast<std::intptr_t>(a.itemsize());
+    (ext < 0 ? lo : hi) += ext;
+  }
+  begin = reinterpret_cast<const void*>(lo);
+  end = reinterpret_cast<const void*>(empty ? lo : hi + static_cast<std::intptr_t>(a.itemsize()));
+}
+
+}  // namespace
+
+Float32Input as_f32_input(const AnyArray& a, const char* name, Layout layout) {
+  check_cpu(a, name);
+  const nb::dlpack::dtype dt = a.dtype();
+  const bool f32 = dt == nb::dtype<float>(), f64 = dt == nb::dtype<double>();
+  if (!f32 && !f64)
+    throw nb::type_error(fmt::format("{}: dtype {} is not supported: pass float32 (read in place) "
+                                     "or float64 (converted to float32)",
+                                     name, dtype_name(dt))
+                             .c_str());
+  const auto r = static_cast<int>(a.ndim());
+  NUMATTN_CHECK(r >= 2 && r <= 4,
+                "{}: expected a 2-, 3- or 4-d array ([N,D], [H,N,D] or [B,H,N,D]; with "
+                "layout='bnhd' [N,H,D] or [B,N,H,D]), got {} dims",
+                name, r);
+  NUMATTN_CHECK(a.shape(static_cast<std::size_t>(r - 1)) <= 1 || a.stride(static_cast<std::size_t>(r - 1)) == 1,
+                "{}: the last axis must be contiguous (stride 1 element), got stride {}: the "
+                "kernels read rows of D values; pass numpy.ascontiguousarray({})",
+                name, a.stride(static_cast<std::size_t>(r - 1)), name);
+  // Memory shape/strides in elements, leading 1s for missing dims.
+  std::array<index_t, 4> ms{1, 1, 1, 1}, mst{0, 0, 0, 1};
+  for (int i = 0; i < r; ++i) {
+    ms[static_cast<std::size_t>(4 - r + i)] = static_cast<index_t>(a.shape(static_cast<std::size_t>(i)));
+    mst[static_cast<std::size_t>(4 - r + i)] = a.stride(static_cast<std::size_t>(i));
+  }
+  mst[3] = 1;  // a last axis of length <= 1 may carry any stride
+  for (int i = 3 - r; i >= 0; --i) mst[static_cast<std::size_t>(i)] = ms[static_cast<std::size_t>(i + 1)] * mst[static_cast<std::size_t>(i + 1)];
+  Float32Input in;
+  in.rank = r;
+  mem_span(a, in.mem_begin, in.mem_end);
+  const bool aligned = reinterpret_cast<std::uintptr_t>(a.data()) % alignof(float) == 0;
+  auto logical = [&](const float* p, std::array<index_t, 4> st) {
+    // Memory [B,N,H,D] seen as [B,H,N,D]: swap the middle axes (TensorView::bnhd, any strides).
+    if (layout == Layout::kBNHD)
+      return TensorView<const float>(p, {ms[0], ms[2], ms[1], ms[3]}, {st[0], st[2], st[1], st[3]});
+    return TensorView<const float>(p, ms, st);
+  };
+  if (f32 && aligned) {
+    in.view = logical(static_cast<const float*>(a.data()), mst);
+    return in;
+  }
+  // float64 (or a misaligned float32 buffer): one converted C-order copy of the memory shape.
+  in.copied = true;
+  in.copy.resize(static_cast<std::size_t>(ms[0] * ms[1] * ms[2] * ms[3]));
+  const auto* base = static_cast<const unsigned char*>(a.data());
+  const auto isz = static_cast<index_t>(a.itemsize());
+  std::size_t at = 0;
+  for (index_t i0 = 0; i0 < ms[0]; ++i0)
+    for (index_t i1 = 0; i1 < ms[1]; ++i1)
+      for (index_t i2 = 0; i2 < ms[2]; ++i2) {
+        const unsigned char* row = base + (i0 * mst[0] + i1 * mst[1] + i2 * mst[2]) * isz;
+        for (index_t i3 = 0; i3 < ms[3]; ++i3) {
+          if (f64) {
+            double x;
+            std::memcpy(&x, row + i3 * isz, sizeof x);
+            in.copy[at++] = static_cast<float>(x);
+          } else {
+            std::memcpy(&in.copy[at++], row + i3 * isz, sizeof(float));
+          }
+        }
+      }
+  in.view = logical(in.copy.data(), {ms[1] * ms[2] * ms[3], ms[2] * ms[3], ms[3], 1});
+  return in;
+}
+
+std::vector<double> as_f64_matrix(const AnyArray& a, const char* name, std::int64_t& rows,
+                                  std::int64_t& cols) {
+  check_cpu(a, name);
+  const nb::dlpack::dtype dt = a.dtype();
+  const bool f32 = dt == nb::dtype<float>(), f64 = dt == nb::dtype<double>();
+  if (!f32 && !f64)
+    throw nb::type_error(
+        fmt::format("{}: dtype {} is not supported: pass float64 or float32", name, dtype_name(dt)).c_str());
+  NUMATTN_CHECK(a.ndim() == 2, "{}: expected a 2-d array (a matrix), got {} dims", name, a.ndim());
+  rows = static_cast<std::int64_t>(a.shape(0));
+  cols = static_cast<std::int64_t>(a.shape(1));
+  std::vector<double> out(static_cast<std::size_t>(rows * cols));
+  const auto* base = static_cast<const unsigned char*>(a.data());
+  const auto isz = static_cast<std::int64_t>(a.itemsize());
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const unsigned char* p = base + (i * a.stride(0) + j * a.stride(1)) * isz;
+      if (f64) {
+        std::memcpy(&out[static_cast<std::size_t>(i * cols + j)], p, sizeof(double));
+      } else {
+        float x;
+        std::memcpy(&x, p, sizeof x);
+        out[static_cast<std::size_t>(i * cols + j)] = x;
+      }
+    }
+  return out;
+}
+
+template <class T>
+NpArray<T> new_array(const std::vector<std::int64_t>& shape) {
+  std::size_t n = 1;
+  for (auto s : shape) n *= static_cast<std::size_t>(s);
+  // calloc: large outputs come as zero pages from the OS (no memset pass over them).
+  T* data = static_cast<T*>(std::calloc(std::max<std::size_t>(n, 1), sizeof(T)));
+  if (!data) throw std::bad_alloc();
+  nb::capsule owner(data, [](void* p) noexcept { std::free(p); });
+  std::vector<std::size_t> sh(shape.begin(), shape.end());
+  return NpArray<T>(data, sh.size(), sh.data(), owner);
+}
+template NpArray<float> new_array<float>(const std::vector<std::int64_t>&);
+template NpArray<double> new_array<double>(const std::vector<std::int64_t>&);
+template NpArray<std::int64_t> new_array<std::int64_t>(const std::vector<std::int64_t>&);
+template NpArray<std::int32_t> new_array<std::int32_t>(const std::vector<std::int64_t>&);
+
+void check_interrupt() {
+  nb::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() == 0) return;
+  Interrupted e;
+  PyErr_Fetch(&e.type, &e.value, &e.traceback);
+  throw e;
+}
+
+namespace {
+PyObject* g_error = nullptr;        // numattn.Error(ValueError)
+PyObject* g_option_error = nullptr; // numattn.OptionError(numattn.Error)
+PyObject* g_nonfinite = nullptr;    // numattn.NonFiniteInputError(numattn.Error)
+
+void set_error(PyObject* cls, const char* what, const std::vector<std::pair<const char*, nb::object>>& attrs) {
+  nb::object inst = nb::steal(PyObject_CallFunction(cls, "s", what));
+  if (!inst.is_valid()) return;  // the constructor raised: that error stays set
+  for (const auto& [k, v] : attrs) nb::setattr(inst, k, v);
+  PyErr_SetObject(cls, inst.ptr());
+}
+}  // namespace
+
+void raise_non_finite(const std::string& message, const std::string& tensor,
+                      const std::vector<std::int64_t>& index) {
+  nb::list idx;
+  for (auto i : index) idx.append(i);
+  set_error(g_nonfinite, message.c_str(), {{"tensor", nb::str(tensor.c_str())}, {"index", nb::tuple(idx)}});
+  throw nb::python_error();
+}
+
+void register_errors(nb::module_& m) {
+  g_error = PyErr_NewExceptionWithDoc(
+      "numattn.Error",
+      "A user mistake reported by numattn (bad shape, spec, option or file): the message names "
+      "the thing and the fix. Subclass of ValueError.",
+      PyExc_ValueError, nullptr);
+  g_option_error = PyErr_NewExceptionWithDoc(
+      "numattn.OptionError", "numattn.Error about one named option (attribute `option`).",
+      g_error, nullptr);
+  g_nonfinite = PyErr_NewExceptionWithDoc(
+      "numattn.NonFiniteInputError",
+      "A NaN or infinity where the attention semantics refuse one (a value a query reads, or +inf "
+      "in an additive mask). Attributes: `tensor` ('q', 'k', 'v' or 'mask') and `index` (the "
+      "element's index in the array as passed).",
+      g_error, nullptr);
+  m.attr("Error") = nb::handle(g_error);
+  m.attr("OptionError") = nb::handle(g_option_error);
+  m.attr("NonFiniteInputError") = nb::handle(g_nonfinite);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (Interrupted& e) {
+      PyErr_Restore(e.type, e.value, e.traceback);
+    } catch (const NonFiniteInput& e) {
+      nb::list idx;
+      for (auto i : e.index()) idx.append(i);
+      set_error(g_nonfinite, e.what(), {{"tensor", nb::str(e.tensor().c_str())}, {"index", nb::tuple(idx)}});
+    } catch (const OptionError& e) {
+      set_error(g_option_error, e.what(), {{"option", nb::str(e.option().c_str())}});
+    } catch (const Error& e) {
+      set_error(g_error, e.what(), {});
+    }
+  });
+}
+
+}  // namespace numattn::py

@@ -1,0 +1,89 @@
+"""numattn.Model against the CLI on the default model (skipped when it is not cached)."""
+
+import numpy as np
+import pytest
+
+import numattn
+
+
+def test_hparams_and_tokenizer(model):
+    hp = model.hparams
+    assert hp["n_layer"] == 30 and hp["n_head"] == 9 and hp["n_head_kv"] == 3 and hp["head_dim"] == 64
+    ids = model.tokenize("Pride and Prejudice")
+    assert model.detokenize(ids) == "Pride and Prejudice"
+    assert "Model(" in repr(model)
+
+
+def test_ppl_equals_cli(model, short_text, run_cli):
+    text, path = short_text
+    got = model.ppl(text, ctx=64, chunks=2, threads=2)
+    row = run_cli("ppl", "--model", "default", "--text", path, "--ctx", 64, "--chunks", 2,
+                  "--threads", 2, "--no-progress", "--format", "json")
+    row = row[0] if isinstance(row, list) else row
+    assert got["ppl"] == row["ppl"] and got["tokens_scored"] == row["tokens_scored"] == 2 * 31
+    assert got["nll"].shape == (62,) and np.isclose(np.exp(got["nll"].mean()), got["ppl"])
+    # with a baseline: KL of a method against itself is zero, top-1 agreement one
+    kl = model.ppl(model.tokenize(text), ctx=64, chunks=1, attn="exact.naive", baseline="exact.flash",
+                   threads=2)
+    assert kl["kld"] < 1e-6 and kl["top1_agreement"] == 1.0
+
+
+def test_capture_equals_cli_and_feeds_attention(model, short_text, run_cli, tmp_path):
+    text, path = short_text
+    cap = model.capture(text, tokens=24, layers=[2, 0], threads=2)
+    assert sorted(cap) == [0, 2]
+    q, k, v = cap[2]
+    assert q.shape == (9, 24, 64) and k.shape == v.shape == (3, 24, 64)
+    run_cli("capture", "--model", "default", "--text", path, "--tokens", 24, "--layers", "0,2",
+            "--out", tmp_path, "--threads", 2, "--no-progress")
+    for layer in (0, 2):
+        for t, arr in zip("qkv", cap[layer]):
+            np.testing.assert_array_equal(arr, np.load(tmp_path / f"layer{layer}_{t}.npy"))
+    out = numattn.attention(q, k, v, causal=True)
+    ref = numattn.reference(q, k, v, causal=True)
+    assert numattn.error(out, ref)["rel_fro_error"] < 1e-5
+
+
+def test_generate_equals_cli(model, run_cli):
+    ids = model.generate("The capital of France is", max_tokens=6, return_ids=True, threads=2)
+    row = run_cli("generate", "--model", "default", "--prompt", "The capital of France is",
+                  "--max-tokens", 6, "--threads", 2, "--format", "json")
+    row = row[0] if isinstance(row, list) else row
+    assert ids == row["ids"]
+    assert model.generate("The capital of France is", max_tokens=6, threads=2) == row["text"]
+    # another attention method for one call; the model's own is restored
+    assert model.generate("The capital of France is", max_tokens=6, attn="exact.naive",
+                          return_ids=True, threads=2) == ids
+
+
+def test_model_errors(model):
+    with pytest.raises(numattn.Error, match="twice") as e:
+        model.ppl("too short", ctx=64)
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(numattn.OptionError, match="ctx"):
+        model.ppl("too short", ctx=2)
+    with pytest.raises(numattn.OptionError, match="layers") as e:
+        model.capture("some text here", tokens=2, layers=[30])
+    with pytest.raises(numattn.OptionError, match="max_tokens"):
+        model.generate("hi", max_tokens=0)
+    with pytest.raises(numattn.OptionError, match="attn"):
+        model.generate("hi", max_tokens=2, attn="exact.nope")
+    with pytest.raises(numattn.Error, match="No such file|cannot open|not found|open"):
+        numattn.Model.load("/nonexistent/model.gguf")
+
+
+def test_ppl_is_interruptible(model, short_text):
+    import _thread
+    import threading
+
+    text, _ = short_text
+    long_text = text * 6  # ~200 chunks of 64 tokens
+    before = model.ppl(text, ctx=64, chunks=2, threads=2)["ppl"]
+    timer = threading.Timer(0.05, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model.ppl(long_text, ctx=64, threads=2)
+    finally:
+        timer.cancel()
+    assert model.ppl(text, ctx=64, chunks=2, threads=2)["ppl"] == before  # the model is intact
