@@ -175,6 +175,8 @@ void add_run(CLI::App& app) {
     NUMATTN_CHECK(!o->no_lse || o->lse_out.empty(), "--lse-out needs the LSE: drop --no-lse");
     ExecContext ctx{o->threads};
     auto method = create_method(o->method);
+    NUMATTN_CHECK_OPTION(o->lse_out.empty() || method->info().caps.lse, "lse-out",
+                         "{} gives no LSE (capability `lse` absent in `numattn methods`)", method->spec());
     NUMATTN_CHECK_OPTION(o->qkv.empty() == (o->layer < 0), o->qkv.empty() ? "layer" : "qkv",
                          "--qkv DIR and --layer L (>= 0) go together");
     if (!o->qkv.empty()) {
