@@ -153,7 +153,7 @@ TEST(Llama, TinyModelMatchesFloat64ReferenceUntiedAndTied) {
     ExecContext ctx{2};
     LlamaModel m = LlamaModel::load(path, ctx);
     EXPECT_EQ(m.hparams().n_head_kv, 2);
-    EXPECT_EQ(m.weights().output.empty(), tied);
+    EXPECT_EQ(m.weights().tied(), tied);
     const auto toks = some_tokens(13, 5, 64);
     for (const char* spec : {"exact.flash", "exact.naive", "exact.reference"}) {
       m.set_attention(spec);
