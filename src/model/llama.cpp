@@ -731,8 +731,8 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     }
     timer.lap(&ForwardProfile::output_gemm);
   }
-  // The weights are finite (checked at load), so a NaN/Inf here comes from the attention
-  // method or an overflow; a perplexity or a greedy choice made from it would be garbage that
+  // float32 weights are finite (checked at load), so a NaN/Inf here comes from the attention
+  // method, an overflow, or (in place, where load scans nothing) a non-finite weight; a perplexity or a greedy choice made from it would be garbage that
   // looks like a result. One pass over the logits, small next to the GEMM that made them.
   const auto bad = std::find_if(logits.begin(), logits.end(), [](float v) { return !std::isfinite(v); });
   if (bad != logits.end()) {
@@ -740,8 +740,8 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     const std::int64_t row = opt.logits_begin + i / h.n_vocab;
     throw Error(fmt::format(
         "non-finite logit {} at position {} (token {} of this call), vocabulary index {}, with "
-        "attention {}: the forward pass overflowed or the attention method returned a "
-        "non-finite value",
+        "attention {}: the forward pass overflowed, the attention method returned a "
+        "non-finite value, or a weight is not finite (--weights f32 scans them at load)",
         *bad, p0 + row, row, i % h.n_vocab, numattn::attention_spec(attn)));
   }
   cache.n_past_ = p0 + N;  // only now: after a throw the cache still ends where it did
