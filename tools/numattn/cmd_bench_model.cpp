@@ -86,15 +86,6 @@ void add_bench_model(CLI::App& app) {
     const LlamaModel model = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
     const double load_s = seconds_since(t_load);
 
-    // The roofline: bytes a decode step must read ÷ the rate this machine streams them, both
-    // measured now. The buffer exceeds the last-level cache so the reads come from memory; a
-    // model that fits in that cache can beat this roofline (its weights may stay cached).
-    const std::uint64_t llc = last_level_cache_bytes();
-    const std::uint64_t bw_bytes =
-        o->bandwidth_mib > 0 ? static_cast<std::uint64_t>(o->bandwidth_mib * 1024 * 1024)
-                             : std::max<std::uint64_t>(2 * llc, std::uint64_t{256} << 20);
-    const double bw = measure_read_bandwidth(bw_bytes, 5, ctx);
-
     // Deterministic tokens: speed does not depend on what they are.
     auto tokens = [&](std::int64_t n, std::int64_t seed) {
       std::vector<std::int32_t> t(static_cast<std::size_t>(n));
@@ -103,7 +94,11 @@ void add_bench_model(CLI::App& app) {
       return t;
     };
     const std::uint64_t weight_bytes = model.weight_bytes_per_token(true);
-    std::vector<Row> rows;
+    struct Measured {
+      std::int64_t L, n_prompt;
+      double prefill, decode;
+    };
+    std::vector<Measured> ms;
     for (std::int64_t L : lens) {
       const std::int64_t n_prompt = std::max<std::int64_t>(L, 1);
       std::vector<double> pre_tps, dec_tps;
@@ -122,12 +117,28 @@ void add_bench_model(CLI::App& app) {
         }
         dec_tps.push_back(static_cast<double>(o->decode) / seconds_since(t0));
       }
+      ms.push_back({L, n_prompt, median(pre_tps), median(dec_tps)});
+    }
+    // Peak resident memory of the model's own work, before the bandwidth buffer below exists.
+    const std::uint64_t rss = peak_resident_bytes();
+    // The roofline: bytes a decode step must read ÷ the rate this machine streams them, both
+    // measured in this run. The buffer exceeds the last-level cache so the reads come from
+    // memory; a model that fits in that cache may beat this roofline (its weights can stay
+    // cached between tokens), which the row's roofline_fraction then shows as > 1.
+    const std::uint64_t llc = last_level_cache_bytes();
+    const std::uint64_t bw_bytes =
+        o->bandwidth_mib > 0 ? static_cast<std::uint64_t>(o->bandwidth_mib * 1024 * 1024)
+                             : std::max<std::uint64_t>(2 * llc, std::uint64_t{256} << 20);
+    const double bw = measure_read_bandwidth(bw_bytes, 5, ctx);
+    std::vector<Row> rows;
+    for (const Measured& m : ms) {
+      const std::int64_t L = m.L, n_prompt = m.n_prompt;
       // KV cache read by the average decode step (K and V of every layer, float32).
       const double mid_ctx = static_cast<double>(n_prompt) + static_cast<double>(o->decode) / 2;
       const double kv_bytes = 2.0 * static_cast<double>(hp.n_layer * hp.n_head_kv * hp.head_dim) * 4 * mid_ctx;
       const double bytes_tok = static_cast<double>(weight_bytes) + kv_bytes;
       const double roof = bw / bytes_tok;
-      const double dec = median(dec_tps);
+      const double dec = m.decode;
       Row row;
       row["model"] = path;
       row["weights"] = o->weights;
@@ -135,7 +146,7 @@ void add_bench_model(CLI::App& app) {
       row["threads"] = nt;
       row["ctx"] = L;
       row["prefill_tokens"] = n_prompt;
-      row["prefill_tokens_per_s"] = L > 0 ? Row(median(pre_tps)) : Row();
+      row["prefill_tokens_per_s"] = L > 0 ? Row(m.prefill) : Row();
       row["decode_tokens"] = o->decode;
       row["decode_tokens_per_s"] = dec;
       row["weight_bytes_per_token"] = weight_bytes;
@@ -150,7 +161,7 @@ void add_bench_model(CLI::App& app) {
       row["file_mib"] = static_cast<double>(file->file_size()) / (1024.0 * 1024.0);
       row["open_s"] = open_s;
       row["load_s"] = load_s;
-      row["peak_rss_mib"] = static_cast<double>(peak_resident_bytes()) / (1024.0 * 1024.0);
+      row["peak_rss_mib"] = static_cast<double>(rss) / (1024.0 * 1024.0);
       rows.push_back(row);
     }
     print_table(std::cout, rows, parse_format(o->format), false);

@@ -88,8 +88,12 @@ void add_generate(CLI::App& app) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (md) {
       std::cout << std::endl;
-      std::fprintf(stderr, "[%zu prompt + %zu generated tokens in %.2f s, attn %s]\n", ids.size(),
-                   out.size(), s, model.attention_spec().c_str());
+      std::fprintf(stderr,
+                   "[%zu prompt + %zu generated tokens in %.2f s, attn %s, weights %s, load %.3f s, "
+                   "peak RSS %.1f MiB]\n",
+                   ids.size(), out.size(), s, model.attention_spec().c_str(), o->weights.c_str(),
+                   std::chrono::duration<double>(t_ready - t_load).count(),
+                   static_cast<double>(peak_resident_bytes()) / (1024.0 * 1024.0));
       return;
     }
     Row row;
