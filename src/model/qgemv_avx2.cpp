@@ -179,6 +179,27 @@ float dot_q6_k(const std::uint8_t* row, const float* x, const float*, std::int64
   return hsum(_mm256_add_ps(acc0, acc1));
 }
 
+void deq_q8_0(const std::uint8_t* row, float* dst, std::int64_t cols) {
+  for (std::int64_t b = 0; b < cols / 32; ++b) {
+    const std::uint8_t* p = row + b * 34;
+    const __m256 d = _mm256_set1_ps(half(p));
+    for (int k = 0; k < 4; ++k)
+      _mm256_storeu_ps(dst + 32 * b + 8 * k, _mm256_mul_ps(s8f(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 + 8 * k))), d));
+  }
+}
+
+void deq_q4_1(const std::uint8_t* row, float* dst, std::int64_t cols) {
+  const __m128i m15 = _mm_set1_epi8(15);
+  for (std::int64_t b = 0; b < cols / 32; ++b) {
+    const std::uint8_t* p = row + b * 20;
+    const __m256 d = _mm256_set1_ps(half(p)), m = _mm256_set1_ps(half(p + 2));
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4));
+    const __m128i lo = _mm_and_si128(v, m15), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m15);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(dst + 32 * b + 8 * k, _mm256_fmadd_ps(s8f(parts[k]), d, m));
+  }
+}
+
 }  // namespace
 }  // namespace numattn::qkern
 
@@ -191,7 +212,8 @@ float dot_q6_k(const std::uint8_t* row, const float* x, const float*, std::int64
 
 namespace numattn::qkern {
 const KernelTable* avx2_table() {
-  static const KernelTable t{dot_f32, dot_f32_row, dot_f16, dot_bf16, dot_q8_0, dot_q4_0, dot_q4_1, dot_q6_k};
+  static const KernelTable t{dot_f32,  dot_f32_row, dot_f16,  dot_bf16, dot_q8_0,
+                             dot_q4_0, dot_q4_1,    dot_q6_k, deq_q8_0, deq_q4_1};
   return &t;
 }
 }  // namespace numattn::qkern

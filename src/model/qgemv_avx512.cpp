@@ -178,6 +178,28 @@ float dot_q6_k(const std::uint8_t* row, const float* x, const float*, std::int64
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+void deq_q8_0(const std::uint8_t* row, float* dst, std::int64_t cols) {
+  for (std::int64_t b = 0; b < cols / 32; ++b) {
+    const std::uint8_t* p = row + b * 34;
+    const __m512 d = _mm512_set1_ps(half(p));
+    for (int k = 0; k < 2; ++k) {
+      const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + 16 * k)));
+      _mm512_storeu_ps(dst + 32 * b + 16 * k, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+    }
+  }
+}
+
+void deq_q4_1(const std::uint8_t* row, float* dst, std::int64_t cols) {
+  const __m512i m15 = _mm512_set1_epi32(15);
+  for (std::int64_t b = 0; b < cols / 32; ++b) {
+    const std::uint8_t* p = row + b * 20;
+    const __m512 d = _mm512_set1_ps(half(p)), m = _mm512_set1_ps(half(p + 2));
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4)));
+    _mm512_storeu_ps(dst + 32 * b, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, m15)), d, m));
+    _mm512_storeu_ps(dst + 32 * b + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, m));
+  }
+}
+
 }  // namespace
 
 }  // namespace numattn::qkern
@@ -193,7 +215,8 @@ float dot_q6_k(const std::uint8_t* row, const float* x, const float*, std::int64
 
 namespace numattn::qkern {
 const KernelTable* avx512_table() {
-  static const KernelTable t{dot_f32, dot_f32_row, dot_f16, dot_bf16, dot_q8_0, dot_q4_0, dot_q4_1, dot_q6_k};
+  static const KernelTable t{dot_f32,  dot_f32_row, dot_f16,  dot_bf16, dot_q8_0,
+                             dot_q4_0, dot_q4_1,    dot_q6_k, deq_q8_0, deq_q4_1};
   return &t;
 }
 }  // namespace numattn::qkern

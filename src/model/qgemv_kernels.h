@@ -18,12 +18,16 @@ namespace numattn::qkern {
 using DotFn = float (*)(const std::uint8_t* row, const float* x, const float* xsum32,
                         std::int64_t cols);
 using DotF32Fn = float (*)(const float* a, const float* b, std::int64_t n);
+// Dequantizes `cols` values (whole blocks) of one row into dst, as dequantize_row does.
+using DeqFn = void (*)(const std::uint8_t* row, float* dst, std::int64_t cols);
 
 // One path's kernels; nullptr = the generic kernel (dequantize a piece, then dot_f32).
 struct KernelTable {
   DotF32Fn dot_f32 = nullptr;  // required
   DotFn f32 = nullptr, f16 = nullptr, bf16 = nullptr, q8_0 = nullptr, q4_0 = nullptr,
         q4_1 = nullptr, q6_k = nullptr;
+  // Vector dequantizers for the prefill's panels (nullptr = dequantize_row).
+  DeqFn deq_q8_0 = nullptr, deq_q4_1 = nullptr;
 };
 
 // nullptr when the path was not compiled (another architecture than x86-64).

@@ -246,5 +246,35 @@ TEST(QGemv, StackedPartsAndQuantLinearBothRegimes) {
   EXPECT_THROW(m.first_rows(R + 1), Error);
 }
 
+// The prefill's panels: QuantMatrix::dequantize_rows (vector dequantizers for Q8_0 and Q4_1 on
+// the default path) equals dequantize_row: exactly for Q8_0 (one product), within one rounding
+// of |q·d| + |m| for Q4_1 (q·d + m fused or not).
+TEST(QGemv, PanelDequantizationEqualsDequantizeRow) {
+  std::mt19937 g(5);
+  for (GgmlType type : kTypes)
+    for (std::int64_t cols : lengths(type)) {
+      const std::int64_t rows = 9;
+      const auto data = random_rows(type, rows, cols, g);
+      const std::int64_t rb = ggml_row_bytes(type, cols);
+      QuantMatrix m;
+      m.cols = cols;
+      m.parts.push_back({type, data.data(), rows, rb});
+      std::vector<float> got(static_cast<std::size_t>(rows * cols)), want(got.size());
+      m.dequantize_rows(0, rows, got.data());
+      dequantize_row(type, data.data(), want.data(), rows * cols);
+      const GgmlTypeInfo& ti = ggml_type_info(type);
+      for (std::int64_t i = 0; i < rows * cols; ++i) {
+        const std::size_t k = static_cast<std::size_t>(i);
+        if (type != GgmlType::Q4_1) {
+          ASSERT_EQ(got[k], want[k]) << ggml_type_name(type) << " " << i;
+        } else {
+          const std::uint8_t* blk = data.data() + i / cols * rb + (i % cols) / 32 * ti.block_bytes;
+          const double tol = std::ldexp(1.0, -23) * (std::abs(want[k]) + 2 * block_offset(type, blk));
+          ASSERT_NEAR(got[k], want[k], tol) << i;
+        }
+      }
+    }
+}
+
 }  // namespace
 }  // namespace numattn

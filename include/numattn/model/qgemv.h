@@ -89,8 +89,8 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
 /// y = x·Wᵀ (+ y when accumulate) for x `[n, cols]` (leading dimension cols) and y `[n, rows]`
 /// (leading dimension ldy, 0 = rows). Few vectors (n <= kQuantGemvMaxBatch): quant_gemv, split
 /// over `ctx`'s threads by rows. More: W is dequantized in panels of rows into a float32 tile
-/// that stays in the L2 cache (about 256 KiB) and each panel is one single-threaded sgemm
-/// against all n rows of x; the panels are split over the threads. Throws numattn::Error when
+/// of up to 4 MiB (one per thread, kept between calls) and each panel is one single-threaded
+/// sgemm against all n rows of x; the panels are split over the threads. Throws numattn::Error when
 /// the matrix is empty.
 void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, std::int64_t n,
                   float* y, bool accumulate, std::int64_t ldy = 0,
