@@ -95,6 +95,9 @@ qkern::DotFn special(const qkern::KernelTable& t, GgmlType type) {
   }
 }
 
+// Default size from which a decode product is split over threads (quant_linear).
+constexpr std::uint64_t kGemvSplitBytes = std::uint64_t{8} << 20;
+
 // Pieces of at most 512 values (whole blocks) dequantized onto the stack, then one dot.
 constexpr std::int64_t kPiece = 512;
 
@@ -279,9 +282,18 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
   if (n <= 0 || out == 0) return;
   const int nt = ctx.num_threads();
   if (n <= kQuantGemvMaxBatch) {
-    // Row slices in multiples of 16 (cache lines of y, whole rows of the kernels); waking the
-    // team costs a few microseconds, so a small matrix stays on the calling thread.
-    const bool split = nt > 1 && w.bytes() * static_cast<std::uint64_t>(n) >= (std::uint64_t{1} << 15);
+    // Row slices in multiples of 16 (cache lines of y, whole rows of the kernels). Each split
+    // is a fork and a join of the team: a few microseconds on an idle machine, but a scheduler
+    // time slice when the cores are oversubscribed and a worker is descheduled. Measured on 2
+    // shared cores at load 19 (SmolLM2-135M Q4_1, 2 threads): splitting every matrix (121
+    // joins per token) 0.35 tokens/s, matrices >= 1 MiB 0.86, only the 30 MB output matrix
+    // 5.2. So by default only matrices of at least kGemvSplitBytes are split;
+    // NUMATTN_GEMV_SPLIT=<bytes> lowers it for an idle machine (docs/model-runner.md).
+    static const std::uint64_t min_split = [] {
+      const char* e = std::getenv("NUMATTN_GEMV_SPLIT");
+      return e != nullptr && *e != '\0' ? std::strtoull(e, nullptr, 10) : kGemvSplitBytes;
+    }();
+    const bool split = nt > 1 && w.bytes() * static_cast<std::uint64_t>(n) >= min_split;
     if (!split) {
       quant_gemv(w, 0, out, x, n, in, y, ldy, accumulate, path);
       return;

@@ -88,7 +88,8 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
 
 /// y = x·Wᵀ (+ y when accumulate) for x `[n, cols]` (leading dimension cols) and y `[n, rows]`
 /// (leading dimension ldy, 0 = rows). Few vectors (n <= kQuantGemvMaxBatch): quant_gemv, split
-/// over `ctx`'s threads by rows. More: W is dequantized in panels of rows into a float32 tile
+/// over `ctx`'s threads by rows when the matrix has at least 8 MiB (NUMATTN_GEMV_SPLIT=<bytes>
+/// in the environment changes that; each split is a fork/join, costly on a busy machine). More: W is dequantized in panels of rows into a float32 tile
 /// of up to 4 MiB (one per thread, kept between calls) and each panel is one single-threaded
 /// sgemm against all n rows of x; the panels are split over the threads. Throws numattn::Error when
 /// the matrix is empty.
