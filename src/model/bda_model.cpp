@@ -25,6 +25,17 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
   done.reserve(w.layers.size());
   for (std::size_t l = 0; l < w.layers.size(); ++l) {
     const LlamaLayer& L = w.layers[l];
+    // Weights held in place are dequantized for the transform only (one layer at a time); what
+    // it writes (W_o', the BD value projection) is float32, the rest stays in place.
+    std::vector<float> qkv_f, wo_f;
+    if (!L.wqkv_q.empty()) {
+      qkv_f.resize(static_cast<std::size_t>(L.wqkv_q.rows() * E));
+      L.wqkv_q.dequantize_rows(0, L.wqkv_q.rows(), qkv_f.data());
+    }
+    if (!L.wo_q.empty()) {
+      wo_f.resize(static_cast<std::size_t>(L.wo_q.rows() * L.wo_q.cols));
+      L.wo_q.dequantize_rows(0, L.wo_q.rows(), wo_f.data());
+    }
     transform::AttentionLayerWeights aw;
     aw.d_model = E;
     aw.heads = Hq;
@@ -32,11 +43,11 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
     aw.head_dim = D;
     aw.rope_dims = hp.n_rot;
     aw.layout = transform::WeightLayout::kOutIn;
-    const float* p = L.wqkv.data();
+    const float* p = L.wqkv_q.empty() ? L.wqkv.data() : qkv_f.data();
     aw.wq = {p, static_cast<std::size_t>(Hq * D * E)};
     aw.wk = {p + Hq * D * E, static_cast<std::size_t>(Hkv * D * E)};
     aw.wv = {p + (Hq + Hkv) * D * E, static_cast<std::size_t>(Hkv * D * E)};
-    aw.wo = L.wo;
+    aw.wo = L.wo_q.empty() ? std::span<const float>(L.wo) : std::span<const float>(wo_f);
     try {
       done.push_back(transform::bda_transform(aw, opt));
     } catch (const Error& e) {
@@ -47,7 +58,13 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
     LlamaLayer& L = w.layers[l];
     transform::BdaLayer& b = done[l];
     L.wo = std::move(b.wo);
-    L.wqkv.resize(static_cast<std::size_t>((Hq + Hkv) * D * E));  // V rows now live in v_bd
+    L.wo_q = {};
+    // V rows now live in v_bd.
+    if (L.wqkv_q.empty()) {
+      L.wqkv.resize(static_cast<std::size_t>((Hq + Hkv) * D * E));
+    } else {
+      L.wqkv_q = L.wqkv_q.first_rows((Hq + Hkv) * D);
+    }
     L.v_bd = std::make_shared<const transform::BdProjection>(std::move(b.v_proj));
     ModelBdaLayerReport lr;
     lr.layer = static_cast<int>(l);

@@ -85,6 +85,17 @@ void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t
   });
 }
 
+// The same product with a weight held either way (LlamaLayer: float32 or in place).
+void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t in,
+            const std::vector<float>& wf, const QuantMatrix& wq, std::int64_t out, float* y,
+            bool accumulate, std::int64_t ldy = 0) {
+  if (!wq.empty()) {
+    quant_linear(ctx, wq, x, n, y, accumulate, ldy);
+  } else {
+    linear(ctx, x, n, in, wf.data(), out, y, accumulate, ldy);
+  }
+}
+
 void rms_norm_rows(const float* x, const float* w, float* y, std::int64_t n, std::int64_t e,
                    double eps) {
   for (std::int64_t t = 0; t < n; ++t) {
@@ -272,31 +283,97 @@ void LlamaModel::check_shapes() const {
     NUMATTN_CHECK(static_cast<std::int64_t>(v.size()) == n, "{} has {} values, expected {}", what,
                   v.size(), n);
   };
-  need(w_.token_embd, h.n_vocab * h.n_embd, "token_embd");
+  // A matrix [out, in]: float32 of out·in values, or in place with those rows and columns.
+  auto mat = [&](const std::vector<float>& v, const QuantMatrix& q, std::int64_t out,
+                 std::int64_t in, const std::string& what) {
+    if (q.empty()) return need(v, out * in, what);
+    NUMATTN_CHECK(v.empty(), "{} is held both as float32 and in place", what);
+    NUMATTN_CHECK(q.rows() == out && q.cols == in, "{} is [{}, {}] in place, expected [{}, {}]",
+                  what, q.rows(), q.cols, out, in);
+    NUMATTN_CHECK(w_.file != nullptr, "{} is held in place without its file", what);
+  };
+  mat(w_.token_embd, w_.token_embd_q, h.n_vocab, h.n_embd, "token_embd");
   need(w_.output_norm, h.n_embd, "output_norm");
-  if (!w_.output.empty()) need(w_.output, h.n_vocab * h.n_embd, "output");
+  if (!w_.tied()) mat(w_.output, w_.output_q, h.n_vocab, h.n_embd, "output");
   NUMATTN_CHECK(static_cast<std::int64_t>(w_.layers.size()) == h.n_layer, "{} layers given, expected {}",
                 w_.layers.size(), h.n_layer);
   for (std::size_t l = 0; l < w_.layers.size(); ++l) {
     const auto& L = w_.layers[l];
     const std::string p = "layer " + std::to_string(l) + " ";
     need(L.attn_norm, h.n_embd, p + "attn_norm");
-    need(L.wqkv, (L.v_bd ? (h.n_head + h.n_head_kv) * h.head_dim : h.qkv_rows()) * h.n_embd,
-         p + "wqkv");
+    mat(L.wqkv, L.wqkv_q, L.v_bd ? (h.n_head + h.n_head_kv) * h.head_dim : h.qkv_rows(), h.n_embd,
+        p + "wqkv");
     if (L.v_bd)
       NUMATTN_CHECK(L.v_bd->d_in() == h.n_embd && L.v_bd->heads() == h.n_head_kv &&
                         L.v_bd->head_dim() == h.head_dim,
                     "{}BD value projection is {}→{}×{}, expected {}→{}×{}", p, L.v_bd->d_in(),
                     L.v_bd->heads(), L.v_bd->head_dim(), h.n_embd, h.n_head_kv, h.head_dim);
-    need(L.wo, h.n_embd * h.n_head * h.head_dim, p + "wo");
+    mat(L.wo, L.wo_q, h.n_embd, h.n_head * h.head_dim, p + "wo");
     need(L.ffn_norm, h.n_embd, p + "ffn_norm");
-    need(L.w_gate_up, 2 * h.n_ff * h.n_embd, p + "w_gate_up");
-    need(L.w_down, h.n_embd * h.n_ff, p + "w_down");
+    mat(L.w_gate_up, L.w_gate_up_q, 2 * h.n_ff, h.n_embd, p + "w_gate_up");
+    mat(L.w_down, L.w_down_q, h.n_embd, h.n_ff, p + "w_down");
   }
 }
 
-LlamaModel LlamaModel::load(const std::string& path, const ExecContext& ctx) {
-  return load(GgufFile::open(path), ctx);
+const char* weight_storage_name(WeightStorage s) {
+  return s == WeightStorage::kF32 ? "f32" : "gguf";
+}
+
+WeightStorage parse_weight_storage(const std::string& name) {
+  if (name == "gguf") return WeightStorage::kInPlace;
+  if (name == "f32") return WeightStorage::kF32;
+  throw Error(fmt::format("unknown weight storage '{}': use gguf (in place, the file's encoding) "
+                          "or f32 (dequantized at load)", name));
+}
+
+LlamaModel LlamaModel::load(const std::string& path, const ExecContext& ctx, WeightStorage storage) {
+  return load(std::make_shared<const GgufFile>(GgufFile::open(path)), ctx, storage);
+}
+
+LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecContext& ctx,
+                            WeightStorage storage) {
+  NUMATTN_CHECK(file != nullptr, "LlamaModel::load: no file");
+  if (storage == WeightStorage::kF32) return load(*file, ctx);
+  const GgufFile& f = *file;
+  const LlamaHParams hp = read_hparams(f);  // shapes and types of every tensor below checked
+  const std::int64_t E = hp.n_embd, D = hp.head_dim, Hkv = hp.n_head_kv;
+  LlamaWeights w;
+  auto q = [&](QuantMatrix& m, const std::string& name) { m.append(f.tensor(name)); };
+  q(w.token_embd_q, "token_embd.weight");
+  load_tensor(f, "output_norm.weight", w.output_norm, E, ctx);
+  if (f.find_tensor("output.weight")) q(w.output_q, "output.weight");
+  w.layers.resize(static_cast<std::size_t>(hp.n_layer));
+  for (std::int64_t l = 0; l < hp.n_layer; ++l) {
+    auto& L = w.layers[static_cast<std::size_t>(l)];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    load_tensor(f, p + "attn_norm.weight", L.attn_norm, E, ctx);
+    load_tensor(f, p + "ffn_norm.weight", L.ffn_norm, E, ctx);
+    q(L.wqkv_q, p + "attn_q.weight");
+    q(L.wqkv_q, p + "attn_k.weight");
+    if (f.find_tensor(p + "attn_v_bd.coef")) {
+      // The BD projection is float32 arithmetic of its own (transform/bd_projection.h).
+      transform::BdProjection::Parts parts;
+      parts.d_in = E;
+      parts.heads = Hkv;
+      parts.head_dim = D;
+      parts.rank = D;
+      for (std::int64_t c : f.at(p + "attn_v_bd.perm").int_array()) parts.perm.push_back(c);
+      for (std::int64_t c : f.at(p + "attn_v_bd.dense").int_array()) parts.dense_heads.push_back(c);
+      load_tensor(f, p + "attn_v_bd.coef", parts.rest, (E - D) * Hkv * D, ctx);
+      const auto nd = static_cast<std::int64_t>(parts.dense_heads.size());
+      if (nd > 0) load_tensor(f, p + "attn_v_bd.top", parts.top, D * nd * D, ctx);
+      L.v_bd = std::make_shared<const transform::BdProjection>(
+          transform::BdProjection::from_parts(std::move(parts)));
+    } else {
+      q(L.wqkv_q, p + "attn_v.weight");
+    }
+    q(L.wo_q, p + "attn_output.weight");
+    q(L.w_gate_up_q, p + "ffn_gate.weight");
+    q(L.w_gate_up_q, p + "ffn_up.weight");
+    q(L.w_down_q, p + "ffn_down.weight");
+  }
+  w.file = std::move(file);
+  return LlamaModel(hp, std::move(w));
 }
 
 LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
@@ -436,7 +513,23 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
 }
 
 const float* LlamaModel::output_matrix() const {
-  return w_.output.empty() ? w_.token_embd.data() : w_.output.data();
+  if (!w_.output.empty()) return w_.output.data();
+  return w_.output_q.empty() && !w_.token_embd.empty() ? w_.token_embd.data() : nullptr;
+}
+
+std::uint64_t LlamaModel::weight_bytes_per_token(bool with_output) const {
+  auto bytes = [](const std::vector<float>& v, const QuantMatrix& q) {
+    return q.empty() ? 4 * static_cast<std::uint64_t>(v.size()) : q.bytes();
+  };
+  std::uint64_t b = 0;
+  for (const LlamaLayer& L : w_.layers) {
+    b += bytes(L.wqkv, L.wqkv_q) + bytes(L.wo, L.wo_q) + bytes(L.w_gate_up, L.w_gate_up_q) +
+         bytes(L.w_down, L.w_down_q);
+    if (L.v_bd) b += 4 * static_cast<std::uint64_t>(L.v_bd->weight_params());
+  }
+  if (with_output)
+    b += w_.tied() ? bytes(w_.token_embd, w_.token_embd_q) : bytes(w_.output, w_.output_q);
+  return b;
 }
 
 void LlamaModel::set_attention(const std::string& spec) {
@@ -485,8 +578,14 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     qpre.resize(static_cast<std::size_t>(N * Hq * D));
     kpre.resize(static_cast<std::size_t>(N * Hkv * D));
   }
-  for (std::int64_t t = 0; t < N; ++t)
-    std::copy_n(w_.token_embd.data() + tokens[static_cast<std::size_t>(t)] * E, E, x.data() + t * E);
+  for (std::int64_t t = 0; t < N; ++t) {
+    const std::int64_t id = tokens[static_cast<std::size_t>(t)];
+    if (w_.token_embd_q.empty()) {
+      std::copy_n(w_.token_embd.data() + id * E, E, x.data() + t * E);
+    } else {
+      w_.token_embd_q.dequantize_rows(id, id + 1, x.data() + t * E);
+    }
+  }
   // cos/sin of every (token, frequency) of this call, shared by all layers.
   std::vector<float> cs(static_cast<std::size_t>(N * half)), sn(cs.size());
   for (std::int64_t t = 0; t < N; ++t)
@@ -507,8 +606,10 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
   const int nt = ctx.num_threads();
   const bool by_tokens = nt > 1 && N >= 16 * nt;
   const ExecContext gemm_ctx = by_tokens ? ExecContext{1} : ctx;
-  auto gemm = [&](const float* xr, std::int64_t rows, std::int64_t in, const float* w,
-                  std::int64_t out, float* y, bool acc) { linear(gemm_ctx, xr, rows, in, w, out, y, acc); };
+  auto gemm = [&](const float* xr, std::int64_t rows, std::int64_t in, const std::vector<float>& wf,
+                  const QuantMatrix& wq, std::int64_t out, float* y, bool acc) {
+    linear(gemm_ctx, xr, rows, in, wf, wq, out, y, acc);
+  };
   // The timer only follows the first thread: other threads do the same work in parallel.
   auto lap = [&](bool main, double ForwardProfile::*slot) {
     if (main) timer.lap(slot);
@@ -520,12 +621,12 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     rms_norm_rows(x.data() + t0 * E, L.attn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
     lap(main, &ForwardProfile::norm);
     if (!L.v_bd) {
-      gemm(xn.data() + t0 * E, n, E, L.wqkv.data(), R, qkv.data() + t0 * R, false);
+      gemm(xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, R, qkv.data() + t0 * R, false);
     } else {
       // BDA: Q|K through the stacked GEMM, V' through the fused BD projection, both written
       // into their slots of the same qkv rows.
-      linear(gemm_ctx, xn.data() + t0 * E, n, E, L.wqkv.data(), (Hq + Hkv) * D, qkv.data() + t0 * R,
-             false, R);
+      linear(gemm_ctx, xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, (Hq + Hkv) * D,
+             qkv.data() + t0 * R, false, R);
       L.v_bd->project(xn.data() + t0 * E, n, E, qkv.data() + t0 * R + (Hq + Hkv) * D, R,
                       transform::InputOrder::kOriginal, ExecContext{1});
     }
@@ -558,11 +659,11 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
   auto post = [&](std::int64_t l, std::int64_t t0, std::int64_t t1, bool main) {
     const LlamaLayer& L = w_.layers[static_cast<std::size_t>(l)];
     const std::int64_t n = t1 - t0;
-    gemm(att.data() + t0 * Hq * D, n, Hq * D, L.wo.data(), E, x.data() + t0 * E, true);
+    gemm(att.data() + t0 * Hq * D, n, Hq * D, L.wo, L.wo_q, E, x.data() + t0 * E, true);
     lap(main, &ForwardProfile::o_gemm);
     rms_norm_rows(x.data() + t0 * E, L.ffn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
     lap(main, &ForwardProfile::norm);
-    gemm(xn.data() + t0 * E, n, E, L.w_gate_up.data(), 2 * F, gu.data() + t0 * 2 * F, false);
+    gemm(xn.data() + t0 * E, n, E, L.w_gate_up, L.w_gate_up_q, 2 * F, gu.data() + t0 * 2 * F, false);
     lap(main, &ForwardProfile::ffn_gemm);
     for (std::int64_t t = t0; t < t1; ++t) {
       const float* g = gu.data() + t * 2 * F;
@@ -571,7 +672,7 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
       for (std::int64_t i = 0; i < F; ++i) a[i] = g[i] / (1.f + simd::exp_f32(-g[i])) * u[i];
     }
     lap(main, &ForwardProfile::ffn_act);
-    gemm(act.data() + t0 * F, n, F, L.w_down.data(), E, x.data() + t0 * E, true);
+    gemm(act.data() + t0 * F, n, F, L.w_down, L.w_down_q, E, x.data() + t0 * E, true);
     lap(main, &ForwardProfile::ffn_gemm);
   };
   // Runs `f(t0, t1, main)` on each thread's token block (or once on all tokens), and books the
@@ -623,11 +724,15 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
                   h.rms_eps);
     timer.lap(&ForwardProfile::norm);
     // Split over the vocabulary: each thread streams its half of the output matrix once.
-    linear(ctx, xn.data(), n_out, E, output_matrix(), h.n_vocab, logits.data(), false);
+    if (w_.tied()) {
+      linear(ctx, xn.data(), n_out, E, w_.token_embd, w_.token_embd_q, h.n_vocab, logits.data(), false);
+    } else {
+      linear(ctx, xn.data(), n_out, E, w_.output, w_.output_q, h.n_vocab, logits.data(), false);
+    }
     timer.lap(&ForwardProfile::output_gemm);
   }
-  // The weights are finite (checked at load), so a NaN/Inf here comes from the attention
-  // method or an overflow; a perplexity or a greedy choice made from it would be garbage that
+  // float32 weights are finite (checked at load), so a NaN/Inf here comes from the attention
+  // method, an overflow, or (in place, where load scans nothing) a non-finite weight; a perplexity or a greedy choice made from it would be garbage that
   // looks like a result. One pass over the logits, small next to the GEMM that made them.
   const auto bad = std::find_if(logits.begin(), logits.end(), [](float v) { return !std::isfinite(v); });
   if (bad != logits.end()) {
@@ -635,8 +740,8 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     const std::int64_t row = opt.logits_begin + i / h.n_vocab;
     throw Error(fmt::format(
         "non-finite logit {} at position {} (token {} of this call), vocabulary index {}, with "
-        "attention {}: the forward pass overflowed or the attention method returned a "
-        "non-finite value",
+        "attention {}: the forward pass overflowed, the attention method returned a "
+        "non-finite value, or a weight is not finite (--weights f32 scans them at load)",
         *bad, p0 + row, row, i % h.n_vocab, numattn::attention_spec(attn)));
   }
   cache.n_past_ = p0 + N;  // only now: after a throw the cache still ends where it did

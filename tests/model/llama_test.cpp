@@ -153,7 +153,7 @@ TEST(Llama, TinyModelMatchesFloat64ReferenceUntiedAndTied) {
     ExecContext ctx{2};
     LlamaModel m = LlamaModel::load(path, ctx);
     EXPECT_EQ(m.hparams().n_head_kv, 2);
-    EXPECT_EQ(m.weights().output.empty(), tied);
+    EXPECT_EQ(m.weights().tied(), tied);
     const auto toks = some_tokens(13, 5, 64);
     for (const char* spec : {"exact.flash", "exact.naive", "exact.reference"}) {
       m.set_attention(spec);
@@ -219,7 +219,7 @@ TEST(Llama, KvCacheDecodingEqualsBatchedPrefill) {
 TEST(Llama, GqaEqualsItsExactMhaForm) {
   const TinyTensors T = make_tiny(false);
   ExecContext ctx{2};
-  LlamaModel gqa = LlamaModel::load(write_gguf(T, "tiny_gqa.gguf"), ctx);
+  LlamaModel gqa = LlamaModel::load(write_gguf(T, "tiny_gqa.gguf"), ctx, WeightStorage::kF32);
   LlamaHParams hp = gqa.hparams();
   LlamaWeights w = gqa.weights();
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "numattn/core/error.h"
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
@@ -87,6 +89,43 @@ TEST(ModelCli, DefaultModelRefusesRequestsBeyondItsContext) {
   for (int i = 0; i < 9000; ++i) words += " the";
   expect_error("generate --model default --max-tokens 1 --prompt '" + words + "'",
                {"error: --prompt: ", "8192"});
+}
+
+// bench-model on the tiny model (Q4_1 file): one row per context, decode and prefill rates,
+// the bytes a step reads (the file's matrices, in place; 4 per weight with f32), a measured
+// bandwidth and a roofline fraction; bad flags named.
+TEST(ModelCli, BenchModelRowsAndWeightsFlag) {
+  using json = nlohmann::json;
+  test::TinyTensors T = test::make_tiny(false);
+  const std::string q = test::write_gguf(T, "cli_bench_q41.gguf", GgmlType::Q4_1);
+  const Result r = cli("bench-model --model " + q + " --ctx 0,12 --decode 3 --bandwidth-mib 4 "
+                       "--threads 2 --format json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const json rows = json::parse(r.out.substr(r.out.find('[')));
+  ASSERT_EQ(rows.size(), 2u);
+  // Per layer: Wq|Wk|Wv (32+16+16 rows), Wo (32), gate|up (128), down (32 rows of 64): Q4_1
+  // rows of 32 values are 20 bytes, of 64 are 40; the untied output matrix: 64 rows of 20.
+  const double layer = (32 + 16 + 16 + 32 + 128) * 20.0 + 32 * 40.0;
+  EXPECT_EQ(rows[0]["weight_bytes_per_token"].get<double>(), 2 * layer + 64 * 20);
+  EXPECT_TRUE(rows[0]["prefill_tokens_per_s"].is_null());
+  EXPECT_GT(rows[1]["prefill_tokens_per_s"].get<double>(), 0);
+  for (const auto& row : rows) {
+    EXPECT_EQ(row["weights"], "gguf");
+    EXPECT_GT(row["decode_tokens_per_s"].get<double>(), 0);
+    EXPECT_GT(row["read_bandwidth_gbs"].get<double>(), 0);
+    EXPECT_NEAR(row["roofline_fraction"].get<double>(),
+                row["decode_tokens_per_s"].get<double>() / row["roofline_tokens_per_s"].get<double>(), 1e-9);
+    EXPECT_GT(row["peak_rss_mib"].get<double>(), 0);
+  }
+  const Result f = cli("bench-model --model " + q + " --ctx 4 --decode 1 --bandwidth-mib 4 "
+                       "--weights f32 --format json");
+  ASSERT_EQ(f.rc, 0) << f.out;
+  const json fr = json::parse(f.out.substr(f.out.find('[')));
+  // float32: 4 bytes for each of 2·(64·32 + 32·32 + 128·32 + 32·64) + 64·32 weights.
+  EXPECT_EQ(fr[0]["weight_bytes_per_token"].get<double>(), 4.0 * (2 * 9216 + 2048));
+  expect_error("bench-model --model " + q + " --ctx 4,x", {"error: --ctx: ", "'x'"});
+  expect_error("bench-model --model " + q + " --decode 0", {"error: --decode: "});
+  expect_error("bench-model --model " + q + " --ctx 250 --decode 10", {"error: --ctx: ", "256"});
 }
 
 }  // namespace

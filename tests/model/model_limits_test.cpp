@@ -25,9 +25,9 @@ using test::MemoryCap;
 
 // The error LlamaModel::load raises for `path`; a load that succeeds or throws anything but a
 // numattn::Error (std::bad_alloc, std::length_error, ...) fails the test.
-std::string load_error(const std::string& path) {
+std::string load_error(const std::string& path, WeightStorage storage = WeightStorage::kInPlace) {
   try {
-    LlamaModel::load(path, ExecContext{2});
+    LlamaModel::load(path, ExecContext{2}, storage);
   } catch (const Error& e) {
     return e.what();
   } catch (const std::exception& e) {
@@ -160,8 +160,19 @@ TEST(ModelLimits, NonFiniteWeightsAreRefusedWithTensorAndIndex) {
     w[7 * 32 + 1] = inf;  // later in the tensor: the first one is reported
     GgufEdit e;
     e.tensors.push_back({"blk.1.ffn_up.weight", {32, 64}, w});
-    const std::string msg = load_error(test::rewrite_gguf(base_gguf(), e, "limits_nan.gguf"));
+    const std::string path = test::rewrite_gguf(base_gguf(), e, "limits_nan.gguf");
+    const std::string msg = load_error(path, WeightStorage::kF32);
     EXPECT_NE(msg.find("blk.1.ffn_up.weight"), std::string::npos) << msg;
+    // In place nothing is scanned at load (that would read every weight); the forward pass
+    // refuses the non-finite logits the weight produces, naming the position.
+    const LlamaModel m = LlamaModel::load(path, ExecContext{1});
+    KvCache c = m.make_cache(4);
+    try {
+      m.forward({1, 2}, c, ExecContext{1});
+      ADD_FAILURE() << "non-finite weight gave finite logits";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("non-finite logit"), std::string::npos) << err.what();
+    }
     EXPECT_NE(msg.find("row 3, column 5"), std::string::npos) << msg;
     EXPECT_NE(msg.find("nan"), std::string::npos) << msg;
   }
@@ -171,7 +182,7 @@ TEST(ModelLimits, NonFiniteWeightsAreRefusedWithTensorAndIndex) {
     std::vector<float> g(32, 1.f);
     g[31] = inf;
     e.tensors.push_back({"output_norm.weight", {32}, g});
-    const std::string msg = load_error(test::rewrite_gguf(base_gguf(), e, "limits_inf.gguf"));
+    const std::string msg = load_error(test::rewrite_gguf(base_gguf(), e, "limits_inf.gguf"));  // norms are copied
     EXPECT_NE(msg.find("output_norm.weight"), std::string::npos) << msg;
     EXPECT_NE(msg.find("column 31"), std::string::npos) << msg;
   }
@@ -179,7 +190,7 @@ TEST(ModelLimits, NonFiniteWeightsAreRefusedWithTensorAndIndex) {
     test::TinyTensors T = test::make_tiny(false);
     for (auto& [name, d] : T.t)
       if (name == "blk.0.attn_q.weight") d[100] = inf;
-    const std::string msg = load_error(test::write_gguf(T, "limits_q8_inf.gguf", GgmlType::Q8_0));
+    const std::string msg = load_error(test::write_gguf(T, "limits_q8_inf.gguf", GgmlType::Q8_0), WeightStorage::kF32);
     EXPECT_NE(msg.find("blk.0.attn_q.weight"), std::string::npos) << msg;
   }
 }
@@ -209,7 +220,9 @@ TEST(ModelLimits, LoadIsRefusedWhenTheWeightsDoNotFitInMemory) {
   const LlamaModel m = LlamaModel::load(path);  // fits without the cap
   const std::int64_t bytes = 4 * m.hparams().weight_count(false);
   MemoryCap cap(std::to_string(bytes - 1));
-  const std::string msg = load_error(path);
+  // In place, the weights need no memory of their own: the load succeeds under the cap.
+  EXPECT_NO_THROW(LlamaModel::load(path, ExecContext{2}));
+  const std::string msg = load_error(path, WeightStorage::kF32);
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::to_string(bytes) + " bytes"), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::to_string(bytes - 1) + " bytes"), std::string::npos) << msg;

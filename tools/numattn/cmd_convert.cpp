@@ -52,7 +52,7 @@ void add_convert(CLI::App& app) {
     const double bda_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     write_bda_gguf(src, model, o->out);
     // Read it back: the written file must load and give the same weights.
-    LlamaModel back = LlamaModel::load(o->out, ctx);
+    LlamaModel back = LlamaModel::load(o->out, ctx, WeightStorage::kF32);
     for (std::size_t l = 0; l < back.weights().layers.size(); ++l) {
       const auto& a = model.weights().layers[l];
       const auto& b = back.weights().layers[l];

@@ -10,12 +10,14 @@
 #include "numattn/model/llama.h"
 #include "numattn/model/tokenizer.h"
 #include "numattn/model/gguf.h"
+#include "numattn/model/bench_model.h"
+#include "numattn/model/qgemv.h"
 
 namespace numattn::cli {
 
 namespace {
 struct GenerateOptions {
-  std::string model = "default", prompt, attn = "exact.flash", format = "md";
+  std::string model = "default", prompt, attn = "exact.flash", format = "md", weights = "gguf";
   std::int64_t max_tokens = 32;
   int threads = 0;
   bool chat = false;
@@ -32,6 +34,11 @@ void add_generate(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--attn", o->attn, "attention spec (one, or one per layer separated by ';')")
       ->capture_default_str();
+  sub->add_option("--weights", o->weights,
+                  "weight storage: gguf (the file's encoding, read in place from the mapped file) "
+                  "or f32 (dequantized at load: the exactness reference)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gguf", "f32"}));
   sub->add_flag("--chat", o->chat,
                 "wrap the prompt in the ChatML user/assistant turn (<|im_start|>...)");
   add_common(*sub, &o->threads, &o->format);
@@ -46,9 +53,10 @@ void add_generate(CLI::App& app) {
       throw OptionError("attn", e.what());
     }
     const std::string path = resolve_model_path(o->model);
-    GgufFile file = GgufFile::open(path);
-    const LlamaHParams hp = LlamaModel::read_hparams(file);
-    const Tokenizer tok = Tokenizer::from_gguf(file);
+    const auto t_open = std::chrono::steady_clock::now();
+    auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
+    const LlamaHParams hp = LlamaModel::read_hparams(*file);
+    const Tokenizer tok = Tokenizer::from_gguf(*file);
     std::string prompt = o->prompt;
     if (o->chat) prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
     const auto ids = tok.encode(prompt, tok.add_bos(), true);
@@ -61,8 +69,10 @@ void add_generate(CLI::App& app) {
                           n_prompt, n_prompt, "prompt prefill's");
     check_model_attention("attn", o->attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, 1,
                           n_prompt + o->max_tokens, "decode step's");
-    LlamaModel model = LlamaModel::load(file, ctx);
+    const auto t_load = std::chrono::steady_clock::now();
+    LlamaModel model = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
     model.set_attention(o->attn);
+    const auto t_ready = std::chrono::steady_clock::now();
     const bool md = o->format == "md";
     if (md) {
       std::cout << o->prompt << std::flush;
@@ -78,8 +88,12 @@ void add_generate(CLI::App& app) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (md) {
       std::cout << std::endl;
-      std::fprintf(stderr, "[%zu prompt + %zu generated tokens in %.2f s, attn %s]\n", ids.size(),
-                   out.size(), s, model.attention_spec().c_str());
+      std::fprintf(stderr,
+                   "[%zu prompt + %zu generated tokens in %.2f s, attn %s, weights %s, load %.3f s, "
+                   "peak RSS %.1f MiB]\n",
+                   ids.size(), out.size(), s, model.attention_spec().c_str(), o->weights.c_str(),
+                   std::chrono::duration<double>(t_ready - t_load).count(),
+                   static_cast<double>(peak_resident_bytes()) / (1024.0 * 1024.0));
       return;
     }
     Row row;
@@ -91,6 +105,12 @@ void add_generate(CLI::App& app) {
     row["seconds"] = s;
     row["tokens_per_s"] = out.empty() ? 0.0 : static_cast<double>(out.size()) / s;
     row["attn"] = model.attention_spec();
+    row["weights"] = o->weights;
+    row["cpu_path"] = cpu_path_name(default_cpu_path());
+    // Opening + parsing the file (metadata, tokenizer) and building the model from it.
+    row["open_s"] = std::chrono::duration<double>(t_load - t_open).count();
+    row["load_s"] = std::chrono::duration<double>(t_ready - t_load).count();
+    row["peak_rss_mib"] = static_cast<double>(peak_resident_bytes()) / (1024.0 * 1024.0);
     row["profile_s"] = {{"embed", prof.embed}, {"norm", prof.norm}, {"qkv_gemm", prof.qkv_gemm},
                         {"rope_kv", prof.rope}, {"attention", prof.attention},
                         {"o_gemm", prof.o_gemm}, {"ffn_gemm", prof.ffn_gemm},

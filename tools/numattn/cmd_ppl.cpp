@@ -24,7 +24,7 @@ namespace numattn::cli {
 namespace {
 struct PplCliOptions {
   std::string model = "default", text = "default", attn = "exact.flash", baseline, format = "md",
-              bos = "auto", bda = "none";
+              bos = "auto", bda = "none", weights = "gguf";
   std::int64_t ctx = 512, chunks = -1;
   int threads = 0;
   bool no_progress = false, allow_long_ctx = false;
@@ -61,6 +61,11 @@ void add_ppl(CLI::App& app) {
                   "dense model")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
+  sub->add_option("--weights", o->weights,
+                  "weight storage: gguf (the file's encoding, read in place) or f32 (dequantized "
+                  "at load: the exactness reference)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gguf", "f32"}));
   sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o] {
@@ -99,13 +104,16 @@ void add_ppl(CLI::App& app) {
     const double tok_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     check_ppl_options(po, &hp, static_cast<std::int64_t>(tokens.size()));
     t0 = std::chrono::steady_clock::now();
-    LlamaModel model = LlamaModel::load(file, ctx);
+    LlamaModel model = LlamaModel::load(std::make_shared<const GgufFile>(std::move(file)), ctx,
+                                        parse_weight_storage(o->weights));
     std::unique_ptr<LlamaModel> dense;
     ModelBdaReport bda;
     if (o->bda != "none") {
-      // The baseline of the KL divergence: a second copy of every weight.
-      check_memory(4 * static_cast<std::uint64_t>(hp.weight_count(model.weights().output.empty())),
-                   "a dense copy of the model (the KL baseline of --bda)");
+      // The baseline of the KL divergence: a second copy of the model (of every weight with
+      // f32 storage; in place, copies share the mapped file).
+      if (!model.weights().in_place())
+        check_memory(4 * static_cast<std::uint64_t>(hp.weight_count(model.weights().output.empty())),
+                     "a dense copy of the model (the KL baseline of --bda)");
       dense = std::make_unique<LlamaModel>(model);
       bda = apply_bda(model, o->bda);
     }
@@ -162,6 +170,7 @@ void add_ppl(CLI::App& app) {
     const double gemm_time = pf.qkv_gemm + pf.o_gemm + pf.ffn_gemm + pf.output_gemm;
     row["forward_gemm_gflops"] = 2.0 * w_per_tok * static_cast<double>(r.tokens_processed) / gemm_time * 1e-9;
     row["threads"] = nt;
+    row["weights"] = o->weights;
     row["bos"] = o->bos;
     row["tokens_processed"] = r.tokens_processed;
     row["forward_s"] = r.seconds;

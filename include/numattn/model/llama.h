@@ -21,9 +21,15 @@
 /// of HF's q/k weights (which use the rotate-half layout) into the interleaved one.
 /// GQA: query head h reads KV head h / (Hq/Hkv) (contiguous groups).
 ///
-/// Storage: weights are dequantized to float32 at load (quant.h) and kept row-major
-/// `[out, in]` (PyTorch Linear layout = GGUF rows), with Wq|Wk|Wv stacked into one matrix and
-/// W_gate|W_up into another, so a layer is 4 GEMMs (blas::sgemm) over all N tokens.
+/// Storage (WeightStorage): by default the linear-layer weights and the embeddings stay in their
+/// GGUF encoding, read in place from the memory-mapped file (QuantMatrix, model/qgemv.h), with
+/// Wq|Wk|Wv stacked as one matrix of three parts and W_gate|W_up as one of two; only the norm
+/// vectors (and a BDA file's float32 projection) are copied. Loading is then parsing and
+/// validation, and a decode step reads each weight's 4.5–8.5 bits once. `kF32` dequantizes every
+/// weight at load into float32 row-major `[out, in]` matrices (the exactness reference).
+/// A decode step (few tokens) multiplies the blocks directly (quant_gemv); a prefill dequantizes
+/// panels of rows into an L2-resident float32 tile feeding blas::sgemm (quant_linear), so both
+/// storages run the same 4 GEMMs per layer and agree up to float32 summation order.
 /// Threads: one team (our `parallel_for`), BLAS single-threaded inside it. A prefill gives each
 /// thread a contiguous block of tokens for everything but attention (norms, GEMMs on its rows,
 /// RoPE, SwiGLU), so a layer has two synchronisation points; attention runs through the
@@ -31,8 +37,9 @@
 /// output features instead. OpenBLAS's own thread pool is not used: its workers spin after a
 /// GEMM and would compete with the team for the same cores.
 /// Cost per token: 2·(weights of all linear layers) FLOPs + attention (≈ 4·n_ctx·D per head).
-/// Memory: 4 bytes per weight (≈ 540 MB for SmolLM2-135M) + KV cache 2·L·Hkv·D·n_ctx floats.
-/// Every one of these allocations (weights at load, the KV cache, a forward call's activations
+/// Memory: the mapped file's pages (≈ 94 MB for SmolLM2-135M Q4_1, shared with the page cache;
+/// 4 bytes per weight, ≈ 540 MB, with kF32) + KV cache 2·L·Hkv·D·n_ctx floats.
+/// Every one of these allocations (kF32 weights at load, the KV cache, a forward call's activations
 /// and logits) is sized with checked arithmetic and compared with the machine's available
 /// memory first (core/memory.h): a request that does not fit is refused by a numattn::Error
 /// that gives both numbers, never a std::bad_alloc.
@@ -41,7 +48,9 @@
 /// positive rms_eps and rope.freq_base, context_length) and checks it against the shapes and
 /// types of the tensors it sizes *before* allocating anything, so the sizes it allocates are
 /// those of tensors that lie inside the file. Errors name the file, the GGUF key and the
-/// tensor. Dequantized weights must be finite (the first NaN/Inf is named by tensor and index).
+/// tensor. kF32: dequantized weights must be finite (the first NaN/Inf is named by tensor and
+/// index). In place, weights are not scanned at load (that would read the whole file); a
+/// non-finite weight then shows as a non-finite logit, which forward() refuses by position.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +62,7 @@
 #include "numattn/attention/method.h"
 #include "numattn/core/exec.h"
 #include "numattn/core/tensor.h"
+#include "numattn/model/qgemv.h"
 #include "numattn/transform/bd_projection.h"
 
 namespace numattn {
@@ -92,7 +102,18 @@ struct LlamaHParams {
   void validate(const std::string& source = "") const;
 };
 
-/// One decoder layer's float32 weights, row-major `[out, in]`.
+/// How a loaded model holds its weights.
+enum class WeightStorage {
+  kInPlace,  ///< GGUF encoding, read from the memory-mapped file (default; `--weights gguf`)
+  kF32,      ///< dequantized to float32 at load (`--weights f32`, the exactness reference)
+};
+/// "gguf" / "f32" (the CLI's `--weights` values).
+const char* weight_storage_name(WeightStorage s);
+/// Parses "gguf" or "f32"; throws numattn::Error naming both.
+WeightStorage parse_weight_storage(const std::string& name);
+
+/// One decoder layer's weights, row-major `[out, in]`: each linear layer is either a float32
+/// vector or (in place) the QuantMatrix beside it, never both.
 struct LlamaLayer {
   std::vector<float> attn_norm;  ///< [E]
   std::vector<float> wqkv;       ///< [(Hq+2Hkv)·D, E]: rows of Wq, then Wk, then Wv
@@ -104,13 +125,24 @@ struct LlamaLayer {
   std::vector<float> ffn_norm;   ///< [E]
   std::vector<float> w_gate_up;  ///< [2F, E]: rows of W_gate, then W_up
   std::vector<float> w_down;     ///< [E, F]
+  /// In-place storage of the same matrices (empty with float32 storage): parts Wq, Wk, Wv
+  /// (Wq, Wk when v_bd is set); Wo; W_gate, W_up; W_down.
+  QuantMatrix wqkv_q, wo_q, w_gate_up_q, w_down_q;
 };
 
 struct LlamaWeights {
-  std::vector<float> token_embd;   ///< [V, E]
+  std::vector<float> token_embd;   ///< [V, E] (empty in place)
   std::vector<float> output_norm;  ///< [E]
-  std::vector<float> output;       ///< [V, E]; empty = tied to token_embd
+  std::vector<float> output;       ///< [V, E]; empty = tied to token_embd (or held in place)
   std::vector<LlamaLayer> layers;
+  QuantMatrix token_embd_q, output_q;  ///< in place; output_q empty = tied
+  /// The mapped file the QuantMatrix parts point into (kept alive with the weights, so a copy
+  /// of the model or of its weights stays valid).
+  std::shared_ptr<const GgufFile> file;
+  /// True when the output matrix is token_embd (no output.weight in the file).
+  bool tied() const { return output.empty() && output_q.empty(); }
+  /// True when any matrix is held in place.
+  bool in_place() const { return !token_embd_q.empty(); }
 };
 
 /// Q/K/V of one layer for the N tokens of one forward call, handed to a capture callback.
@@ -181,11 +213,17 @@ struct ForwardOptions {
 
 class LlamaModel {
  public:
-  /// Reads hyper-parameters and dequantizes all weights (rows in parallel over `ctx`).
-  /// First `read_hparams` (no allocation before it passes), then the memory check, then
-  /// dequantization, which refuses a non-finite weight by tensor name and element index.
+  /// Reads hyper-parameters (read_hparams: nothing is allocated before it passes), then:
+  /// in place, records where each weight lies in the mapped file (no weight is read); kF32,
+  /// checks the memory and dequantizes every weight (rows in parallel over `ctx`), refusing a
+  /// non-finite one by tensor name and element index. The model keeps `file` alive.
+  static LlamaModel load(std::shared_ptr<const GgufFile> file, const ExecContext& ctx = {},
+                         WeightStorage storage = WeightStorage::kInPlace);
+  /// Opens (memory-maps) `path`, then as above.
+  static LlamaModel load(const std::string& path, const ExecContext& ctx = {},
+                         WeightStorage storage = WeightStorage::kInPlace);
+  /// Float32 storage from a file the caller owns (the model cannot keep a reference to it).
   static LlamaModel load(const GgufFile& file, const ExecContext& ctx = {});
-  static LlamaModel load(const std::string& path, const ExecContext& ctx = {});
   /// The hyper-parameters of a llama GGUF file, validated (LlamaHParams::validate) and checked
   /// against every tensor the model reads: presence, shape ([in, out] in GGUF order, as the
   /// keys give them), and a dequantizable type; `llama.vocab_size` and the tokenizer's token
@@ -201,7 +239,11 @@ class LlamaModel {
   const LlamaWeights& weights() const { return w_; }
   /// Mutable weights, for weight-level transforms; the shapes must be kept.
   LlamaWeights& mutable_weights() { return w_; }
+  /// The float32 output matrix ([V, E]), or nullptr when it is held in place.
   const float* output_matrix() const;
+  /// Bytes of weights one token's forward pass reads: every layer's matrices plus, when
+  /// `with_output`, the output matrix (in place: encoded bytes; float32: 4 per weight).
+  std::uint64_t weight_bytes_per_token(bool with_output = true) const;
 
   /// Sets the attention method of every layer from a spec list (make_attention_methods).
   /// Default: exact.flash everywhere.

@@ -1,0 +1,339 @@
+// Quantized matrix-vector products (model/qgemv.h): run-time path selection, the generic and
+// portable kernels, and the two drivers (quant_gemv for decode, quant_linear adding the
+// dequantized-panel GEMM for prefill).
+#include "numattn/model/qgemv.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "numattn/core/blas.h"
+#include "numattn/core/error.h"
+#include "numattn/model/quant.h"
+#include "qgemv_kernels.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#define NUMATTN_QGEMV_X86 1
+#endif
+
+namespace numattn {
+
+namespace {
+
+// ---- CPU features --------------------------------------------------------------------------
+
+struct CpuFeatures {
+  bool avx2 = false, avx512 = false;
+};
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#ifdef NUMATTN_QGEMV_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+  if (!osxsave || !avx) return f;
+  // The OS must save the vector registers on a context switch: XCR0 bits 1-2 (SSE, AVX) and,
+  // for AVX-512, bits 5-7 (opmask, upper halves of zmm0-15, zmm16-31).
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  const bool os_avx = (lo & 0x6u) == 0x6u, os_avx512 = (lo & 0xE6u) == 0xE6u;
+  if (__get_cpuid_max(0, nullptr) < 7) return f;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1,
+             vl = (b >> 31) & 1;
+  f.avx2 = os_avx && avx2 && fma && f16c;
+  f.avx512 = f.avx2 && os_avx512 && avx512f && dq && bw && vl;
+#endif
+  return f;
+}
+
+const CpuFeatures& features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+// ---- portable and generic kernels ---------------------------------------------------------
+
+// Eight partial sums: the compiler may vectorise them without reassociating anything.
+float dot_f32_portable(const float* a, const float* b, std::int64_t n) {
+  float acc[8] = {};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+  float s = 0;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (float v : acc) s += v;
+  return s;
+}
+
+const qkern::KernelTable* portable_table() {
+  static const qkern::KernelTable t{dot_f32_portable};
+  return &t;
+}
+
+const qkern::KernelTable* table(CpuPath p) {
+  switch (p) {
+    case CpuPath::kAvx512: return qkern::avx512_table();
+    case CpuPath::kAvx2: return qkern::avx2_table();
+    case CpuPath::kPortable: return portable_table();
+  }
+  return nullptr;
+}
+
+qkern::DotFn special(const qkern::KernelTable& t, GgmlType type) {
+  switch (type) {
+    case GgmlType::F32: return t.f32;
+    case GgmlType::F16: return t.f16;
+    case GgmlType::BF16: return t.bf16;
+    case GgmlType::Q8_0: return t.q8_0;
+    case GgmlType::Q4_0: return t.q4_0;
+    case GgmlType::Q4_1: return t.q4_1;
+    case GgmlType::Q6_K: return t.q6_k;
+    default: return nullptr;
+  }
+}
+
+// Default size from which a decode product is split over threads (quant_linear).
+constexpr std::uint64_t kGemvSplitBytes = std::uint64_t{8} << 20;
+
+// Pieces of at most 512 values (whole blocks) dequantized onto the stack, then one dot.
+constexpr std::int64_t kPiece = 512;
+
+float dot_generic(const GgmlTypeInfo& ti, GgmlType type, const std::uint8_t* row, const float* x,
+                  std::int64_t cols, qkern::DotF32Fn dot) {
+  alignas(64) float buf[kPiece];
+  const std::int64_t step = kPiece / ti.block_elems * ti.block_elems;
+  float s = 0;
+  for (std::int64_t j = 0; j < cols; j += step) {
+    const std::int64_t m = std::min(step, cols - j);
+    dequantize_row(type, row + j / ti.block_elems * ti.block_bytes, buf, m);
+    s += dot(buf, x + j, m);
+  }
+  return s;
+}
+
+}  // namespace
+
+const char* cpu_path_name(CpuPath p) {
+  switch (p) {
+    case CpuPath::kPortable: return "portable";
+    case CpuPath::kAvx2: return "avx2";
+    case CpuPath::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+CpuPath parse_cpu_path(const std::string& name) {
+  for (CpuPath p : {CpuPath::kPortable, CpuPath::kAvx2, CpuPath::kAvx512})
+    if (name == cpu_path_name(p)) return p;
+  throw Error(fmt::format("unknown CPU path '{}': use portable, avx2 or avx512", name));
+}
+
+bool cpu_path_available(CpuPath p) {
+  if (table(p) == nullptr) return false;
+  switch (p) {
+    case CpuPath::kPortable: return true;
+    case CpuPath::kAvx2: return features().avx2;
+    case CpuPath::kAvx512: return features().avx512;
+  }
+  return false;
+}
+
+std::vector<CpuPath> available_cpu_paths() {
+  std::vector<CpuPath> v;
+  for (CpuPath p : {CpuPath::kPortable, CpuPath::kAvx2, CpuPath::kAvx512})
+    if (cpu_path_available(p)) v.push_back(p);
+  return v;
+}
+
+CpuPath default_cpu_path() {
+  static const CpuPath p = [] {
+    if (const char* env = std::getenv("NUMATTN_CPU_PATH"); env != nullptr && *env != '\0') {
+      const CpuPath want = parse_cpu_path(env);
+      NUMATTN_CHECK(cpu_path_available(want),
+                    "NUMATTN_CPU_PATH={}: this CPU (or build) cannot run that path", env);
+      return want;
+    }
+    return available_cpu_paths().back();
+  }();
+  return p;
+}
+
+// ---- QuantMatrix ---------------------------------------------------------------------------
+
+void QuantMatrix::append(const GgufTensorInfo& t) {
+  for (std::size_t i = 2; i < t.ne.size(); ++i)
+    NUMATTN_CHECK(t.ne[i] == 1, "tensor {} has shape {}: a matrix needs 2 dimensions", t.name,
+                  t.shape_string());
+  const GgmlTypeInfo& ti = ggml_type_info(t.type);
+  NUMATTN_CHECK(ti.dequantizable, "tensor {} has type {}, which numattn cannot multiply", t.name,
+                ti.name);
+  NUMATTN_CHECK(parts.empty() || t.row_elems() == cols,
+                "tensor {} has rows of {} values, stacked under rows of {}", t.name,
+                t.row_elems(), cols);
+  NUMATTN_CHECK(t.data != nullptr || t.n_elements() == 0, "tensor {} has no data", t.name);
+  cols = t.row_elems();
+  parts.push_back({t.type, t.data, t.n_rows(), t.row_bytes()});
+}
+
+std::int64_t QuantMatrix::rows() const {
+  std::int64_t r = 0;
+  for (const Part& p : parts) r += p.rows;
+  return r;
+}
+
+std::uint64_t QuantMatrix::bytes() const {
+  std::uint64_t b = 0;
+  for (const Part& p : parts) b += static_cast<std::uint64_t>(p.rows * p.row_bytes);
+  return b;
+}
+
+void QuantMatrix::dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst) const {
+  NUMATTN_CHECK(r0 >= 0 && r0 <= r1 && r1 <= rows(), "rows [{}, {}) outside a matrix of {} rows",
+                r0, r1, rows());
+  std::int64_t base = 0;
+  for (const Part& p : parts) {
+    const std::int64_t a = std::max(r0, base), b = std::min(r1, base + p.rows);
+    if (a < b) {
+      const std::uint8_t* src = p.data + (a - base) * p.row_bytes;
+      float* out = dst + (a - r0) * cols;
+      // The vector dequantizers of the widest path for the prefill's hot types; their values
+      // equal dequantize_row's (q·d + m in one rounding where dequantize_row may take two).
+      const qkern::KernelTable& kt = *table(default_cpu_path());
+      const qkern::DeqFn fn = p.type == GgmlType::Q8_0   ? kt.deq_q8_0
+                              : p.type == GgmlType::Q4_1 ? kt.deq_q4_1
+                                                         : nullptr;
+      if (fn != nullptr) {
+        fn(src, out, (b - a) * cols);  // rows are contiguous: one call for all of them
+      } else {
+        dequantize_row(p.type, src, out, (b - a) * cols);
+      }
+    }
+    base += p.rows;
+  }
+}
+
+QuantMatrix QuantMatrix::first_rows(std::int64_t r) const {
+  NUMATTN_CHECK(r >= 0 && r <= rows(), "first {} rows of a matrix of {} rows", r, rows());
+  QuantMatrix m;
+  m.cols = cols;
+  for (const Part& p : parts) {
+    if (r == 0) break;
+    Part q = p;
+    q.rows = std::min(p.rows, r);
+    r -= q.rows;
+    m.parts.push_back(q);
+  }
+  return m;
+}
+
+std::string QuantMatrix::type_string() const {
+  std::string s;
+  std::vector<GgmlType> seen;
+  for (const Part& p : parts) {
+    if (std::find(seen.begin(), seen.end(), p.type) != seen.end()) continue;
+    seen.push_back(p.type);
+    if (!s.empty()) s += '+';
+    s += ggml_type_name(p.type);
+  }
+  return s;
+}
+
+// ---- drivers -------------------------------------------------------------------------------
+
+void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const float* x,
+                std::int64_t n, std::int64_t ldx, float* y, std::int64_t ldy, bool accumulate,
+                CpuPath path) {
+  NUMATTN_CHECK(cpu_path_available(path), "CPU path {} is not available on this machine",
+                cpu_path_name(path));
+  NUMATTN_CHECK(o0 >= 0 && o0 <= o1 && o1 <= w.rows() && n >= 0,
+                "quant_gemv: rows [{}, {}) of a matrix of {} rows, {} vectors", o0, o1, w.rows(), n);
+  if (o0 == o1 || n == 0) return;
+  const qkern::KernelTable& kt = *table(path);
+  const std::int64_t cols = w.cols;
+  std::int64_t base = 0;
+  for (const QuantMatrix::Part& p : w.parts) {
+    const std::int64_t a = std::max(o0, base), b = std::min(o1, base + p.rows);
+    if (a < b) {
+      const GgmlTypeInfo& ti = ggml_type_info(p.type);
+      const qkern::DotFn fn = special(kt, p.type);
+      for (std::int64_t o = a; o < b; ++o) {
+        const std::uint8_t* row = p.data + (o - base) * p.row_bytes;
+        for (std::int64_t r = 0; r < n; ++r) {
+          const float* xr = x + r * ldx;
+          const float s = fn ? fn(row, xr, nullptr, cols)
+                             : dot_generic(ti, p.type, row, xr, cols, kt.dot_f32);
+          float& out = y[r * ldy + o];
+          out = accumulate ? out + s : s;
+        }
+      }
+    }
+    base += p.rows;
+  }
+}
+
+void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, std::int64_t n,
+                  float* y, bool accumulate, std::int64_t ldy, CpuPath path) {
+  NUMATTN_CHECK(!w.empty(), "quant_linear: empty matrix");
+  const std::int64_t out = w.rows(), in = w.cols;
+  if (ldy <= 0) ldy = out;
+  if (n <= 0 || out == 0) return;
+  const int nt = ctx.num_threads();
+  if (n <= kQuantGemvMaxBatch) {
+    // Row slices in multiples of 16 (cache lines of y, whole rows of the kernels). Each split
+    // is a fork and a join of the team: a few microseconds on an idle machine, but a scheduler
+    // time slice when the cores are oversubscribed and a worker is descheduled. Measured on 2
+    // shared cores at load 19 (SmolLM2-135M Q4_1, 2 threads): splitting every matrix (121
+    // joins per token) 0.35 tokens/s, matrices >= 1 MiB 0.86, only the 30 MB output matrix
+    // 5.2. So by default only matrices of at least kGemvSplitBytes are split;
+    // NUMATTN_GEMV_SPLIT=<bytes> lowers it for an idle machine (docs/model-runner.md).
+    static const std::uint64_t min_split = [] {
+      const char* e = std::getenv("NUMATTN_GEMV_SPLIT");
+      return e != nullptr && *e != '\0' ? std::strtoull(e, nullptr, 10) : kGemvSplitBytes;
+    }();
+    const bool split = nt > 1 && w.bytes() * static_cast<std::uint64_t>(n) >= min_split;
+    if (!split) {
+      quant_gemv(w, 0, out, x, n, in, y, ldy, accumulate, path);
+      return;
+    }
+    const std::int64_t units = (out + 15) / 16;
+    const std::int64_t parts = std::min<std::int64_t>(nt, units);
+    parallel_for(ctx, parts, [&](std::int64_t p) {
+      const std::int64_t a = std::min(out, units * p / parts * 16);
+      const std::int64_t b = std::min(out, units * (p + 1) / parts * 16);
+      quant_gemv(w, a, b, x, n, in, y, ldy, accumulate, path);
+    });
+    return;
+  }
+  // Panels of rows dequantized into a float32 tile of up to 4 MiB, each one sgemm; rows in
+  // multiples of 16 (the BLAS micro-kernel). The BLAS packs the tile into its own cache-sized
+  // panels anyway, so the tile need not fit a cache; what matters is that each sgemm call
+  // re-packs all n rows of x, so few, wide tiles are faster: measured on SmolLM2's FFN
+  // (K = 576 and 1536), 256 KiB tiles ran prefill about 25% slower than the float32 path, 4 MiB
+  // tiles (the whole 1536×576 matrix of a part) at its speed.
+  constexpr std::int64_t kTileFloats = std::int64_t{1} << 20;
+  const std::int64_t tile_rows = std::clamp<std::int64_t>(kTileFloats / in / 16 * 16, 16, 4096);
+  const std::int64_t tiles = (out + tile_rows - 1) / tile_rows;
+  const float beta = accumulate ? 1.f : 0.f;
+  auto run = [&](std::int64_t t0, std::int64_t t1) {
+    thread_local std::vector<float> tile;
+    tile.resize(static_cast<std::size_t>(tile_rows * in));
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t a = t * tile_rows, b = std::min(out, a + tile_rows);
+      w.dequantize_rows(a, b, tile.data());
+      blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, b - a, in, 1.f, x, in, tile.data(), in,
+                  beta, y + a, ldy);
+    }
+  };
+  const bool split = nt > 1 && tiles > 1 && n * in * out >= (std::int64_t{1} << 23);
+  if (!split) {
+    run(0, tiles);
+    return;
+  }
+  const std::int64_t parts = std::min<std::int64_t>(nt, tiles);
+  parallel_for(ctx, parts, [&](std::int64_t p) { run(tiles * p / parts, tiles * (p + 1) / parts); });
+}
+
+}  // namespace numattn

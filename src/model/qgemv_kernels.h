@@ -1,0 +1,37 @@
+// Internal: the per-instruction-set kernel tables behind quant_gemv (model/qgemv.h).
+//
+// Each vector path lives in its own translation unit compiled for its instruction set by a
+// target pragma (not by the build's -march), so a portable build still carries the AVX2 and
+// AVX-512 kernels and picks one at run time. Those files include only C headers and
+// <immintrin.h> after the pragma and define nothing with external linkage except their table
+// getter: an inline function or template compiled there for AVX-512 could otherwise be chosen
+// by the linker for a caller on a CPU without it.
+#pragma once
+
+#include <cstdint>
+
+namespace numattn::qkern {
+
+// Σ_j w_j·x_j over one row of `cols` elements in its block encoding. `xsum32` is reserved for
+// kernels that factor a block's offset out (Σ of x over each 32-block); none does today (see
+// dot_q4 for why), and callers pass nullptr.
+using DotFn = float (*)(const std::uint8_t* row, const float* x, const float* xsum32,
+                        std::int64_t cols);
+using DotF32Fn = float (*)(const float* a, const float* b, std::int64_t n);
+// Dequantizes `cols` values (whole blocks) of one row into dst, as dequantize_row does.
+using DeqFn = void (*)(const std::uint8_t* row, float* dst, std::int64_t cols);
+
+// One path's kernels; nullptr = the generic kernel (dequantize a piece, then dot_f32).
+struct KernelTable {
+  DotF32Fn dot_f32 = nullptr;  // required
+  DotFn f32 = nullptr, f16 = nullptr, bf16 = nullptr, q8_0 = nullptr, q4_0 = nullptr,
+        q4_1 = nullptr, q6_k = nullptr;
+  // Vector dequantizers for the prefill's panels (nullptr = dequantize_row).
+  DeqFn deq_q8_0 = nullptr, deq_q4_1 = nullptr;
+};
+
+// nullptr when the path was not compiled (another architecture than x86-64).
+const KernelTable* avx2_table();
+const KernelTable* avx512_table();
+
+}  // namespace numattn::qkern

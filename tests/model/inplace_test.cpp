@@ -1,0 +1,163 @@
+// Weights held in place (GGUF encoding, memory-mapped) against the float32 reference storage:
+// the same log-probabilities within 1e-5 per token through a batched prefill (the dequantized
+// panel + sgemm path) and token-by-token decoding (the quantized GEMV path), with BD Attention
+// applied, with the capture hook, and on the default model when it is cached.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "numattn/core/error.h"
+#include "numattn/model/bda_model.h"
+#include "numattn/model/data.h"
+#include "numattn/model/gguf.h"
+#include "numattn/model/llama.h"
+#include "numattn/model/tokenizer.h"
+#include "support/tiny_llama.h"
+
+namespace numattn {
+namespace {
+
+bool quick() { return std::getenv("NUMATTN_TEST_QUICK") != nullptr; }
+
+// Natural-log softmax of each row of `logits` [rows, V], in float64.
+std::vector<double> log_probs(const std::vector<float>& logits, std::int64_t V) {
+  std::vector<double> out(logits.size());
+  for (std::size_t r = 0; r < logits.size() / static_cast<std::size_t>(V); ++r) {
+    const float* l = logits.data() + r * static_cast<std::size_t>(V);
+    const double m = *std::max_element(l, l + V);
+    double s = 0;
+    for (std::int64_t v = 0; v < V; ++v) s += std::exp(l[v] - m);
+    const double lse = m + std::log(s);
+    for (std::int64_t v = 0; v < V; ++v) out[r * static_cast<std::size_t>(V) + static_cast<std::size_t>(v)] = l[v] - lse;
+  }
+  return out;
+}
+
+// Log-probs of every position: a prefill of `prompt` (all rows), then `steps` decode steps
+// feeding the tokens `follow` one at a time.
+std::vector<double> run(const LlamaModel& m, const std::vector<std::int32_t>& prompt,
+                        const std::vector<std::int32_t>& follow, const ExecContext& ctx) {
+  const std::int64_t V = m.hparams().n_vocab;
+  KvCache c = m.make_cache(static_cast<std::int64_t>(prompt.size() + follow.size()));
+  std::vector<double> all = log_probs(m.forward(prompt, c, ctx), V);
+  for (std::int32_t t : follow) {
+    const auto lp = log_probs(m.forward({t}, c, ctx), V);
+    all.insert(all.end(), lp.begin(), lp.end());
+  }
+  return all;
+}
+
+// Largest |a − b| / max(1, |b|) over all positions and vocabulary entries. Relative past 1:
+// the tied tiny model gives log-probs near −46, where one float32 ulp of a logit is 4e-6, so
+// two float32 summation orders can differ by a few 1e-5 there and by far less near 0.
+double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    d = std::max(d, std::abs(a[i] - b[i]) / std::max(1.0, std::abs(b[i])));
+  return d;
+}
+
+TEST(InPlace, TinyModelEqualsFloat32StorageEveryTypeAndBda) {
+  const std::vector<std::int32_t> prompt = {1, 17, 5, 63, 40, 2, 9, 33, 12, 8, 61, 0, 27};
+  const std::vector<std::int32_t> follow = {4, 44, 19, 7, 50, 3};
+  for (bool tied : {false, true})
+    for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0,
+                          GgmlType::Q4_0, GgmlType::Q4_1}) {
+      SCOPED_TRACE(::testing::Message() << ggml_type_name(type) << " tied=" << tied);
+      const test::TinyTensors T = test::make_tiny(tied);
+      const std::string path = test::write_gguf(T, "inplace_" + ggml_type_name(type) + ".gguf", type);
+      for (int threads : {1, 2}) {
+        const ExecContext ctx{threads};
+        LlamaModel f32 = LlamaModel::load(path, ctx, WeightStorage::kF32);
+        LlamaModel inp = LlamaModel::load(path, ctx);
+        ASSERT_TRUE(inp.weights().in_place());
+        ASSERT_FALSE(f32.weights().in_place());
+        EXPECT_EQ(inp.weights().tied(), tied);
+        EXPECT_TRUE(inp.weights().layers[0].wqkv.empty());
+        if (type != GgmlType::F32)
+          EXPECT_LT(inp.weight_bytes_per_token(), f32.weight_bytes_per_token());
+        EXPECT_LE(max_diff(run(inp, prompt, follow, ctx), run(f32, prompt, follow, ctx)), 1e-5);
+        // BD Attention (VO): W_o' and the BD projection are float32, Q|K stay in place.
+        apply_bda(f32, "vo");
+        apply_bda(inp, "vo");
+        const LlamaLayer& L = inp.weights().layers[1];
+        EXPECT_TRUE(L.v_bd && L.wo_q.empty() && !L.wo.empty());
+        EXPECT_EQ(L.wqkv_q.rows(), (4 + 2) * 8);
+        EXPECT_LE(max_diff(run(inp, prompt, follow, ctx), run(f32, prompt, follow, ctx)), 1e-5);
+      }
+    }
+}
+
+TEST(InPlace, CaptureSeesTheSameQkvAndCopiesOutliveTheLoader) {
+  const test::TinyTensors T = test::make_tiny(false);
+  const std::string path = test::write_gguf(T, "inplace_cap.gguf", GgmlType::Q8_0);
+  const ExecContext ctx{2};
+  const LlamaModel f32 = LlamaModel::load(path, ctx, WeightStorage::kF32);
+  // A copy made from a temporary: the mapping lives on in the copy's weights.
+  const LlamaModel inp = [&] {
+    const LlamaModel tmp = LlamaModel::load(path, ctx);
+    return LlamaModel(tmp);
+  }();
+  std::vector<std::vector<float>> a, b;
+  auto grab = [](std::vector<std::vector<float>>& into) {
+    return [&into](const QkvCapture& c) {
+      std::vector<float> v;
+      for (std::int64_t h = 0; h < c.q_post.shape[1]; ++h)
+        for (std::int64_t n = 0; n < c.q_post.shape[2]; ++n)
+          for (std::int64_t d = 0; d < c.q_post.shape[3]; ++d) v.push_back(c.q_post(0, h, n, d));
+      into.push_back(v);
+    };
+  };
+  const std::vector<std::int32_t> toks = {3, 9, 27, 1, 60, 22, 5};
+  for (auto* pr : {&a, &b}) {
+    const LlamaModel& m = pr == &a ? f32 : inp;
+    KvCache c = m.make_cache(8);
+    ForwardOptions o;
+    o.capture = grab(*pr);
+    m.forward(toks, c, ctx, o);
+  }
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (std::size_t l = 0; l < 2; ++l)
+    for (std::size_t i = 0; i < a[l].size(); ++i) EXPECT_NEAR(a[l][i], b[l][i], 1e-5 * (1 + std::abs(a[l][i])));
+}
+
+TEST(InPlace, DefaultModelLogProbsEqualFloat32Storage) {
+  std::string path;
+  try {
+    path = default_model_path();
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  const ExecContext ctx{2};
+  auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
+  const Tokenizer tok = Tokenizer::from_gguf(*file);
+  auto ids = tok.encode(
+      "It is a truth universally acknowledged, that a single man in possession of a good "
+      "fortune, must be in want of a wife. However little known the feelings or views of such "
+      "a man may be on his first entering a neighbourhood, this truth is so well fixed in the "
+      "minds of the surrounding families.",
+      tok.add_bos(), false);
+  const std::size_t n_prompt = quick() ? 12 : 48, n_follow = quick() ? 2 : 6;
+  ASSERT_GE(ids.size(), n_prompt + n_follow);
+  const std::vector<std::int32_t> prompt(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n_prompt));
+  const std::vector<std::int32_t> follow(ids.begin() + static_cast<std::ptrdiff_t>(n_prompt),
+                                         ids.begin() + static_cast<std::ptrdiff_t>(n_prompt + n_follow));
+  const LlamaModel inp = LlamaModel::load(file, ctx);
+  const std::vector<double> a = run(inp, prompt, follow, ctx);
+  const LlamaModel f32 = LlamaModel::load(*file, ctx);
+  const std::vector<double> b = run(f32, prompt, follow, ctx);
+  const double d = max_diff(a, b);
+  RecordProperty("max_logprob_diff", std::to_string(d));
+  EXPECT_LE(d, 1e-5);
+  // The whole model's weights read per token: about the file's size (Q4_1 + Q8_0 output).
+  EXPECT_LT(inp.weight_bytes_per_token(), file->file_size());
+  EXPECT_GT(inp.weight_bytes_per_token(), file->file_size() / 2);
+}
+
+}  // namespace
+}  // namespace numattn

@@ -1,0 +1,173 @@
+// numattn bench-model: prefill and decode tokens/s of a GGUF model at several context lengths,
+// the weight bytes a decode step reads, and the memory-bandwidth roofline measured in the same
+// run (a streaming read of a buffer larger than the last-level cache).
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "numattn/model/bench_model.h"
+#include "numattn/model/data.h"
+#include "numattn/model/gguf.h"
+#include "numattn/model/llama.h"
+#include "numattn/model/qgemv.h"
+
+namespace numattn::cli {
+
+namespace {
+struct BenchModelOptions {
+  std::string model = "default", ctx = "0,128,512", weights = "gguf", format = "md";
+  std::int64_t decode = 64;
+  int threads = 0, reps = 1;
+  double bandwidth_mib = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+void add_bench_model(CLI::App& app) {
+  auto o = std::make_shared<BenchModelOptions>();
+  auto* sub = app.add_subcommand(
+      "bench-model",
+      "prefill and decode tokens/s of a GGUF model at several context lengths, bytes read per "
+      "decoded token, and the same-run memory-bandwidth roofline");
+  sub->add_option("--model", o->model, "GGUF file, or 'default'")->capture_default_str();
+  sub->add_option("--ctx", o->ctx,
+                  "comma-separated context lengths: each row prefills that many tokens (0 = "
+                  "one token, as llama-bench's tg test), then decodes --decode tokens after them")
+      ->capture_default_str();
+  sub->add_option("--decode", o->decode, "tokens decoded one at a time after each prefill")
+      ->capture_default_str();
+  sub->add_option("--weights", o->weights,
+                  "weight storage: gguf (the file's encoding, in place) or f32 (dequantized)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gguf", "f32"}));
+  sub->add_option("--reps", o->reps, "repetitions of each row (the median is reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  sub->add_option("--bandwidth-mib", o->bandwidth_mib,
+                  "size of the streaming-read buffer in MiB (0 = twice the last-level cache, at "
+                  "least 256 MiB)")
+      ->capture_default_str();
+  add_common(*sub, &o->threads, &o->format);
+  sub->callback([o] {
+    ExecContext ctx{o->threads};
+    const int nt = ctx.num_threads();
+    NUMATTN_CHECK_OPTION(o->decode >= 1, "decode", "must be at least 1, got {}", o->decode);
+    NUMATTN_CHECK_OPTION(o->bandwidth_mib >= 0, "bandwidth-mib", "must be >= 0, got {}",
+                         o->bandwidth_mib);
+    std::vector<std::int64_t> lens;
+    for (const std::string& s : split_list(o->ctx)) {
+      std::int64_t v = -1;
+      try {
+        std::size_t used = 0;
+        v = std::stoll(s, &used);
+        if (used != s.size()) v = -1;
+      } catch (...) {
+      }
+      NUMATTN_CHECK_OPTION(v >= 0, "ctx", "'{}' is not a context length (a whole number >= 0)", s);
+      lens.push_back(v);
+    }
+    NUMATTN_CHECK_OPTION(!lens.empty(), "ctx", "is empty");
+    const std::string path = resolve_model_path(o->model);
+    const auto t_open = std::chrono::steady_clock::now();
+    auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
+    const LlamaHParams hp = LlamaModel::read_hparams(*file);
+    const double open_s = seconds_since(t_open);
+    for (std::int64_t L : lens)
+      NUMATTN_CHECK_OPTION(std::max<std::int64_t>(L, 1) + o->decode <= hp.n_ctx_train, "ctx",
+                           "{} + {} decoded tokens exceed the model's trained context {}", L,
+                           o->decode, hp.n_ctx_train);
+    const auto t_load = std::chrono::steady_clock::now();
+    const LlamaModel model = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
+    const double load_s = seconds_since(t_load);
+
+    // Deterministic tokens: speed does not depend on what they are.
+    auto tokens = [&](std::int64_t n, std::int64_t seed) {
+      std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i)
+        t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((seed * 7919 + i * 104729) % hp.n_vocab);
+      return t;
+    };
+    const std::uint64_t weight_bytes = model.weight_bytes_per_token(true);
+    struct Measured {
+      std::int64_t L, n_prompt;
+      double prefill, decode;
+    };
+    std::vector<Measured> ms;
+    for (std::int64_t L : lens) {
+      const std::int64_t n_prompt = std::max<std::int64_t>(L, 1);
+      std::vector<double> pre_tps, dec_tps;
+      for (int r = 0; r < o->reps; ++r) {
+        KvCache cache = model.make_cache(n_prompt + o->decode);
+        ForwardOptions po;
+        po.logits_begin = n_prompt - 1;
+        auto t0 = std::chrono::steady_clock::now();
+        std::vector<float> logits = model.forward(tokens(n_prompt, L), cache, ctx, po);
+        pre_tps.push_back(static_cast<double>(n_prompt) / seconds_since(t0));
+        t0 = std::chrono::steady_clock::now();
+        std::int32_t next = 0;
+        for (std::int64_t i = 0; i < o->decode; ++i) {
+          next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          logits = model.forward({next}, cache, ctx);
+        }
+        dec_tps.push_back(static_cast<double>(o->decode) / seconds_since(t0));
+      }
+      ms.push_back({L, n_prompt, median(pre_tps), median(dec_tps)});
+    }
+    // Peak resident memory of the model's own work, before the bandwidth buffer below exists.
+    const std::uint64_t rss = peak_resident_bytes();
+    // The roofline: bytes a decode step must read ÷ the rate this machine streams them, both
+    // measured in this run. The buffer exceeds the last-level cache so the reads come from
+    // memory; a model that fits in that cache may beat this roofline (its weights can stay
+    // cached between tokens), which the row's roofline_fraction then shows as > 1.
+    const std::uint64_t llc = last_level_cache_bytes();
+    const std::uint64_t bw_bytes =
+        o->bandwidth_mib > 0 ? static_cast<std::uint64_t>(o->bandwidth_mib * 1024 * 1024)
+                             : std::max<std::uint64_t>(2 * llc, std::uint64_t{256} << 20);
+    const double bw = measure_read_bandwidth(bw_bytes, 5, ctx);
+    std::vector<Row> rows;
+    for (const Measured& m : ms) {
+      const std::int64_t L = m.L, n_prompt = m.n_prompt;
+      // KV cache read by the average decode step (K and V of every layer, float32).
+      const double mid_ctx = static_cast<double>(n_prompt) + static_cast<double>(o->decode) / 2;
+      const double kv_bytes = 2.0 * static_cast<double>(hp.n_layer * hp.n_head_kv * hp.head_dim) * 4 * mid_ctx;
+      const double bytes_tok = static_cast<double>(weight_bytes) + kv_bytes;
+      const double roof = bw / bytes_tok;
+      const double dec = m.decode;
+      Row row;
+      row["model"] = path;
+      row["weights"] = o->weights;
+      row["cpu_path"] = cpu_path_name(default_cpu_path());
+      row["threads"] = nt;
+      row["ctx"] = L;
+      row["prefill_tokens"] = n_prompt;
+      row["prefill_tokens_per_s"] = L > 0 ? Row(m.prefill) : Row();
+      row["decode_tokens"] = o->decode;
+      row["decode_tokens_per_s"] = dec;
+      row["weight_bytes_per_token"] = weight_bytes;
+      row["kv_bytes_per_token"] = kv_bytes;
+      row["bytes_per_token"] = bytes_tok;
+      row["read_bandwidth_gbs"] = bw * 1e-9;
+      row["bandwidth_buffer_mib"] = static_cast<double>(bw_bytes) / (1024.0 * 1024.0);
+      row["llc_mib"] = static_cast<double>(llc) / (1024.0 * 1024.0);
+      row["roofline_tokens_per_s"] = roof;
+      row["roofline_fraction"] = dec / roof;
+      row["decode_gbs"] = dec * bytes_tok * 1e-9;
+      row["file_mib"] = static_cast<double>(file->file_size()) / (1024.0 * 1024.0);
+      row["open_s"] = open_s;
+      row["load_s"] = load_s;
+      row["peak_rss_mib"] = static_cast<double>(rss) / (1024.0 * 1024.0);
+      rows.push_back(row);
+    }
+    print_table(std::cout, rows, parse_format(o->format), false);
+  });
+}
+
+NUMATTN_COMMAND(72, add_bench_model);
+
+}  // namespace numattn::cli
