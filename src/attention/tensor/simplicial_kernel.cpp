@@ -114,8 +114,8 @@ RowResult row_portable(const RowJob& job, RowScratch& sc) {
 
 #if defined(__AVX512F__)
 // ---------------------------------------------------------------------------------------------
-// AVX-512 kernel: S tiles register-blocked 8 keys j × 16 lanes of k, U tiles 2 keys j × up to
-// 64 value lanes.
+// AVX-512 kernel: S tiles register-blocked 16 (or 8) keys j × 16 lanes of k, U tiles 4 keys j ×
+// up to 64 value lanes.
 
 template <int R>
 inline void s_block(const float* const* kr, const float* w, index_t nkp, index_t dk, float* s) {
@@ -153,8 +153,9 @@ inline void u_block(const float* p, index_t nkp, index_t nk, const float* v2, co
 template <int NT>
 void u_tile(const float* p, index_t nt, index_t nkp, index_t nk, const float* v2, const float* v1, index_t dvp,
             float* acc) {
+  // 4 keys j at a time: per k, NT loads of v'_k and 4 broadcasts feed 4·NT FMAs.
   index_t r = 0;
-  for (; r + 2 <= nt; r += 2) u_block<NT, 2>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
+  for (; r + 4 <= nt; r += 4) u_block<NT, 4>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
   for (; r < nt; ++r) u_block<NT, 1>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
 }
 
@@ -177,7 +178,9 @@ RowResult row_avx512(const RowJob& job, RowScratch& sc) {
   for (index_t j0 = 0; j0 < job.nj; j0 += kTJ) {
     const index_t nt = std::min(kTJ, job.nj - j0);
     for (index_t c = 0; c < nkc; ++c) {
+      // 16 keys j at a time: per d one W load feeds 16 FMAs (16 accumulators + W in registers).
       index_t r = 0;
+      for (; r + 16 <= nt; r += 16) s_block<16>(job.kj + j0 + r, sc.w.data() + c * kL, nkp, dk, sc.s.data() + r * nkp + c * kL);
       for (; r + 8 <= nt; r += 8) s_block<8>(job.kj + j0 + r, sc.w.data() + c * kL, nkp, dk, sc.s.data() + r * nkp + c * kL);
       for (; r < nt; ++r) s_block<1>(job.kj + j0 + r, sc.w.data() + c * kL, nkp, dk, sc.s.data() + r * nkp + c * kL);
     }
