@@ -46,7 +46,7 @@ void register_all() {
             }
             ExecContext ctx{1};
             for (auto _ : state) method->forward(p, ctx);
-            state.counters["GFLOPS"] = benchmark::Counter(attention_flops(p), benchmark::Counter::kIsIterationInvariantRate);
+            state.counters["GFLOPS"] = benchmark::Counter(method->flops(p), benchmark::Counter::kIsIterationInvariantRate);
             ErrorMetrics m = compare_with_reference(p, reference_sample(p, 64, 7, ExecContext{1}));
             state.counters["rel_fro_error"] = m.rel_fro_error;
             state.counters["workspace_bytes"] = static_cast<double>(method->workspace_bytes(p, ctx));

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "attention/ordered_errors.h"
+#include "numattn/attention/simplicial.h"
 #include "numattn/core/rng.h"
 
 namespace numattn {
@@ -17,6 +18,8 @@ constexpr double kNegligibleLogitGap = 104.0;
 
 double reference_row(const AttentionProblem& p, index_t b, index_t h, index_t i, double* out_row,
                      double* logit_magnitude, const Target& target) {
+  if (target.kind == TargetKind::kSimplicial)  // pairs of keys: its own oracle (simplicial.h)
+    return simplicial_reference_row(p, p.k, p.v, target.window1, target.window2, b, h, i, out_row, logit_magnitude);
   const index_t dk = p.d_qk(), dv = p.d_v(), hk = h / p.group();
   const double scale = p.effective_scale();
   const double ninf = -std::numeric_limits<double>::infinity();
@@ -89,6 +92,7 @@ double reference_row(const AttentionProblem& p, index_t b, index_t h, index_t i,
         mag[at] = aw;
         break;
       }
+      case TargetKind::kSimplicial: break;  // handled above
     }
   }
   if (!q_checked) return ninf;

@@ -30,6 +30,14 @@ Target Target::feature(std::string name, FeatureMapFn phi, std::function<index_t
   return t;
 }
 
+Target Target::simplicial(index_t w1, index_t w2) {
+  Target t;
+  t.kind = TargetKind::kSimplicial;
+  t.window1 = w1;
+  t.window2 = w2;
+  return t;
+}
+
 std::string Target::name() const {
   std::string n;
   switch (kind) {
@@ -40,6 +48,7 @@ std::string Target::name() const {
       n = fmt::format("feature-map({}{})", feature_name,
                       denominator_shift != 0 ? fmt::format(",c={:g}", denominator_shift) : "");
       break;
+    case TargetKind::kSimplicial: n = fmt::format("2-simplicial(w1={},w2={})", window1, window2); break;
   }
   return normalised ? n : n + ",unnormalised";
 }

@@ -198,7 +198,7 @@ Row run_method_row(const AttentionMethod& method, const AttentionProblem& p, Row
     return row;
   }
   row["time_ms"] = ms;
-  row["gflops"] = attention_flops(p) / (ms * 1e-3) * 1e-9;
+  row["gflops"] = method.flops(p) / (ms * 1e-3) * 1e-9;
   const std::string status =
       add_error_columns(row, p, method.target(), rows_to_check(p, check_rows), check_seed, ctx);
   row["workspace_bytes"] = method.workspace_bytes(p, ctx);

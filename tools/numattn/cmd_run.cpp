@@ -130,7 +130,7 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
   }
   Row row = problem_row(method, p, ctx, nullptr, source);
   row["time_ms"] = ms;
-  row["gflops"] = attention_flops(p) / (ms * 1e-3) * 1e-9;
+  row["gflops"] = method.flops(p) / (ms * 1e-3) * 1e-9;
   const std::string status = add_error_columns(row, p, method.target(), rows_to_check(p, o.check_rows), 12345, ctx);
   row["workspace_bytes"] = method.workspace_bytes(p, ctx);
   row["status"] = status;

@@ -102,6 +102,11 @@ class AttentionMethod {
   /// The mechanism this method computes or approximates (target.h), at its parameters. Softmax
   /// unless the method replaces it; `AccuracyContract` promises are about this target.
   virtual Target target() const { return Target::softmax(); }
+  /// FLOPs of `forward` on `p` under the method's own FLOP model, the numerator of every
+  /// GFLOP/s and efficiency figure. Softmax attention's model (`attention_flops`) unless the
+  /// method computes another mechanism whose work that model does not count (tensor.simplicial:
+  /// key pairs, not query–key products).
+  virtual double flops(const AttentionProblem& p) const { return attention_flops(p); }
   /// Peak scratch memory `forward` allocates for `p` on `ctx` (bytes), beyond inputs/outputs.
   virtual std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
     return 0;

@@ -23,6 +23,12 @@
 /// | polynomial  | (s·q·k)^p                         | `denominator_shift`  |
 /// | feature map | φ(q)·φ(k), φ given                | `denominator_shift`  |
 ///
+/// 2-simplicial (`kSimplicial`, Clift et al. 2019; Roy et al. 2025; tensor.simplicial) is the
+/// one target that is not a kernel over single keys: a softmax over key *pairs* (j, k) with the
+/// trilinear logit s·Σ_d q_d k_jd k'_kd and the value v_j ⊙ v'_k, j and k in sliding windows of
+/// `window1` / `window2` keys (attention/simplicial.h has the definition; its float64 row is
+/// `simplicial_reference_row`). The registered method and the reference use K' = K, V' = V.
+///
 /// Normalised, the Gaussian kernel is softmax with a per-key bias −s‖k‖²/2 (the ‖q‖² factor
 /// cancels). The reference evaluates exponentials relative to the row's largest exponent, so no
 /// target overflows in float64 for finite float32 inputs.
@@ -35,7 +41,7 @@
 
 namespace numattn {
 
-enum class TargetKind { kSoftmax, kGaussian, kPolynomial, kFeatureMap };
+enum class TargetKind { kSoftmax, kGaussian, kPolynomial, kFeatureMap, kSimplicial };
 
 /// φ: writes `feature_dim(d)` doubles for one d-vector `x`; `scale` is s above.
 using FeatureMapFn = std::function<void(const double* x, index_t d, double scale, double* phi)>;
@@ -48,6 +54,7 @@ struct Target {
   FeatureMapFn feature_map;                         ///< kFeatureMap
   std::function<index_t(index_t d)> feature_dim;    ///< kFeatureMap: dimension of φ(x)
   std::string feature_name;                         ///< kFeatureMap: e.g. "elu+1"
+  index_t window1 = 0, window2 = 0;                 ///< kSimplicial: key windows of j and k
 
   static Target softmax() { return {}; }
   static Target gaussian();
@@ -56,8 +63,12 @@ struct Target {
   static Target feature(std::string name, FeatureMapFn phi, std::function<index_t(index_t)> dim,
                         double denominator_shift = 0, bool normalised = true);
 
+  /// 2-simplicial attention over pairs of keys in windows w1 (j) and w2 (k), both ≥ 1.
+  static Target simplicial(index_t w1, index_t w2);
+
   bool is_softmax() const { return kind == TargetKind::kSoftmax; }
-  /// "softmax", "gaussian", "polynomial(p=4,c=1)", "feature-map(elu+1)", with ",unnormalised".
+  /// "softmax", "gaussian", "polynomial(p=4,c=1)", "feature-map(elu+1)", "2-simplicial(w1=64,w2=16)",
+  /// with ",unnormalised".
   std::string name() const;
 };
 
