@@ -158,6 +158,23 @@ void load_tensor(const GgufFile& f, const std::string& name, float* dst, std::in
   dequantize_tensor(t, dst, ctx, NonFinite::kRefuse);
 }
 
+// The fused BD projection of the VO pair a BDA file stores for layer prefix `p` instead of
+// attn_v (model/bda_model.h); float32 in both weight storages.
+std::shared_ptr<const transform::BdProjection> load_v_bd(const GgufFile& f, const std::string& p, std::int64_t E,
+                                                        std::int64_t Hkv, std::int64_t D, const ExecContext& ctx) {
+  transform::BdProjection::Parts parts;
+  parts.d_in = E;
+  parts.heads = Hkv;
+  parts.head_dim = D;
+  parts.rank = D;
+  for (std::int64_t c : f.at(p + "attn_v_bd.perm").int_array()) parts.perm.push_back(c);
+  for (std::int64_t c : f.at(p + "attn_v_bd.dense").int_array()) parts.dense_heads.push_back(c);
+  load_tensor(f, p + "attn_v_bd.coef", parts.rest, (E - D) * Hkv * D, ctx);
+  const auto nd = static_cast<std::int64_t>(parts.dense_heads.size());
+  if (nd > 0) load_tensor(f, p + "attn_v_bd.top", parts.top, D * nd * D, ctx);
+  return std::make_shared<const transform::BdProjection>(transform::BdProjection::from_parts(std::move(parts)));
+}
+
 }  // namespace
 
 double ForwardProfile::total() const {
@@ -352,18 +369,7 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
     q(L.wqkv_q, p + "attn_k.weight");
     if (f.find_tensor(p + "attn_v_bd.coef")) {
       // The BD projection is float32 arithmetic of its own (transform/bd_projection.h).
-      transform::BdProjection::Parts parts;
-      parts.d_in = E;
-      parts.heads = Hkv;
-      parts.head_dim = D;
-      parts.rank = D;
-      for (std::int64_t c : f.at(p + "attn_v_bd.perm").int_array()) parts.perm.push_back(c);
-      for (std::int64_t c : f.at(p + "attn_v_bd.dense").int_array()) parts.dense_heads.push_back(c);
-      load_tensor(f, p + "attn_v_bd.coef", parts.rest, (E - D) * Hkv * D, ctx);
-      const auto nd = static_cast<std::int64_t>(parts.dense_heads.size());
-      if (nd > 0) load_tensor(f, p + "attn_v_bd.top", parts.top, D * nd * D, ctx);
-      L.v_bd = std::make_shared<const transform::BdProjection>(
-          transform::BdProjection::from_parts(std::move(parts)));
+      L.v_bd = load_v_bd(f, p, E, Hkv, D, ctx);
     } else {
       q(L.wqkv_q, p + "attn_v.weight");
     }
@@ -488,18 +494,7 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
     load_tensor(f, p + "attn_q.weight", q, Hq * D * E, ctx);
     load_tensor(f, p + "attn_k.weight", k, Hkv * D * E, ctx);
     if (bd) {
-      transform::BdProjection::Parts parts;
-      parts.d_in = E;
-      parts.heads = Hkv;
-      parts.head_dim = D;
-      parts.rank = D;
-      for (std::int64_t c : f.at(p + "attn_v_bd.perm").int_array()) parts.perm.push_back(c);
-      for (std::int64_t c : f.at(p + "attn_v_bd.dense").int_array()) parts.dense_heads.push_back(c);
-      load_tensor(f, p + "attn_v_bd.coef", parts.rest, (E - D) * Hkv * D, ctx);
-      const auto nd = static_cast<std::int64_t>(parts.dense_heads.size());
-      if (nd > 0) load_tensor(f, p + "attn_v_bd.top", parts.top, D * nd * D, ctx);
-      L.v_bd = std::make_shared<const transform::BdProjection>(
-          transform::BdProjection::from_parts(std::move(parts)));
+      L.v_bd = load_v_bd(f, p, E, Hkv, D, ctx);
     } else {
       load_tensor(f, p + "attn_v.weight", k + Hkv * D * E, Hkv * D * E, ctx);
     }
