@@ -5,6 +5,11 @@ option(NUMATTN_BUILD_CLI "Build the numattn command-line tool" ON)
 option(NUMATTN_NATIVE "Compile for the host CPU (-march=native)" ON)
 option(NUMATTN_OPENMP "Use OpenMP for numattn::parallel_for (serial fallback otherwise)" ON)
 option(NUMATTN_BLAS "Link OpenBLAS for GEMM (required by exact.naive and the sgemm baseline)" ON)
+# MPI (Open MPI from Debian): the dist layer's communicator, dist.ring / dist.ulysses across ranks
+# and `mpirun -n R numattn run|bench|ppl`. AUTO = on when MPI is found; without it the dist
+# methods run single-rank and the MPI tests are not built.
+set(NUMATTN_MPI "AUTO" CACHE STRING "Build the MPI back-end of the dist layer: AUTO, ON or OFF")
+set_property(CACHE NUMATTN_MPI PROPERTY STRINGS AUTO ON OFF)
 option(NUMATTN_CUDA "Build the CUDA back-end (compiles without a GPU; tests skip without one)" OFF)
 option(NUMATTN_WERROR "Treat warnings as errors" OFF)
 set(NUMATTN_SANITIZE "" CACHE STRING "Sanitizers to enable, e.g. address;undefined or thread")
