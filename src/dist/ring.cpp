@@ -83,7 +83,13 @@ KvRing::KvRing(Comm& comm, const ShardedProblem& sp, index_t max_rows) : comm_(c
     nk_max = std::max(nk_max, rows_of(segs_.back()));
   }
   pieces_ = static_cast<int>(std::max<index_t>(1, (nk_max + max_rows - 1) / std::max<index_t>(1, max_rows)));
-  const index_t rows = (nk_max + pieces_ - 1) / pieces_;
+  // A piece takes ceil(size / P) rows of each segment (at most two segments).
+  index_t rows = 0;
+  for (const auto& segs : segs_) {
+    index_t r = 0;
+    for (const Segment& s : segs) r += (s.size() + pieces_ - 1) / pieces_;
+    rows = std::max(rows, r);
+  }
   const AttentionProblem& p = sp.local;
   // A block is packed [B, nk, Dk] keys then [B, nk, Dv] values: one message per step.
   cur_.buf.resize(static_cast<std::size_t>(p.batch() * rows * (p.d_qk() + p.d_v())));
@@ -91,15 +97,15 @@ KvRing::KvRing(Comm& comm, const ShardedProblem& sp, index_t max_rows) : comm_(c
 }
 
 std::vector<Segment> KvRing::piece_segments(int r, int piece) const {
-  const std::vector<Segment>& segs = segs_[static_cast<std::size_t>(r)];
-  const index_t n = rows_of(segs), q = n / pieces_, rem = n % pieces_;
-  const index_t lo = piece * q + std::min<index_t>(piece, rem), hi = lo + q + (piece < rem ? 1 : 0);
+  // Piece j is the j-th part of every segment, not of the rank's rows in order: with zigzag a
+  // step then pairs an early and a late piece as the whole block does, and the ranks' work per
+  // step stays balanced (cutting the rows in order gave one rank twice the other's work on half
+  // of the steps, all of it waited for).
   std::vector<Segment> out;
-  index_t at = 0;  // local row of the current segment's first row
-  for (const Segment& s : segs) {
-    const index_t b = std::max(lo, at), e = std::min(hi, at + s.size());
-    if (b < e) out.push_back({s.begin + b - at, s.begin + e - at});
-    at += s.size();
+  for (const Segment& s : segs_[static_cast<std::size_t>(r)]) {
+    const index_t n = s.size(), q = n / pieces_, rem = n % pieces_;
+    const index_t lo = piece * q + std::min<index_t>(piece, rem), hi = lo + q + (piece < rem ? 1 : 0);
+    if (lo < hi) out.push_back({s.begin + lo, s.begin + hi});
   }
   return out;
 }
@@ -116,15 +122,27 @@ void KvRing::rotate(index_t hk, int piece, const Visit& visit, DistStats& st) {
   };
   {
     // This rank's rows of the piece, packed: local rows [first, first + nk) of the shard.
-    const index_t n = rows_of(sp_.kv_rows), q = n / pieces_, rem = n % pieces_;
-    const index_t first = piece * q + std::min<index_t>(piece, rem);
-    cur_.nk = rows_of(piece_segments(me, piece));
+    const std::vector<Segment> mine = piece_segments(me, piece);
+    cur_.nk = rows_of(mine);
     auto [k, v] = views(cur_);
-    for (index_t b = 0; b < B; ++b)
-      for (index_t j = 0; j < cur_.nk; ++j) {
-        std::copy_n(p.k.row(b, hk, first + j), dk, const_cast<float*>(k.row(b, 0, j)));
-        std::copy_n(p.v.row(b, hk, first + j), dv, const_cast<float*>(v.row(b, 0, j)));
+    index_t j = 0;
+    for (const Segment& g : mine) {
+      // Local row of global row g.begin in the shard.
+      index_t local = 0;
+      for (const Segment& s : sp_.kv_rows) {
+        if (g.begin >= s.begin && g.begin < s.end) {
+          local += g.begin - s.begin;
+          break;
+        }
+        local += s.size();
       }
+      for (index_t b = 0; b < B; ++b)
+        for (index_t t = 0; t < g.size(); ++t) {
+          std::copy_n(p.k.row(b, hk, local + t), dk, const_cast<float*>(k.row(b, 0, j + t)));
+          std::copy_n(p.v.row(b, hk, local + t), dv, const_cast<float*>(v.row(b, 0, j + t)));
+        }
+      j += g.size();
+    }
   }
   const int prev = (me - 1 + R) % R, next = (me + 1) % R;
   for (int s = 0; s < R; ++s) {
@@ -151,7 +169,8 @@ void KvRing::rotate(index_t hk, int piece, const Visit& visit, DistStats& st) {
   st.steps += R;
 }
 
-void ring_attention(Comm& comm, const ShardedProblem& sp, const ExecContext& ctx, DistStats* stats) {
+void ring_attention(Comm& comm, const ShardedProblem& sp, const ExecContext& ctx, DistStats* stats,
+                    index_t piece_rows) {
   const auto t_start = Clock::now();
   const int R = comm.size(), me = comm.rank();
   sp.validate(me, R);
@@ -168,7 +187,8 @@ void ring_attention(Comm& comm, const ShardedProblem& sp, const ExecContext& ctx
   std::vector<float> part_out(static_cast<std::size_t>(B * G * seg_max * dv)),
       part_lse(static_cast<std::size_t>(B * G * seg_max));
   std::vector<double> acc_lse(static_cast<std::size_t>(B * H * nq), kNegInf);
-  KvRing ring(comm, sp);
+  NUMATTN_CHECK(piece_rows >= 1, "ring attention: piece_rows must be >= 1, got {}", piece_rows);
+  KvRing ring(comm, sp, piece_rows);
   for (index_t hk = 0; hk < Hk; ++hk)
     for (int piece = 0; piece < ring.pieces(); ++piece) {
     ring.rotate(hk, piece, [&](int, const std::vector<Segment>& segs, TensorView<const float> k_all,

@@ -32,10 +32,10 @@ void attend_pair(const AttentionProblem& g, const PairPlan& pl, Segment qs, Segm
                  TensorView<float> out, TensorView<float> lse, const ExecContext& ctx);
 
 /// The K/V ring of a sharded problem: for one KV head and one piece, every rank's block visits
-/// every rank, one step each, own block first. A rank's key rows are cut into `pieces()` equal
-/// pieces of at most `max_rows` rows (in its local order), so that the two buffers (one when
-/// R = 1) hold one piece of one KV head: the block being computed on is sent on while the next
-/// one is received.
+/// every rank, one step each, own block first. A rank's key rows are cut into `pieces()` pieces
+/// of about `max_rows` rows (piece j = the j-th part of each of its segments, which keeps the
+/// steps balanced under zigzag), so that the two buffers (one when R = 1) hold one piece of one
+/// KV head: the block being computed on is sent on while the next one is received.
 class KvRing {
  public:
   KvRing(Comm& comm, const ShardedProblem& sp, index_t max_rows = 8192);

@@ -6,7 +6,7 @@
 #     well within a timeout (no hang);
 #  3. bench under mpirun gives one row per (problem, method) with the overlap figure;
 #  4. ppl with 2 ranks gives the single-process statistics (skipped, exit 77, without the
-#     default model and text in ~/.cache/numattn).
+#     default model and text in ~/.cache/numattn; not run with NUMATTN_TEST_QUICK=1).
 set -euo pipefail
 NUMATTN=$1
 MPIRUN=$2
@@ -83,7 +83,12 @@ if mpi 2 "$NUMATTN" run --method exact.flash --n 64 2> "$T/refuse.err" > /dev/nu
 fi
 grep -q "only dist.\* methods" "$T/refuse.err" || { cat "$T/refuse.err" >&2; fail "refusal message"; }
 
-# 4. Distributed perplexity equals the single-process one.
+# 4. Distributed perplexity equals the single-process one (three model runs: not in the
+#    sanitizer pass, NUMATTN_TEST_QUICK=1).
+if [ "${NUMATTN_TEST_QUICK:-0}" = 1 ]; then
+  echo "cli under mpirun: checks 1-3 passed; ppl skipped (NUMATTN_TEST_QUICK=1)"
+  exit 0
+fi
 CACHE=${NUMATTN_CACHE:-$HOME/.cache/numattn}
 if ! ls "$CACHE"/*.gguf > /dev/null 2>&1; then
   echo "SKIP: no default model in $CACHE (scripts/fetch_data.sh)"

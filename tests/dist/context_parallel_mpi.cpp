@@ -95,6 +95,9 @@ TEST(DistMpi, RingEqualsSingleProcessOnEveryShard) {
       ring_attention(comm, sh.sharded(), ExecContext{1}, &st);
       expect_rows(sh.sharded(), full, ref, "ring " + std::string(to_string(part)) + " " + name(c), false);
       EXPECT_EQ(st.steps, comm.size() * c.kv_heads);
+      // K/V in pieces of at most 13 rows (several messages per rank and head, uneven pieces).
+      ring_attention(comm, sh.sharded(), ExecContext{1}, &st, 13);
+      expect_rows(sh.sharded(), full, ref, "ring in pieces " + std::string(to_string(part)) + " " + name(c), false);
       EXPECT_GE(st.total_s, st.wait_s);
       // The float64 check over the ring passes on the correct result.
       const DistCheck chk = check_sharded(comm, sh.sharded(), 64, 9, ExecContext{1});

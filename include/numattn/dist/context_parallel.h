@@ -93,8 +93,11 @@ struct DistStats {
   int steps = 0;           ///< ring steps or all-to-all rounds
 };
 
-/// Ring attention (see the file comment). Collective.
-void ring_attention(Comm& comm, const ShardedProblem& sp, const ExecContext& ctx, DistStats* stats = nullptr);
+/// Ring attention (see the file comment). Collective. `piece_rows`: the most K/V rows of one
+/// rank that travel in one message (the buffers' size); results do not depend on it beyond
+/// rounding (the merge order follows the pieces).
+void ring_attention(Comm& comm, const ShardedProblem& sp, const ExecContext& ctx, DistStats* stats = nullptr,
+                    index_t piece_rows = 8192);
 /// Ulysses head parallelism (see the file comment). Collective. Throws Error (on every rank
 /// alike, before communicating) when Hkv % ranks != 0 or the partition is not contiguous.
 void ulysses_attention(Comm& comm, const ShardedProblem& sp, const ExecContext& ctx, DistStats* stats = nullptr);
