@@ -28,7 +28,6 @@ struct RowRef {
 
 DistCheck check_sharded(Comm& comm, const ShardedProblem& sp, index_t count, std::uint64_t seed,
                         const ExecContext& ctx) {
-  const int R = comm.size(), me = comm.rank();
   const AttentionProblem& p = sp.local;
   const AttentionProblem g = sp.global_shape();
   const index_t B = p.batch(), H = p.heads(), Hk = p.kv_heads(), G = p.group(), dk = p.d_qk(), dv = p.d_v();
@@ -128,8 +127,6 @@ DistCheck check_sharded(Comm& comm, const ShardedProblem& sp, index_t count, std
   }
   comm.allreduce(sums, 4, ReduceOp::kSum);
   comm.allreduce(maxes, 4, ReduceOp::kMax);
-  (void)me;
-  (void)R;
   res.rows_checked = static_cast<index_t>(sums[2]);
   res.finite = sums[3] == 0;
   res.rel_fro_error = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);

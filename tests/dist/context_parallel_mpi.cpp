@@ -79,7 +79,9 @@ void expect_rows(const ShardedProblem& sp, RandomProblem& full, const ReferenceR
         }
   EXPECT_LE(worst, tol.max_scaled_error) << what;
   EXPECT_LE(worst_lse, tol.lse_max_abs_error) << what;
-  if (bitwise) EXPECT_TRUE(equal) << what << ": not bitwise equal to exact.flash";
+  if (bitwise) {
+    EXPECT_TRUE(equal) << what << ": not bitwise equal to exact.flash";
+  }
 }
 
 TEST(DistMpi, RingEqualsSingleProcessOnEveryShard) {
@@ -130,7 +132,6 @@ TEST(DistMpi, UlyssesIsBitwiseTheSingleProcessFlash) {
 // The registry methods under mpirun: every rank passes the whole problem and gets the whole
 // output (masks included: each rank reads its rows of the global mask).
 TEST(DistMpi, RegistryMethodsGiveEveryRankTheWholeOutput) {
-  Comm& comm = world();
   for (const char* spec : {"dist.ring", "dist.ring(partition=contiguous)", "dist.ulysses"}) {
     const auto m = create_method(spec);
     ProblemConfig c = config({4, 4, 61, 83, 16, 16, Causal::kBottomRight});
