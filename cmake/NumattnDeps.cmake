@@ -32,3 +32,22 @@ endif()
 # FFTW3 (double precision) for the TensorSketch's circular convolutions (decomp/sketch.h).
 find_package(NumattnFFTW3 REQUIRED)
 target_link_libraries(numattn_deps INTERFACE NumattnFFTW3::FFTW3)
+
+# MPI for the dist layer (src/dist/mpi/), linked into the library only: no MPI header reaches
+# include/numattn/ (dist/comm.h is MPI-free), so nothing else needs MPI to build against numattn.
+set(NUMATTN_HAS_MPI OFF)
+if(NOT NUMATTN_MPI STREQUAL "OFF")
+  # The C API through the C++ compiler (the project enables only CXX); the deprecated MPI C++
+  # bindings are not wanted.
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI COMPONENTS CXX QUIET)
+  if(MPI_CXX_FOUND)
+    set(NUMATTN_HAS_MPI ON)
+    message(STATUS "numattn: MPI found (${MPI_CXX_LIBRARIES}); dist layer built with MPI")
+  elseif(NUMATTN_MPI STREQUAL "ON")
+    message(FATAL_ERROR "NUMATTN_MPI=ON but MPI was not found: run scripts/setup.sh "
+                        "(apt-get install libopenmpi-dev openmpi-bin)")
+  else()
+    message(STATUS "numattn: MPI not found; dist methods run single-rank, MPI tests skipped")
+  endif()
+endif()

@@ -10,6 +10,11 @@ option(NUMATTN_BLAS "Link OpenBLAS for GEMM (required by exact.naive and the sge
 # on when it finds it) and adds the pytest suite to ctest.
 option(NUMATTN_BUILD_PYTHON "Build the Python extension (needs nanobind and Python development files)" OFF)
 option(NUMATTN_PIC "Compile libnumattn position-independent (always on with NUMATTN_BUILD_PYTHON)" OFF)
+# MPI (Open MPI from Debian): the dist layer's communicator, dist.ring / dist.ulysses across ranks
+# and `mpirun -n R numattn run|bench|ppl`. AUTO = on when MPI is found; without it the dist
+# methods run single-rank and the MPI tests are not built.
+set(NUMATTN_MPI "AUTO" CACHE STRING "Build the MPI back-end of the dist layer: AUTO, ON or OFF")
+set_property(CACHE NUMATTN_MPI PROPERTY STRINGS AUTO ON OFF)
 option(NUMATTN_CUDA "Build the CUDA back-end (compiles without a GPU; tests skip without one)" OFF)
 option(NUMATTN_WERROR "Treat warnings as errors" OFF)
 set(NUMATTN_SANITIZE "" CACHE STRING "Sanitizers to enable, e.g. address;undefined or thread")

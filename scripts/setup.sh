@@ -3,7 +3,8 @@
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config python3 python3-numpy python3-pip
       libopenblas-dev libeigen3-dev libfftw3-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev time)
+      libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev time
+      libopenmpi-dev openmpi-bin)
 missing=()
 # The Python package (python/): venv and headers for the nanobind extension, pytest.
 PKGS+=(python3-venv python3-dev python3-pytest)

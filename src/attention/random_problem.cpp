@@ -31,11 +31,57 @@ TensorView<float> make_view(std::vector<float>& buf, Layout layout, index_t b, i
                                  : TensorView<float>::bnhd(buf.data(), b, h, n, d);
 }
 
-void fill(std::vector<float>& v, Dist dist, std::uint64_t seed, std::uint64_t stream) {
-  if (dist == Dist::kUniform) fill_uniform(v, seed, stream, -1.0, 1.0);
-  else fill_normal(v, seed, stream);
-}
 }  // namespace
+
+void fill_random_rows(const ProblemConfig& c, char which, index_t row0, TensorView<float> dst) {
+  NUMATTN_CHECK(which == 'q' || which == 'k' || which == 'v', "fill_random_rows: tensor '{}'", which);
+  const index_t H = which == 'q' ? c.heads : c.eff_kv_heads();
+  const index_t N = which == 'q' ? c.n : c.eff_n_kv();
+  const index_t D = which == 'v' ? c.eff_dv() : c.d;
+  const index_t B = c.batch, rows = dst.shape[2];
+  NUMATTN_CHECK(dst.shape[0] == B && dst.shape[1] == H && dst.shape[3] == D && row0 >= 0 && row0 + rows <= N,
+                "fill_random_rows: {} rows from {} of {} do not fit [{}, {}, {}, {}]", rows, row0,
+                which, B, H, N, D);
+  const std::uint64_t stream = which == 'q' ? 1 : which == 'k' ? 2 : 3;
+  const CounterRng rng(c.seed, stream);
+  // Element (b, h, n, d) is draw number `its index in the full tensor's storage order`.
+  auto index = [&](index_t b, index_t h, index_t n, index_t d) {
+    return static_cast<std::uint64_t>(c.layout == Layout::kBHND ? ((b * H + h) * N + n) * D + d
+                                                                : ((b * N + n) * H + h) * D + d);
+  };
+  // Spiky: a shared direction w with |w| = d^{1/4}: ~2% of keys get +4w and every query +w, so
+  // the spiky keys gain about +4 logit units (at scale 1/sqrt(d)) and dominate their rows.
+  std::vector<double> u;
+  double s = 0;
+  if (c.dist == Dist::kSpiky && which != 'v') {
+    u.resize(static_cast<std::size_t>(c.d));
+    fill_normal(u, c.seed, 4);
+    double nrm = 0;
+    for (double x : u) nrm += x * x;
+    s = std::pow(static_cast<double>(c.d), 0.25) / std::sqrt(nrm);
+  }
+  const CounterRng pick(c.seed, 5);
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t r = 0; r < rows; ++r) {
+        const index_t n = row0 + r;
+        float* out = dst.row(b, h, r);
+        for (index_t d = 0; d < D; ++d) {
+          const std::uint64_t i = index(b, h, n, d);
+          out[d] = c.dist == Dist::kUniform ? static_cast<float>(-1.0 + 2.0 * rng.uniform(i))
+                                            : static_cast<float>(rng.normal(i));
+        }
+        if (!u.empty()) {
+          if (which == 'q') {
+            for (index_t d = 0; d < D; ++d) out[d] += static_cast<float>(s * u[static_cast<std::size_t>(d)]);
+          } else if (pick.uniform(static_cast<std::uint64_t>((b * H + h) * N + n)) < 0.02) {
+            for (index_t d = 0; d < D; ++d) out[d] += static_cast<float>(4.0 * s * u[static_cast<std::size_t>(d)]);
+          }
+        }
+        if (which == 'q' && c.logit_scale != 1.0)
+          for (index_t d = 0; d < D; ++d) out[d] = static_cast<float>(out[d] * c.logit_scale);
+      }
+}
 
 RandomProblem::RandomProblem(const ProblemConfig& c) : cfg_(c) {
   const index_t B = c.batch, H = c.heads, Hk = c.eff_kv_heads(), N = c.n, Nk = c.eff_n_kv(),
@@ -64,36 +110,16 @@ RandomProblem::RandomProblem(const ProblemConfig& c) : cfg_(c) {
   k_.resize(static_cast<std::size_t>(B * Hk * Nk * D));
   v_.resize(static_cast<std::size_t>(B * Hk * Nk * Dv));
   out_.assign(static_cast<std::size_t>(B * H * N * Dv), 0.f);
-  fill(q_, c.dist, c.seed, 1);
-  fill(k_, c.dist, c.seed, 2);
-  fill(v_, c.dist, c.seed, 3);
   auto qv = make_view(q_, c.layout, B, H, N, D);
   auto kv = make_view(k_, c.layout, B, Hk, Nk, D);
-  if (c.dist == Dist::kSpiky) {
-    // A shared direction w with |w| = d^{1/4}: ~2% of keys get +4w and every query +w, so the
-    // spiky keys gain about +4 logit units (at scale 1/sqrt(d)) and dominate their rows.
-    std::vector<double> u(static_cast<std::size_t>(D));
-    fill_normal(u, c.seed, 4);
-    double nrm = 0;
-    for (double x : u) nrm += x * x;
-    const double s = std::pow(static_cast<double>(D), 0.25) / std::sqrt(nrm);
-    CounterRng pick(c.seed, 5);
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < Hk; ++h)
-        for (index_t j = 0; j < Nk; ++j)
-          if (pick.uniform(static_cast<std::uint64_t>((b * Hk + h) * Nk + j)) < 0.02)
-            for (index_t d = 0; d < D; ++d) kv(b, h, j, d) += static_cast<float>(4.0 * s * u[d]);
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < H; ++h)
-        for (index_t i = 0; i < N; ++i)
-          for (index_t d = 0; d < D; ++d) qv(b, h, i, d) += static_cast<float>(s * u[d]);
-  }
-  if (c.logit_scale != 1.0)
-    for (float& x : q_) x = static_cast<float>(x * c.logit_scale);
+  auto vv = make_view(v_, c.layout, B, Hk, Nk, Dv);
+  fill_random_rows(c, 'q', 0, qv);
+  fill_random_rows(c, 'k', 0, kv);
+  fill_random_rows(c, 'v', 0, vv);
 
   problem_.q = qv;
   problem_.k = kv;
-  problem_.v = make_view(v_, c.layout, B, Hk, Nk, Dv);
+  problem_.v = vv;
   problem_.out = make_view(out_, c.layout, B, H, N, Dv);
   set_lse(c.want_lse);
   problem_.scale = c.scale;

@@ -251,7 +251,7 @@ class MemorySource {
 };
 
 template <class Source>
-Array read_from(Source& src, const std::string& name) {
+Array read_from(Source& src, const std::string& name, Info* info_only = nullptr) {
   unsigned char magic[8];
   NUMATTN_CHECK(src.read(magic, 8) && std::memcmp(magic, "\x93NUMPY", 6) == 0,
                 "'{}' is not a .npy file (bad magic)", name);
@@ -316,6 +316,12 @@ Array read_from(Source& src, const std::string& name) {
   NUMATTN_CHECK(src.left() == need,
                 "'{}': {} unexpected bytes after the .npy payload (shape {} of {} is {} bytes)",
                 name, src.left() - need, shape_str(a.shape), h.descr, need);
+  if (info_only) {  // header checked; the payload starts after magic, length field and header
+    info_only->dtype = a.dtype;
+    info_only->shape = a.shape;
+    info_only->data_offset = 8 + len_bytes + hlen;
+    return a;
+  }
   auto rd = [&](auto& vec) {
     vec.resize(static_cast<std::size_t>(total));
     NUMATTN_CHECK(src.read(vec.data(), static_cast<std::size_t>(need)),
@@ -396,6 +402,13 @@ std::vector<double> Array::as_f64() const {
 Array read(const std::string& path) {
   FileSource src(path);
   return read_from(src, path);
+}
+
+Info read_info(const std::string& path) {
+  FileSource src(path);
+  Info info;
+  read_from(src, path, &info);
+  return info;
 }
 
 Array read_bytes(const void* data, std::size_t size, const std::string& name) {

@@ -120,15 +120,15 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   r.chunks = n_chunk;
   r.has_baseline = kl;
   fo.profile = &r.profile;
-  std::vector<double> kld;
-  std::int64_t agree = 0;
-  double nll_sum = 0, nll2_sum = 0, base_nll_sum = 0;
+  double nll_sum = 0;  // running, for the progress bar (the statistics: summarize_perplexity)
   std::vector<double> row_nll(static_cast<std::size_t>(n_rows)), row_kld(row_nll.size()),
       row_base_nll(row_nll.size());
   std::vector<std::uint8_t> row_agree(row_nll.size());
   const auto t_start = std::chrono::steady_clock::now();
 
+  std::int64_t done = 0;
   for (std::int64_t c = 0; c < n_chunk; ++c) {
+    if (opt.run_chunk && !opt.run_chunk(c)) continue;
     std::vector<std::int32_t> chunk(tokens.begin() + c * n_ctx, tokens.begin() + (c + 1) * n_ctx);
     if (replace) chunk[0] = bos_id;
     // Which chunk a forward error (a non-finite logit) happened in: its position alone
@@ -170,22 +170,33 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
     for (std::int64_t i = 0; i < n_rows; ++i) {
       const double v = row_nll[static_cast<std::size_t>(i)];
       nll_sum += v;
-      nll2_sum += v * v;
       r.nll.push_back(v);
       if (kl) {
-        kld.push_back(row_kld[static_cast<std::size_t>(i)]);
-        agree += row_agree[static_cast<std::size_t>(i)];
-        base_nll_sum += row_base_nll[static_cast<std::size_t>(i)];
+        r.kld.push_back(row_kld[static_cast<std::size_t>(i)]);
+        r.agree.push_back(row_agree[static_cast<std::size_t>(i)]);
+        r.base_nll.push_back(row_base_nll[static_cast<std::size_t>(i)]);
       }
     }
     r.tokens_processed += n_ctx;
     if (opt.after_chunk) opt.after_chunk();
     if (opt.progress) {
       const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      ++done;
       progress_bar(c + 1, n_chunk, std::exp(nll_sum / static_cast<double>(r.nll.size())),
                    static_cast<double>(r.tokens_processed) / r.seconds,
-                   el / static_cast<double>(c + 1) * static_cast<double>(n_chunk - c - 1));
+                   el / static_cast<double>(done) * static_cast<double>(n_chunk - c - 1));
     }
+  }
+  summarize_perplexity(r);
+  return r;
+}
+
+void summarize_perplexity(PplResult& r) {
+  if (r.nll.empty()) return;  // a rank of a distributed run given no chunk
+  double nll_sum = 0, nll2_sum = 0, base_nll_sum = 0;
+  for (double v : r.nll) {
+    nll_sum += v;
+    nll2_sum += v * v;
   }
   const auto n = static_cast<double>(r.nll.size());
   r.tokens_scored = static_cast<std::int64_t>(r.nll.size());
@@ -194,11 +205,19 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   const double var = nll2_sum / n - r.nll_mean * r.nll_mean;
   r.ppl_stderr = (var > 0 && n > 1) ? r.ppl * std::sqrt(var / (n - 1)) : 0.0;
   r.tokens_per_s = static_cast<double>(r.tokens_processed) / r.seconds;
-  if (kl) {
+  if (r.has_baseline) {
+    NUMATTN_CHECK(r.kld.size() == r.nll.size() && r.agree.size() == r.nll.size() &&
+                      r.base_nll.size() == r.nll.size(),
+                  "summarize_perplexity: {} scored tokens but {} KL values", r.nll.size(), r.kld.size());
     double s = 0;
-    for (double d : kld) s += d;
+    std::int64_t agree = 0;
+    for (std::size_t i = 0; i < r.kld.size(); ++i) {
+      s += r.kld[i];
+      agree += r.agree[i];
+      base_nll_sum += r.base_nll[i];
+    }
     r.kld_mean = s / n;
-    std::vector<double> sorted = kld;
+    std::vector<double> sorted = r.kld;
     std::sort(sorted.begin(), sorted.end());
     const double pos = 0.99 * (n - 1);
     const auto lo = static_cast<std::size_t>(std::floor(pos));
@@ -207,7 +226,6 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
     r.top1_agreement = static_cast<double>(agree) / n;
     r.ppl_baseline = std::exp(base_nll_sum / n);
   }
-  return r;
 }
 
 }  // namespace numattn

@@ -5,6 +5,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "numattn/analysis/metrics.h"
+#include "dist_cli.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
 #include "qkv_source.h"
@@ -87,7 +88,8 @@ void add_bench(CLI::App& app) {
       "bench", "time methods × shapes; every row carries its error, its efficiency against the "
                "same-run BLAS sgemm, and speedup_vs_exact: the time of exact.flash on the same "
                "problem, measured once per problem in the same run, over the row's time");
-  sub->add_option("--method", o->methods, "method spec (repeatable); default: all exact methods but the reference");
+  sub->add_option("--method", o->methods, "method spec (repeatable); default: all exact methods but the reference and dist.* "
+                  "(under mpirun: dist.ring and dist.ulysses)");
   sub->add_flag("--all", o->all, "every registered method (default parameters)");
   o->pf.add_to(*sub, true);
   add_common(*sub, &o->threads, &o->format);
@@ -121,7 +123,8 @@ void add_bench(CLI::App& app) {
     }
     if (specs.empty()) {
       for (const MethodInfo* m : list_methods())
-        if (o->all || (m->caps.exact && m->name != "exact.reference")) specs.push_back(m->name);
+        // dist.* on one rank is exact.flash with extra copies: benched under mpirun instead.
+        if (o->all || (m->caps.exact && m->name != "exact.reference" && m->family != "dist")) specs.push_back(m->name);
     }
     std::vector<std::unique_ptr<AttentionMethod>> methods;
     for (auto& s : specs) {
@@ -151,6 +154,29 @@ void add_bench(CLI::App& app) {
         NUMATTN_CHECK_OPTION(pos == l.size() && pos > 0 && v >= 0, "layer", "'{}' is not a layer index", l);
         captures.push_back(read_capture(o->qkv, v));
       }
+    }
+    if (distributed_launch()) {
+      // Under mpirun: dist.* methods on random shards, one row per (problem, method), rank 0
+      // prints (dist_cli.h). No exact.flash baseline: it would need the whole problem.
+      NUMATTN_CHECK_OPTION(captures.empty(), "qkv", "is not supported under mpirun");
+      if (o->methods.empty() && !o->all) {
+        methods.clear();
+        for (const char* s : {"dist.ring", "dist.ulysses"}) methods.push_back(create_method(s));
+      }
+      for (const auto& m : methods) check_dist_method(*m);
+      const double sgemm = blas::measure_sgemm_gflops(o->gemm_size, std::max(3, o->reps), ctx.num_threads());
+      std::vector<Row> rows;
+      for (const ProblemConfig& c : cfgs)
+        for (const auto& m : methods) {
+          ProblemConfig cm = c;
+          cm.want_lse = m->info().caps.lse;
+          Row r = run_distributed(*m, cm, nullptr, ctx, o->reps, o->check_rows, "", "");
+          // Efficiency against this rank's sgemm: the job's rate over R ranks' GEMM rates.
+          r["efficiency"] = r["gflops"].get<double>() / (sgemm * r["ranks"].get<double>());
+          rows.push_back(r);
+        }
+      if (dist_rank() == 0) print_table(std::cout, rows, parse_format(o->format));
+      return;
     }
     const auto flash = create_method("exact.flash");
 

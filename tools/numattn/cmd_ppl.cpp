@@ -9,6 +9,8 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "dist_cli.h"
+#include "numattn/dist/ppl.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/file_io.h"
 #include "numattn/core/memory.h"
@@ -124,7 +126,11 @@ void add_ppl(CLI::App& app) {
     // forward passes; the median sample is the roofline's FLOP rate.
     std::vector<double> gs{blas::measure_sgemm_gflops(1024, 3, nt)};
     po.after_chunk = [&] { gs.push_back(blas::measure_sgemm_gflops(1024, 1, nt)); };
-    const PplResult r = evaluate_perplexity(model, tokens, tok.bos_id(), tok.add_bos(), po, ctx);
+    // Under mpirun the chunks are split across the ranks (dist/ppl.h); rank 0 prints.
+    const bool distributed = distributed_launch();
+    const PplResult r = distributed ? dist::evaluate_perplexity(dist::world(), model, tokens, tok.bos_id(), tok.add_bos(), po, ctx)
+                             : evaluate_perplexity(model, tokens, tok.bos_id(), tok.add_bos(), po, ctx);
+    if (dist_rank() != 0) return;
     const double gemm = median(gs);
     // Weights each processed token multiplies through: every layer, plus the output matrix for
     // the share of positions whose logits are computed (ctx - ctx/2 of ctx).
@@ -171,6 +177,7 @@ void add_ppl(CLI::App& app) {
     row["forward_gemm_gflops"] = 2.0 * w_per_tok * static_cast<double>(r.tokens_processed) / gemm_time * 1e-9;
     row["threads"] = nt;
     row["weights"] = o->weights;
+    if (distributed) row["ranks"] = dist::world().size();
     row["bos"] = o->bos;
     row["tokens_processed"] = r.tokens_processed;
     row["forward_s"] = r.seconds;

@@ -4,6 +4,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "dist_cli.h"
 #include "numattn/analysis/metrics.h"
 #include "numattn/attention/reference.h"
 #include "numattn/attention/registry.h"
@@ -139,6 +140,33 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
   print_table(std::cout, {row}, parse_format(o.format), true);
 }
 
+// Under mpirun: a dist.* method, each rank holding only its shard (dist_cli.h); rank 0 prints.
+void run_under_mpi(const RunOptions& o, const AttentionMethod& method, const ExecContext& ctx) {
+  check_dist_method(method);
+  NUMATTN_CHECK_OPTION(o.qkv.empty(), "qkv", "is not supported under mpirun: give --q/--k/--v");
+  NUMATTN_CHECK_OPTION(o.mask.empty(), "mask", "is not supported under mpirun yet");
+  ProblemConfig cfg;
+  DistFiles files;
+  const bool from_files = !o.q.empty() || !o.k.empty() || !o.v.empty();
+  if (from_files) {
+    NUMATTN_CHECK(!o.q.empty() && !o.k.empty() && !o.v.empty(), "--q, --k and --v must be given together");
+    refuse_flags(o.pf, ProblemFlags::input_flags(), "--q/--k/--v", "the files fix the inputs and their shape");
+    NUMATTN_CHECK(o.pf.layout == "bhnd" || o.pf.layout == "bnhd", "--layout must be bhnd or bnhd");
+    files = {o.q, o.k, o.v, o.pf.layout == "bnhd" ? Layout::kBNHD : Layout::kBHND, std::stod(o.pf.logit_scale),
+             parse_causal(o.pf.causal), std::nullopt, std::stoll(o.pf.window_left), std::stoll(o.pf.window_right)};
+    if (!o.pf.scale.empty()) files.scale = std::stod(o.pf.scale);
+  } else {
+    auto cfgs = o.pf.expand();
+    NUMATTN_CHECK(cfgs.size() == 1, "run takes one value per problem flag (use bench for lists)");
+    cfg = cfgs[0];
+  }
+  cfg.want_lse = o.want_lse(method);
+  Row row = run_distributed(method, cfg, from_files ? &files : nullptr, ctx, o.reps, o.check_rows, o.out, o.lse_out);
+  const std::string status = row["status"].get<std::string>();
+  NUMATTN_CHECK(status == "ok", "{}", status.rfind("failed: ", 0) == 0 ? status.substr(8) : status);
+  if (dist_rank() == 0) print_table(std::cout, {row}, parse_format(o.format), true);
+}
+
 }  // namespace
 
 void add_run(CLI::App& app) {
@@ -177,6 +205,10 @@ void add_run(CLI::App& app) {
     auto method = create_method(o->method);
     NUMATTN_CHECK_OPTION(o->lse_out.empty() || method->info().caps.lse, "lse-out",
                          "{} gives no LSE (capability `lse` absent in `numattn methods`)", method->spec());
+    if (distributed_launch()) {
+      run_under_mpi(*o, *method, ctx);
+      return;
+    }
     NUMATTN_CHECK_OPTION(o->qkv.empty() == (o->layer < 0), o->qkv.empty() ? "layer" : "qkv",
                          "--qkv DIR and --layer L (>= 0) go together");
     if (!o->qkv.empty()) {

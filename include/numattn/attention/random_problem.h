@@ -41,6 +41,13 @@ struct ProblemConfig {
   index_t eff_dv() const { return dv > 0 ? dv : d; }
 };
 
+/// Writes rows [row0, row0 + dst.shape[2]) of tensor `which` ('q', 'k' or 'v') of the random
+/// problem `cfg` into `dst` ([B, H, rows, D], any strides with a contiguous last dimension): the
+/// values `RandomProblem(cfg)` holds at those rows. Every element is a function of its index in
+/// the full tensor (counter RNG), so a rank of a distributed run generates its shard alone and
+/// gets the single-process values; RandomProblem itself fills through this function.
+void fill_random_rows(const ProblemConfig& cfg, char which, index_t row0, TensorView<float> dst);
+
 /// Owns the buffers of one random problem. Not copyable (views point into it).
 class RandomProblem {
  public:

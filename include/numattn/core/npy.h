@@ -41,6 +41,16 @@ struct Array {
 /// Reads a `.npy` file (see the file comment for what is refused). Throws `numattn::Error`.
 Array read(const std::string& path);
 
+/// What `read` would return, without the payload: dtype, shape, and the byte offset of the
+/// payload in the file, so that a caller can read a part of it (a distributed run reads each
+/// rank's rows). Same checks and errors as `read`, payload length included.
+struct Info {
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t data_offset = 0;
+};
+Info read_info(const std::string& path);
+
 /// Parses a whole `.npy` file held in memory; `name` stands for the file in messages. Same
 /// rules and errors as `read` (used by the fuzzer and by tests).
 Array read_bytes(const void* data, std::size_t size, const std::string& name);

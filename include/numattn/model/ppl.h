@@ -61,6 +61,9 @@ struct PplOptions {
   /// Called after each chunk, outside the timed forward passes (e.g. to sample the BLAS
   /// throughput under the same machine load as the run).
   std::function<void()> after_chunk;
+  /// Evaluate only the chunks for which this returns true (unset: all). A distributed run gives
+  /// each rank its share of the chunks and reduces the per-token values (dist/ppl.h).
+  std::function<bool(std::int64_t chunk)> run_chunk;
 };
 
 struct PplResult {
@@ -75,7 +78,18 @@ struct PplResult {
   double tokens_per_s = 0;   ///< tokens_processed / seconds
   ForwardProfile profile;    ///< phase times of the `attn` passes
   std::vector<double> nll;   ///< per scored token, in order
+  /// Per scored token, in order, with a baseline only: KL(p_base ‖ p), the baseline's NLL, and
+  /// whether both argmaxes agree (1 or 0).
+  std::vector<double> kld, base_nll;
+  std::vector<std::uint8_t> agree;
 };
+
+/// Fills the statistics of `r` (tokens_scored, nll_mean, ppl, ppl_stderr and, with
+/// `r.has_baseline`, kld_mean, kld_p99, top1_agreement, ppl_baseline) from its per-token vectors,
+/// summing in their order, so that a distributed run that gathers the same vectors in chunk
+/// order reports bitwise the single-process statistics. Also tokens_per_s from
+/// tokens_processed / seconds.
+void summarize_perplexity(PplResult& r);
 
 /// Natural-log log-softmax of one row of logits (float64 accumulation).
 void log_softmax(const float* logits, std::int64_t n, std::vector<double>& out);
