@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "numattn/core/error.h"
+#include "numattn/core/progress.h"
 #include "numattn/model/llama.h"
 
 namespace numattn {
@@ -38,16 +39,6 @@ void log_softmax(const float* logits, std::int64_t n, std::vector<double>& out) 
 }
 
 namespace {
-
-void progress_bar(std::int64_t done, std::int64_t total, double ppl, double tps, double eta) {
-  const int width = 30;
-  const int fill = static_cast<int>(width * done / std::max<std::int64_t>(total, 1));
-  std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld chunks  ppl %.4f  %.0f tok/s  ETA %.0fs   ",
-               fill, "##############################", width - fill, "",
-               static_cast<long long>(done), static_cast<long long>(total), ppl, tps, eta);
-  if (done == total) std::fprintf(stderr, "\n");
-  std::fflush(stderr);
-}
 
 // Spec errors of option `option` as OptionError, so that a caller sees which spec was bad.
 AttentionMethods option_methods(const char* option, const std::string& spec, std::int64_t n_layer) {
@@ -124,9 +115,7 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   std::vector<double> row_nll(static_cast<std::size_t>(n_rows)), row_kld(row_nll.size()),
       row_base_nll(row_nll.size());
   std::vector<std::uint8_t> row_agree(row_nll.size());
-  const auto t_start = std::chrono::steady_clock::now();
-
-  std::int64_t done = 0;
+  ProgressBar bar("ppl", n_chunk, opt.progress ? ProgressBar::Mode::kAuto : ProgressBar::Mode::kOff);
   for (std::int64_t c = 0; c < n_chunk; ++c) {
     if (opt.run_chunk && !opt.run_chunk(c)) continue;
     std::vector<std::int32_t> chunk(tokens.begin() + c * n_ctx, tokens.begin() + (c + 1) * n_ctx);
@@ -179,14 +168,15 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
     }
     r.tokens_processed += n_ctx;
     if (opt.after_chunk) opt.after_chunk();
-    if (opt.progress) {
-      const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      ++done;
-      progress_bar(c + 1, n_chunk, std::exp(nll_sum / static_cast<double>(r.nll.size())),
-                   static_cast<double>(r.tokens_processed) / r.seconds,
-                   el / static_cast<double>(done) * static_cast<double>(n_chunk - c - 1));
+    if (bar.enabled()) {
+      char status[96];
+      std::snprintf(status, sizeof status, "chunks  ppl %.4f  %.0f tok/s",
+                    std::exp(nll_sum / static_cast<double>(r.nll.size())),
+                    static_cast<double>(r.tokens_processed) / r.seconds);
+      bar.set(c + 1, status);
     }
   }
+  bar.finish();
   summarize_perplexity(r);
   return r;
 }

@@ -57,7 +57,7 @@ struct PplOptions {
   /// attention is `baseline`, or `attn` when `baseline` is empty. Same hyper-parameters.
   const LlamaModel* baseline_model = nullptr;
   BosMode bos = BosMode::kAuto;
-  bool progress = false;            ///< a progress bar on stderr
+  bool progress = false;            ///< a progress bar on stderr (when it is a terminal)
   /// Called after each chunk, outside the timed forward passes (e.g. to sample the BLAS
   /// throughput under the same machine load as the run).
   std::function<void()> after_chunk;
