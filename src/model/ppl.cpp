@@ -115,7 +115,7 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   std::vector<double> row_nll(static_cast<std::size_t>(n_rows)), row_kld(row_nll.size()),
       row_base_nll(row_nll.size());
   std::vector<std::uint8_t> row_agree(row_nll.size());
-  ProgressBar bar("ppl", n_chunk, opt.progress ? ProgressBar::Mode::kAuto : ProgressBar::Mode::kOff);
+  ProgressBar bar("chunks", n_chunk, opt.progress ? ProgressBar::Mode::kAuto : ProgressBar::Mode::kOff);
   for (std::int64_t c = 0; c < n_chunk; ++c) {
     if (opt.run_chunk && !opt.run_chunk(c)) continue;
     std::vector<std::int32_t> chunk(tokens.begin() + c * n_ctx, tokens.begin() + (c + 1) * n_ctx);
@@ -170,7 +170,7 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
     if (opt.after_chunk) opt.after_chunk();
     if (bar.enabled()) {
       char status[96];
-      std::snprintf(status, sizeof status, "chunks  ppl %.4f  %.0f tok/s",
+      std::snprintf(status, sizeof status, "ppl %.4f  %.0f tok/s",
                     std::exp(nll_sum / static_cast<double>(r.nll.size())),
                     static_cast<double>(r.tokens_processed) / r.seconds);
       bar.set(c + 1, status);
