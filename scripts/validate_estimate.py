@@ -64,14 +64,14 @@ def judge(row):
 
 
 def problems(quick, qkv, layer):
-    sizes = [256, 512] if quick else [256, 512, 1024]
+    sizes = [128, 256] if quick else [256, 512, 1024]
     seeds = [0, 1] if quick else [0, 1, 2, 3]
     methods = METHODS[:4] if quick else METHODS
     for m in methods:
         for n in sizes:
             for dist in ("gaussian", "spiky"):
                 for s in seeds:
-                    if quick and (n // 256 + s) % 2:  # half the grid, causal and not
+                    if quick and (n // 128 + s) % 2:  # half the grid, causal and not
                         continue
                     causal = "bottom-right" if s % 2 and not m.startswith(NONCAUSAL) else "none"
                     yield m, ["--n", str(n), "--heads", "4", "--kv-heads", "2", "--d", "64",

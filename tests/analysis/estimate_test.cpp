@@ -122,7 +122,7 @@ Perturbed perturb(AttentionProblem& p, std::uint64_t seed, double scale) {
 }
 
 TEST(ErrorEstimate, BoundCoversAndEstimateIsCloseOnKnownErrors) {
-  const int trials = quick() ? 20 : 100;
+  const int trials = quick() ? 20 : 60;
   int covered = 0, close = 0;
   for (int s = 0; s < trials; ++s) {
     RandomProblem prob(config(4, 256, s % 2 ? Causal::kBottomRight : Causal::kNone, 100 + s));
@@ -264,7 +264,7 @@ TEST(AutoSelect, SpecAliasAndToleranceZeroPicksExact) {
 }
 
 TEST(AutoSelect, PicksOncePerShapeAndMeetsItsBudget) {
-  RandomProblem prob(config(4, 256, Causal::kBottomRight, 8));
+  RandomProblem prob(config(2, 128, Causal::kBottomRight, 8));
   auto m = create_method("auto(tol=0.05,reps=1)");
   m->run(prob.problem(), ExecContext{2});
   EXPECT_LE(true_error(prob.problem()), 4 * 0.05);
