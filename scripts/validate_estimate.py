@@ -63,11 +63,11 @@ def judge(row):
     return covered, close
 
 
-def problems(quick, qkv, layer):
+def problems(quick, qkv, layer, skip_random=False, qkv_check_rows=1000000000):
     sizes = [128, 256] if quick else [256, 512, 1024]
     seeds = [0, 1] if quick else [0, 1, 2, 3]
     methods = METHODS[:4] if quick else METHODS
-    for m in methods:
+    for m in methods if not skip_random else []:
         for n in sizes:
             for dist in ("gaussian", "spiky"):
                 for s in seeds:
@@ -82,7 +82,7 @@ def problems(quick, qkv, layer):
             for logit in ("1", "2"):
                 causal = "none" if m.startswith(NONCAUSAL) else "bottom-right"
                 yield m, ["--qkv", qkv, "--layer", str(layer), "--causal", causal,
-                          "--logit-scale", logit, "--check-rows", "1000000"], \
+                          "--logit-scale", logit, "--check-rows", str(qkv_check_rows)], \
                     "%s capture layer %d logits x%s" % (m, layer, logit)
 
 
@@ -92,6 +92,10 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a small grid (the ctest)")
     ap.add_argument("--qkv", help="a `numattn capture` directory: add runs on its layer --layer")
     ap.add_argument("--layer", type=int, default=15)
+    ap.add_argument("--qkv-check-rows", type=int, default=-1,
+                    help="rows of the 'true' error on the capture (-1: every row; a large sample, "
+                         "e.g. 4096, when every row would take too long)")
+    ap.add_argument("--skip-random", action="store_true", help="only the runs on --qkv")
     ap.add_argument("--est-rows", type=int, default=32)
     ap.add_argument("--json", help="write every run's numbers here")
     ap.add_argument("--min-coverage", type=float, default=0.9)
@@ -99,7 +103,8 @@ def main():
     a = ap.parse_args()
 
     records, failed = [], []
-    for method, args, label in problems(a.quick, a.qkv, a.layer):
+    check = a.qkv_check_rows if a.qkv_check_rows > 0 else 1000000000
+    for method, args, label in problems(a.quick, a.qkv, a.layer, a.skip_random, check):
         row, err = run(a.numattn, ["--method", method, "--est-rows", str(a.est_rows)] + args)
         if row is None:
             failed.append((label, err))
