@@ -38,7 +38,7 @@ ProblemConfig config(index_t heads, index_t n, Causal c, std::uint64_t seed, Dis
 
 // The true relative Frobenius error of p.out over every row.
 double true_error(const AttentionProblem& p) {
-  return compare_with_reference(p, reference_all(p, ExecContext{2})).rel_fro_error;
+  return compare_with_reference(p, reference_all(p, ExecContext{1})).rel_fro_error;
 }
 
 TEST(StudentT, QuantilesMatchTables) {
@@ -99,7 +99,7 @@ struct Perturbed {
   double truth;
 };
 Perturbed perturb(AttentionProblem& p, std::uint64_t seed, double scale) {
-  const ReferenceRows ref = reference_all(p, ExecContext{2});
+  const ReferenceRows ref = reference_all(p, ExecContext{1});
   const CounterRng rng(seed, 99);
   std::uint64_t c = 0;
   double num = 0, den = 0;
@@ -128,7 +128,7 @@ TEST(ErrorEstimate, BoundCoversAndEstimateIsCloseOnKnownErrors) {
     RandomProblem prob(config(4, 256, s % 2 ? Causal::kBottomRight : Causal::kNone, 100 + s));
     AttentionProblem& p = prob.problem();
     const double truth = perturb(p, 1000 + s, 1e-3).truth;
-    const ErrorEstimate e = estimate_error(p, {32, 0.95, static_cast<std::uint64_t>(s)}, ExecContext{2});
+    const ErrorEstimate e = estimate_error(p, {32, 0.95, static_cast<std::uint64_t>(s)}, ExecContext{1});
     EXPECT_EQ(e.rows, 32);
     EXPECT_GE(e.rel_error_hi, e.rel_error);
     covered += truth <= e.rel_error_hi;
