@@ -1,12 +1,12 @@
 #include "numattn/analysis/advise.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
 
 #include "numattn/attention/registry.h"
+#include "numattn/core/timing.h"
 
 namespace numattn {
 
@@ -30,19 +30,7 @@ bool as_number(const std::string& s, double& x) {
   }
 }
 
-double seconds_of(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median_seconds(int reps, const std::function<void()>& fn) {
-  std::vector<double> t;
-  for (int r = 0; r < std::max(1, reps); ++r) t.push_back(seconds_of(fn));
-  std::sort(t.begin(), t.end());
-  const std::size_t n = t.size();
-  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
+double seconds_of(const std::function<void()>& fn) { return median_seconds(1, fn); }
 
 AdviseCandidate blank(const std::string& spec, const std::string& kind) {
   AdviseCandidate c{spec, kind, "", kNaN, kNaN, {}, false};

@@ -8,6 +8,7 @@
 #include "numattn/analysis/metrics.h"
 #include "numattn/attention/reference.h"
 #include "numattn/core/blas.h"
+#include "numattn/core/timing.h"
 #include "numattn/model/llama.h"
 
 namespace numattn::cli {
@@ -141,21 +142,10 @@ std::vector<ProblemConfig> ProblemFlags::expand() const {
 
 double time_median_ms(int reps, const std::function<void()>& fn) {
   fn();  // warm-up: page faults, caches, lazy allocations
-  std::vector<double> t;
-  for (int r = 0; r < std::max(1, reps); ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return median(std::move(t));
+  return 1e3 * median_seconds(reps, fn);
 }
 
-double median(std::vector<double> v) {
-  NUMATTN_ASSERT(!v.empty());
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+double median(std::vector<double> v) { return numattn::median(std::move(v)); }
 
 index_t rows_to_check(const AttentionProblem& p, long long requested) {
   const index_t total = p.batch() * p.heads() * p.n_q();
