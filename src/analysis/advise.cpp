@@ -70,7 +70,9 @@ std::string exact_in_disguise(const AttentionMethod& m, const AttentionProblem& 
     if (it == have.end()) return "";
     double x = 0, y = 0;
     bool ok = it->second == v;
-    if (!ok && !a.convergence.param.empty() && as_number(it->second, x) && as_number(v, y))
+    // 0 compares only by equality: in numattn's schemas it means "automatic" (clusters=0:
+    // ceil(sqrt(Nk)) clusters), not "fewer than 1".
+    if (!ok && !a.convergence.param.empty() && as_number(it->second, x) && as_number(v, y) && x != 0)
       ok = a.convergence.error_falls_as_it_grows ? x >= y : x <= y;
     if (!ok) return "";
     why += fmt::format("{}{}={} (exact at {})", why.empty() ? "" : ", ", k, it->second, v);

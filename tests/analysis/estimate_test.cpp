@@ -246,6 +246,10 @@ TEST(Advise, ReportsExactInDisguiseAndPicksOnlyWhatMeetsTheTolerance) {
     create_method(c->spec)->run(p, ExecContext{2});
     EXPECT_LE(true_error(p), 4 * opt.tol);
   }
+  // clusters=0 is "automatic", not the one-cluster limit case; clusters=1 is exact.
+  RandomProblem nc(config(4, 128, Causal::kNone, 5));
+  EXPECT_EQ(exact_in_disguise(*create_method("sparse.routing(clusters=0)"), nc.problem()), "");
+  EXPECT_NE(exact_in_disguise(*create_method("sparse.routing(clusters=1)"), nc.problem()), "");
   // Tolerance 0: nothing approximate can promise it.
   opt.tol = 0;
   EXPECT_EQ(advise(p, opt, ExecContext{2}).chosen(), nullptr);
