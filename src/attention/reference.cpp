@@ -163,6 +163,16 @@ ReferenceRows run_rows(const AttentionProblem& p, std::vector<RowIndex> rows, co
 }
 }  // namespace
 
+ReferenceRows reference_rows(const AttentionProblem& p, std::vector<RowIndex> rows,
+                             const ExecContext& ctx, const Target& target) {
+  validate(p);
+  for (const RowIndex& r : rows)
+    NUMATTN_CHECK(r.b >= 0 && r.b < p.batch() && r.h >= 0 && r.h < p.heads() && r.i >= 0 && r.i < p.n_q(),
+                  "reference_rows: row ({}, {}, {}) is outside the problem [{}, {}, {}]", r.b, r.h, r.i,
+                  p.batch(), p.heads(), p.n_q());
+  return run_rows(p, std::move(rows), ctx, target);
+}
+
 ReferenceRows reference_all(const AttentionProblem& p, const ExecContext& ctx, const Target& target) {
   validate(p);
   std::vector<RowIndex> rows;

@@ -115,6 +115,8 @@ ParsedSpec parse_spec(std::string_view spec) {
   NUMATTN_CHECK(!s.empty(), "empty method spec (example: exact.flash or lowrank.nystrom(landmarks=64))");
   const auto open = s.find('(');
   out.name = trim(std::string_view(s).substr(0, open));
+  // `auto` is short for auto.select, the one method named without its family.
+  if (out.name == "auto") out.name = "auto.select";
   NUMATTN_CHECK(is_ident(out.name, true) && out.name.find('.') != std::string::npos,
                 "spec '{}': method name must look like family.name (e.g. exact.flash)", s);
   if (open == std::string::npos) return out;

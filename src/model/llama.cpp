@@ -249,7 +249,10 @@ AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_
                 specs.size(), n_layer);
   AttentionMethods a;
   for (const auto& sp : specs) a.push_back(create_method(sp));
-  if (n_layer > 0 && a.size() == 1) a.assign(static_cast<std::size_t>(n_layer), a.front());
+  // One instance per layer even for one spec: a method may keep per-instance state (auto.select
+  // remembers its layer's choice).
+  if (n_layer > 0 && a.size() == 1)
+    for (std::int64_t l = 1; l < n_layer; ++l) a.push_back(create_method(specs.front()));
   return a;
 }
 

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cmath>
 
+#include "numattn/analysis/estimate.h"
 #include "numattn/analysis/metrics.h"
 #include "numattn/attention/reference.h"
 #include "numattn/core/blas.h"
+#include "numattn/core/timing.h"
 #include "numattn/model/llama.h"
 
 namespace numattn::cli {
@@ -140,21 +142,10 @@ std::vector<ProblemConfig> ProblemFlags::expand() const {
 
 double time_median_ms(int reps, const std::function<void()>& fn) {
   fn();  // warm-up: page faults, caches, lazy allocations
-  std::vector<double> t;
-  for (int r = 0; r < std::max(1, reps); ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return median(std::move(t));
+  return 1e3 * median_seconds(reps, fn);
 }
 
-double median(std::vector<double> v) {
-  NUMATTN_ASSERT(!v.empty());
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+double median(std::vector<double> v) { return numattn::median(std::move(v)); }
 
 index_t rows_to_check(const AttentionProblem& p, long long requested) {
   const index_t total = p.batch() * p.heads() * p.n_q();
@@ -182,8 +173,38 @@ Row problem_row(const AttentionMethod& method, const AttentionProblem& p, const 
 
 std::string random_source(const ProblemConfig& c) { return std::string("random ") + to_string(c.dist); }
 
+void EstimateFlags::add_to(CLI::App& app) {
+  app.add_option("--est-rows", rows,
+                 "rows computed exactly in float64 for the a-posteriori error estimate "
+                 "(est_rel_error, its upper bound est_rel_error_hi at --est-level; sampled across "
+                 "heads and row positions; 0 = off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--est-level", level, "one-sided confidence level of est_rel_error_hi")
+      ->check(CLI::Range(0.5, 0.999999))
+      ->capture_default_str();
+}
+
+void add_estimate_columns(Row& row, const AttentionProblem& p, const EstimateFlags& f,
+                          std::uint64_t seed, const ExecContext& ctx) {
+  if (f.rows <= 0) return;
+  ErrorEstimate e;
+  try {
+    e = estimate_error(p, {f.rows, f.level, seed ^ 0xe5717a7e5ull}, ctx);
+  } catch (const NonFiniteInput&) {
+    // A sampled row reads an input the method did not (a key outside its window): no estimate.
+    e.rel_error = e.rel_error_hi = std::nan("");
+    e.level = f.level;
+  }
+  row["est_rel_error"] = e.rel_error;  // NaN / inf print as null (report.h)
+  row["est_rel_error_hi"] = e.rel_error_hi;
+  row["est_rows"] = e.rows;
+  row["est_level"] = e.level;
+}
+
 Row run_method_row(const AttentionMethod& method, const AttentionProblem& p, Row row,
-                   const ExecContext& ctx, int reps, long long check_rows, std::uint64_t check_seed) {
+                   const ExecContext& ctx, int reps, long long check_rows, std::uint64_t check_seed,
+                   const EstimateFlags& est) {
   Status st = method.can_run(p);
   if (!st.is_ok()) {
     row["status"] = "skipped: " + st.reason();
@@ -201,17 +222,18 @@ Row run_method_row(const AttentionMethod& method, const AttentionProblem& p, Row
   row["gflops"] = method.flops(p) / (ms * 1e-3) * 1e-9;
   const std::string status =
       add_error_columns(row, p, method.target(), rows_to_check(p, check_rows), check_seed, ctx);
+  add_estimate_columns(row, p, est, check_seed, ctx);
   row["workspace_bytes"] = method.workspace_bytes(p, ctx);
   row["status"] = status;
   return row;
 }
 
 Row run_method_row(const AttentionMethod& method, RandomProblem& prob, const ExecContext& ctx,
-                   int reps, long long check_rows) {
+                   int reps, long long check_rows, const EstimateFlags& est) {
   const ProblemConfig& c = prob.config();
   return run_method_row(method, prob.problem(),
                         problem_row(method, prob.problem(), ctx, c.seed, random_source(c)), ctx,
-                        reps, check_rows, c.seed ^ 0x9e3779b97f4a7c15ull);
+                        reps, check_rows, c.seed ^ 0x9e3779b97f4a7c15ull, est);
 }
 
 std::string add_error_columns(Row& row, const AttentionProblem& p, const Target& target, index_t k,

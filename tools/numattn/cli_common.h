@@ -62,14 +62,30 @@ Row problem_row(const AttentionMethod& method, const AttentionProblem& p, const 
 /// `source` of a random problem: "random <dist>".
 std::string random_source(const ProblemConfig& c);
 
+/// `--est-rows` and `--est-level` of run and bench: the a-posteriori error estimate
+/// (analysis/estimate.h) of every row.
+struct EstimateFlags {
+  long long rows = 32;  ///< 0 = off
+  double level = 0.95;
+  void add_to(CLI::App& app);
+};
+
+/// Adds `est_rel_error`, `est_rel_error_hi`, `est_rows` and `est_level` to `row`: the estimate of
+/// `p.out`'s error from `f.rows` rows drawn with `seed` (all null when `f.rows` is 0, or when the
+/// output is not finite).
+void add_estimate_columns(Row& row, const AttentionProblem& p, const EstimateFlags& f,
+                          std::uint64_t seed, const ExecContext& ctx);
+
 /// Runs `method` on `p` (timed, then checked on rows sampled with `check_seed`) and completes
 /// `row` (problem_row) with time_ms, gflops, the error columns, workspace_bytes and status:
-/// "ok", "skipped: <can_run's reason>" or "failed: <what run threw or the check found>".
+/// "ok", "skipped: <can_run's reason>" or "failed: <what run threw or the check found>"; with
+/// `est.rows` > 0 also the estimate columns (add_estimate_columns, seed from `check_seed`).
 Row run_method_row(const AttentionMethod& method, const AttentionProblem& p, Row row,
-                   const ExecContext& ctx, int reps, long long check_rows, std::uint64_t check_seed);
+                   const ExecContext& ctx, int reps, long long check_rows, std::uint64_t check_seed,
+                   const EstimateFlags& est = {0, 0.95});
 /// The same on a random problem (source "random <dist>").
 Row run_method_row(const AttentionMethod& method, RandomProblem& prob, const ExecContext& ctx,
-                   int reps, long long check_rows);
+                   int reps, long long check_rows, const EstimateFlags& est = {0, 0.95});
 
 /// Refuses, before a model's weights are read, an attention spec list (one spec, or one per
 /// layer, as model/llama.h's make_attention_methods) with a method that cannot run the model's

@@ -20,6 +20,7 @@ struct BenchOptions {
   std::string format = "md";
   int reps = 5;
   long long check_rows = 256;
+  EstimateFlags est;
   long long recall_k = 0;
   long long gemm_size = 2048;
   bool all = false;
@@ -96,6 +97,7 @@ void add_bench(CLI::App& app) {
   sub->add_option("--reps", o->reps, "timed repetitions per row (median reported)")->capture_default_str();
   sub->add_option("--check-rows", o->check_rows, "query rows sampled for the float64 check (0 = none)")
       ->capture_default_str();
+  o->est.add_to(*sub);
   sub->add_option("--recall", o->recall_k,
                   "K: add `topk_recall`, the mean top-K recall of each method's attention rows "
                   "(first head, --check-rows rows, probe V = I; Nk ≤ 8192; 0 = off)")
@@ -215,7 +217,7 @@ void add_bench(CLI::App& app) {
           std::fprintf(stderr, "\r[%zu/%zu] %s n=%lld d=%lld ...", ++done, total, m->spec().c_str(),
                        static_cast<long long>(p.n_q()), static_cast<long long>(p.d_qk()));
           Row r = run_method_row(*m, p, problem_row(*m, p, ctx, prob.seed(), prob.source), ctx,
-                                 o->reps, o->check_rows, prob.check_seed());
+                                 o->reps, o->check_rows, prob.check_seed(), o->est);
           if (r.contains("gflops")) r["efficiency"] = r["gflops"].get<double>() / sgemm;
           if (o->recall_k > 0 && o->check_rows > 0 && r["status"].get<std::string>().rfind("ok", 0) == 0) {
             try {

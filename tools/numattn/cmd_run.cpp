@@ -24,6 +24,7 @@ struct RunOptions {
   std::string format = "json";
   int reps = 1;
   long long check_rows = -1;
+  EstimateFlags est;
   std::string q, k, v, mask, out, lse_out, qkv;
   std::int64_t layer = -1;
   bool no_lse = false;
@@ -133,6 +134,7 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
   row["time_ms"] = ms;
   row["gflops"] = method.flops(p) / (ms * 1e-3) * 1e-9;
   const std::string status = add_error_columns(row, p, method.target(), rows_to_check(p, o.check_rows), 12345, ctx);
+  add_estimate_columns(row, p, o.est, 12345, ctx);
   row["workspace_bytes"] = method.workspace_bytes(p, ctx);
   row["status"] = status;
   NUMATTN_CHECK(status == "ok", "{}", status.substr(8));  // "failed: ..."
@@ -183,6 +185,7 @@ void add_run(CLI::App& app) {
                   "query rows checked against the float64 reference (-1 = all up to 4096 rows, "
                   "else a sample of 1024; 0 = no check)")
       ->capture_default_str();
+  o->est.add_to(*sub);
   sub->add_option("--q", o->q, "query .npy ([N,D], [H,N,D] or [B,H,N,D]; [B,N,H,D] with --layout bnhd)");
   sub->add_option("--k", o->k, "key .npy");
   sub->add_option("--v", o->v, "value .npy");
@@ -237,7 +240,7 @@ void add_run(CLI::App& app) {
     ProblemConfig cfg = cfgs[0];
     cfg.want_lse = o->want_lse(*method);
     RandomProblem prob(cfg);
-    Row row = run_method_row(*method, prob, ctx, o->reps, o->check_rows);
+    Row row = run_method_row(*method, prob, ctx, o->reps, o->check_rows, o->est);
     const std::string status = row["status"].get<std::string>();
     NUMATTN_CHECK(status == "ok", "{}", status.rfind("failed: ", 0) == 0 ? status.substr(8) : status);
     write_outputs(*o, prob.problem(), cfg.layout);

@@ -56,6 +56,9 @@ struct ReferenceRows {
 /// All rows in (b, h, i) order: `out` is the dense `[B, Hq, Nq, Dv]` result.
 ReferenceRows reference_all(const AttentionProblem& p, const ExecContext& ctx,
                             const Target& target = Target::softmax());
+/// The given rows, in the order given (`rows` must be valid indices of `p`).
+ReferenceRows reference_rows(const AttentionProblem& p, std::vector<RowIndex> rows,
+                             const ExecContext& ctx, const Target& target = Target::softmax());
 /// `count` distinct rows drawn with the seeded RNG (all rows when `count` ≥ their number).
 ReferenceRows reference_sample(const AttentionProblem& p, index_t count, std::uint64_t seed,
                                const ExecContext& ctx, const Target& target = Target::softmax());

@@ -4,6 +4,7 @@
 /// Grammar (whitespace ignored):
 ///   spec   := name [ "(" [ param { "," param } ] ")" ]
 ///   name   := family "." ident            e.g. exact.flash, lowrank.nystrom
+///           | "auto"                      short for auto.select
 ///   param  := ident "=" value             value: number, true/false, or identifier
 ///
 /// Every registered method is listed once in `src/attention/methods.inc`; from there it reaches

@@ -191,8 +191,9 @@ using AttentionMethods = std::vector<std::shared_ptr<const AttentionMethod>>;
 /// Builds the methods of a spec list: one spec for all layers, or one per layer separated by
 /// ';' (or by ',' outside parentheses), e.g. "exact.flash" or "exact.naive;exact.flash;...".
 /// With `n_layer` > 0 a list must have 1 or `n_layer` entries; with 0 only the specs are
-/// checked (to validate options before a model is loaded). Throws numattn::Error for a bad
-/// spec or count.
+/// checked (to validate options before a model is loaded). Every layer gets its own instance
+/// (one spec is created once per layer: methods may keep per-layer state, auto.select). Throws
+/// numattn::Error for a bad spec or count.
 AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer);
 /// The canonical spec list of `methods` (one spec if all layers agree).
 std::string attention_spec(const AttentionMethods& methods);
