@@ -149,6 +149,15 @@ ModelBdaReport apply_bda_mla(LlamaModel& model, const transform::BdaOptions& opt
   return rep;
 }
 
+std::int64_t gguf_block_index(const std::string& name, const std::string& suffix) {
+  if (name.rfind("blk.", 0) != 0 || name.size() <= suffix.size() + 4 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return -1;
+  const std::string mid = name.substr(4, name.size() - 4 - suffix.size());
+  if (mid.find_first_not_of("0123456789") != std::string::npos || mid.size() > 18) return -1;
+  return std::stoll(mid);
+}
+
 namespace {
 std::vector<std::uint8_t> f32_bytes(const std::vector<float>& v) {
   std::vector<std::uint8_t> b(v.size() * sizeof(float));
@@ -172,18 +181,10 @@ void write_bda_gguf(const GgufFile& source, const LlamaModel& m, const std::stri
   std::vector<char> bda(static_cast<std::size_t>(hp.n_layer), 0);
   for (std::int64_t l = 0; l < hp.n_layer; ++l)
     bda[static_cast<std::size_t>(l)] = m.weights().layers[static_cast<std::size_t>(l)].v_bd != nullptr;
-  auto layer_of = [](const std::string& name, const std::string& suffix) -> std::int64_t {
-    if (name.rfind("blk.", 0) != 0 || name.size() <= suffix.size() ||
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      return -1;
-    const std::string mid = name.substr(4, name.size() - 4 - suffix.size());
-    if (mid.empty() || mid.find_first_not_of("0123456789") != std::string::npos) return -1;
-    return std::stoll(mid);
-  };
   for (const GgufTensorInfo& t : source.tensors()) {
-    const std::int64_t lv = layer_of(t.name, ".attn_v.weight");
+    const std::int64_t lv = gguf_block_index(t.name, ".attn_v.weight");
     if (lv >= 0 && lv < hp.n_layer && bda[static_cast<std::size_t>(lv)]) continue;
-    const std::int64_t lo = layer_of(t.name, ".attn_output.weight");
+    const std::int64_t lo = gguf_block_index(t.name, ".attn_output.weight");
     if (lo >= 0 && lo < hp.n_layer && bda[static_cast<std::size_t>(lo)]) {
       out.add_tensor_f32(t.name, {Hq * D, E}, m.weights().layers[static_cast<std::size_t>(lo)].wo.data());
       continue;

@@ -8,6 +8,7 @@
 #include "numattn/core/error.h"
 #include "numattn/core/file_io.h"
 #include "numattn/core/memory.h"
+#include "numattn/model/bda_model.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/mla_model.h"
 
@@ -114,17 +115,6 @@ MlaModelReport convert_model_to_mla(LlamaModel& model,
   return rep;
 }
 
-namespace {
-// "blk.<l><suffix>" → l, or -1.
-std::int64_t layer_of(const std::string& name, const std::string& suffix) {
-  if (name.rfind("blk.", 0) != 0 || name.size() <= suffix.size() + 4 ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return -1;
-  const std::string mid = name.substr(4, name.size() - 4 - suffix.size());
-  if (mid.empty() || mid.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoll(mid);
-}
-}  // namespace
 
 void write_mla_gguf(const GgufFile& source, const LlamaModel& m, const transform::MlaOptions& opt,
                     const std::string& path) {
@@ -169,8 +159,8 @@ void write_mla_gguf(const GgufFile& source, const LlamaModel& m, const transform
   for (std::size_t l = 0; l < layers.size(); ++l)
     out.set(pre + "mla.rope_theta." + std::to_string(l), GgufValue::array(layers[l].mla->rope_theta));
   for (const GgufTensorInfo& t : source.tensors()) {
-    if (layer_of(t.name, ".attn_q.weight") >= 0 || layer_of(t.name, ".attn_k.weight") >= 0 ||
-        layer_of(t.name, ".attn_v.weight") >= 0)
+    if (gguf_block_index(t.name, ".attn_q.weight") >= 0 || gguf_block_index(t.name, ".attn_k.weight") >= 0 ||
+        gguf_block_index(t.name, ".attn_v.weight") >= 0)
       continue;
     out.add_tensor(t.name, t.type, t.ne, std::vector<std::uint8_t>(t.data, t.data + t.size_bytes));
   }

@@ -257,7 +257,9 @@ TEST(MlaModel, ExactMergeReproducesTheGqaModel) {
 // amplified by κ (docs/bd.md: c·u·κ_max), in both executions and in decode; fewer weights and
 // MACs; the VO pair is refused by name.
 TEST(MlaModel, BdaQkOnMlaLayersKeepsTheLogits) {
-  LlamaModel m = random_mla_model(MlaShape{0, 0, 12, 6, 4, 8});
+  // r > d_nope, and r == d_nope (every latent channel in the basis: W_uk'[h] = I, no coefficients).
+  for (const MlaShape& s : {MlaShape{0, 0, 12, 6, 4, 8}, MlaShape{0, 0, 6, 6, 2, 8}}) {
+  LlamaModel m = random_mla_model(s);
   const auto toks = tokens(12);
   LlamaModel dense = m;
   LlamaModel refused = m;
@@ -289,6 +291,7 @@ TEST(MlaModel, BdaQkOnMlaLayersKeepsTheLogits) {
       dec.insert(dec.end(), lg.begin(), lg.end());
     }
     EXPECT_LE(rel_diff(dec, ref), tol) << to_string(e);
+  }
   }
 }
 

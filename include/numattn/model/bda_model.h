@@ -60,6 +60,10 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
 /// The MLA part of apply_bda (`rep` carries the pairs; every layer must be MLA).
 ModelBdaReport apply_bda_mla(LlamaModel& model, const transform::BdaOptions& opt, ModelBdaReport rep);
 
+/// The layer ℓ of a per-layer GGUF tensor name "blk.ℓ<suffix>" (e.g. ".attn_v.weight"), or -1
+/// when `name` is not of that form. Shared by the writers of transformed models.
+std::int64_t gguf_block_index(const std::string& name, const std::string& suffix);
+
 /// Writes `bda_model` (made by apply_bda from the model in `source`) as a GGUF file next to
 /// the source's metadata and untouched tensors (see the layout above). The file is written
 /// atomically (core/file_io.h); a `path` that is the source file itself is refused.
