@@ -1,0 +1,129 @@
+/// @file mla.h
+/// GQA → MLA conversion of one decoder layer (TransMLA: Meng, Tang, Tang, Yao, Sun, Zhang,
+/// arXiv 2502.07864, NeurIPS 2025), into the multi-head latent attention form of DeepSeek-V2
+/// (arXiv 2405.04434, §2.1) that `model/mla.h` runs. Survey digest §7.4, errata 11–14 and 21.
+///
+/// Input: a GQA layer with Hq query heads, Hkv KV heads (group g of query head h: g = h / (Hq/Hkv),
+/// contiguous groups), head width D, RoPE on the first n_rot dims of every head in the GGUF
+/// `llama` adjacent-pair layout, pair i rotating with θ_i = rope_base^(−2i/n_rot), i < P = n_rot/2.
+/// The conversion is a sequence of steps; the first two are exact rewrites, the last two are the
+/// approximations that shrink the cache:
+///
+/// 1. **Merge** (exact). All KV heads form one key space of Hkv·D dims, read by every query head
+///    through a 0/1 selector of its group: q_h · k_{g(h)} = (E_g q_h) · k with E_g q_h zero
+///    outside group g's block. The latent is the values, [Hkv·D] (plus the key dims past n_rot,
+///    which never rotate); the decoupled RoPE key is all Hkv·n_rot rotated key dims.
+/// 2. **RoRoPE** (exact). For each frequency i the Hkv key pairs (x_g, y_g) = (k[gD+2i],
+///    k[gD+2i+1]) are mixed by one real orthogonal U_i (Hkv×Hkv): x' = U_iᵀx, y' = U_iᵀy, and the
+///    queries the same way, which leaves every RoPE score unchanged (both cos·(q_x·k_x + q_y·k_y)
+///    and sin·(q_x·k_y − q_y·k_x) are invariant). U_i = eigenvectors, descending, of
+///    Σx + Σy + δI, Σx = Cov(K_x) from the calibration (K = Xn·Wkᵀ, so Cov(K) = Wk·C·Wkᵀ),
+///    δ = 1% of the mean diagonal (TransMLA's damping); component 0 then carries the most RoPE
+///    energy. **FreqFold** M: M adjacent frequencies share one U of (Hkv·M)×(Hkv·M) and one
+///    frequency θ* (their mean; the only inexact part of this step, absent when M = 1). By Ky Fan,
+///    the energy in the top M components of a folded group is at least the sum of its M
+///    frequencies' top components (rorope_captured_energy; digest §13.2 identity 8).
+/// 3. **RoPE removal** (lossy). Of each (folded) frequency only the first rope_heads·M rotated
+///    components keep RoPE: they form the shared key k_rope, d_rope = rope_heads·n_rot. The other
+///    rotated components lose their rotation (in query and key) and join the NoPE key, of width
+///    d_nope = Hkv·D − d_rope, together with the never-rotated dims.
+/// 4. **Balanced joint PCA** (lossy when truncated). The NoPE key and the values, z = [k_nope/α; v]
+///    with α = sqrt(E‖k_nope‖² / E‖v‖²) (errata 21: TransMLA *divides* the keys by α > 1, so both
+///    blocks carry the same energy; we use root-mean-square norms, what the covariance gives), are
+///    compressed to the top r principal directions P_r of Cov(z) = W_z·C·W_zᵀ:
+///    w_dkv = P_rᵀ·W_z, w_uk[h] = α·P_r[key rows], w_uv[h] = P_r[rows of group g(h)'s values].
+///    The error in z is the sum of the discarded eigenvalues (it decreases with r). rank 0, or
+///    rank >= d_nope + Hkv·D, keeps the latent [k_nope; v] as it is (no PCA, exact).
+///
+/// What is exact: with rope_heads = Hkv, freqfold = 1 and rank 0 the MLA layer computes the same
+/// scores and outputs as the GQA layer (rounding only; tests: 1e-12 in float64). RoRoPE alone
+/// (rorope_merge with freqfold 1) is exact too. What is not: RoPE removal (the removed components
+/// lose their position dependence), FreqFold M > 1 (frequencies replaced by their mean), and
+/// truncation (rank < full width). No fine-tuning is done (TransMLA's step 5).
+///
+/// KV cache per token and layer: rank + d_rope floats, against GQA's 2·Hkv·D.
+/// Cost: O(Hkv·D·E²) for the covariance products, O((Hkv·D)³) for the eigendecompositions, and
+/// O(Hq·Hkv·D·E) to rotate the queries; about 10 ms per layer of SmolLM2-135M.
+/// Everything is float64; the model casts to float32 at load.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "numattn/model/llama.h"
+#include "numattn/model/mla.h"
+
+namespace numattn::transform {
+
+/// Options of the GQA -> MLA conversion (TransMLA, survey-digest §7.4).
+/// Bad values throw numattn::OptionError naming the option: `mla_rank` (the `rank` field),
+/// `freqfold`, `rope_heads`, `low_rank_query`.
+struct MlaOptions {
+  std::int64_t rank = 0;   ///< latent rank r of the NoPE-key + value latent; 0 = exact (no truncation)
+  int freqfold = 1;        ///< M adjacent RoPE frequencies folded together (1 = none)
+  int rope_heads = 1;      ///< KV heads' worth of RoPE dims kept in the decoupled key (1..Hkv);
+                           ///< rope_heads == Hkv with rank 0 is the exact merge
+  bool low_rank_query = false; ///< optional; refused (not implemented: the MLA layer of
+                               ///< model/mla.h has no query latent, so it would save nothing)
+  std::int64_t query_rank = 0;
+};
+
+/// Calibration statistics of one layer: xn_cov = Σ_t xn_t xn_tᵀ / T over T calibration tokens,
+/// [E, E] row-major float64 (xn = RMSNorm(x) ⊙ attn_norm, the input of Wq/Wk/Wv). Empty = identity.
+/// Must be finite; it is used as given (symmetric up to rounding; only its symmetric part matters).
+struct MlaCalibration {
+  std::vector<double> xn_cov;
+  std::int64_t tokens = 0;
+};
+
+/// Converts one GQA layer: wq [Hq·D, E], wk [Hkv·D, E], wv [Hkv·D, E] row-major float64 (GGUF
+/// llama adjacent-pair RoPE layout, first n_rot dims of each head rotated with
+/// θ_i = rope_base^(−2i/n_rot)). Throws numattn::Error for impossible options (names them):
+/// rank < 0, freqfold < 1 or not dividing n_rot/2, rope_heads outside 1..Hkv, low_rank_query,
+/// weights or xn_cov of the wrong size or not finite, hyper-parameters that LlamaHParams::validate
+/// refuses. The result has softmax_scale = 1/sqrt(D), d_v = D, d_rope = rope_heads·n_rot,
+/// d_nope = Hkv·D − d_rope and rank = min(r, d_nope + Hkv·D) (r = 0: the full width).
+MlaLayerWeights convert_layer_to_mla(const LlamaHParams& hp, const std::vector<double>& wq,
+                                     const std::vector<double>& wk, const std::vector<double>& wv,
+                                     const MlaCalibration& calib, const MlaOptions& opt);
+
+/// What a conversion kept, for reports (docs/latent.md).
+struct MlaConversionStats {
+  double rope_energy_kept = 1;   ///< share of the calibrated RoPE-key energy E‖k_rot‖² left in
+                                 ///< k_rope (1 when rope_heads = Hkv; without damping)
+  double alpha = 1;              ///< the balance factor α = sqrt(E‖k_nope‖² / E‖v‖²)
+  double latent_energy_kept = 1; ///< share of E‖[k_nope/α; v]‖² in the kept principal directions
+  std::int64_t full_width = 0;   ///< d_nope + Hkv·D, the latent width without truncation
+};
+/// As above, also filling *stats (when not null).
+MlaLayerWeights convert_layer_to_mla(const LlamaHParams& hp, const std::vector<double>& wq,
+                                     const std::vector<double>& wk, const std::vector<double>& wv,
+                                     const MlaCalibration& calib, const MlaOptions& opt,
+                                     MlaConversionStats* stats);
+
+/// RoRoPE basis of one layer (step 2): for each of the P/M folded frequency groups f (frequencies
+/// fM .. fM+M−1), an orthogonal U_f of n = Hkv·M, indexed j = g·M + m (KV head g, frequency fM+m),
+/// whose columns are the eigenvectors of Σx + Σy + δI in descending order of eigenvalue.
+struct RoRopeBasis {
+  int freqfold = 1;                           ///< M
+  std::int64_t n = 0;                         ///< Hkv·M
+  std::vector<double> theta;                  ///< [P/M] θ*_f: the mean of the group's θ_i
+  std::vector<std::vector<double>> u;         ///< [P/M] × (n×n row-major), column k = component k
+  std::vector<std::vector<double>> eigenvalues;  ///< [P/M] × n, descending, damping included
+};
+/// Computes the basis from wk [Hkv·D, E] and the calibration (options checked as above).
+RoRopeBasis rorope_basis(const LlamaHParams& hp, const std::vector<double>& wk,
+                         const MlaCalibration& calib, int freqfold);
+/// Σ over groups of the top `keep` eigenvalues (the energy captured by keeping `keep` components
+/// of every group: V_2 of the digest's identity 8 with keep = M, or V_1 summed per frequency
+/// with freqfold 1 and keep = 1).
+double rorope_captured_energy(const RoRopeBasis& basis, std::int64_t keep);
+
+/// Steps 1–2 only: the GQA layer merged and rotated by `basis`, every rotated component kept as
+/// RoPE (d_rope = Hkv·n_rot) and the latent uncompressed. With basis.freqfold = 1 an exact rewrite
+/// of the GQA layer (identity 5); with M > 1 the folded frequencies are the only change.
+MlaLayerWeights rorope_merge(const LlamaHParams& hp, const std::vector<double>& wq,
+                             const std::vector<double>& wk, const std::vector<double>& wv,
+                             const RoRopeBasis& basis);
+
+}  // namespace numattn::transform
