@@ -12,9 +12,9 @@ the same run. `full` is rank 0 (no truncation: only RoPE removal and FreqFold co
 `exact` is the exact merge (rank 0 with rope_heads = Hkv, freqfold 1): it must
 match the GQA model. KV bytes per token are the float32 cache of every layer, r + d_rope floats
 (d_rope = rope_heads * n_rot) against GQA's 2 * Hkv * D; when the CLI prints its own figure
-(`kv_bytes_per_token` or `mla_kv_bytes_per_token`) that one is used and the two are checked
-against each other. Rows are printed as they finish (stderr) and the tables written at the end;
-a failing configuration is recorded with its error and the sweep goes on.
+(`mla_latent` + `mla_d_rope`) that one is used and a mismatch is noted. Rows are printed as
+they finish (stderr) and the tables written at the end; a failing configuration is recorded
+with its error and the sweep goes on.
 Only the standard library is used.
 """
 import argparse
@@ -58,6 +58,8 @@ def run_one(args, rank, freqfold, rope_heads):
            "--rope-heads", str(rope_heads), "--calib", args.calib, "--format", "json"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.calib_tokens:
+        cmd += ["--calib-tokens", str(args.calib_tokens)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         err = out.stderr.strip().splitlines()
@@ -83,6 +85,7 @@ def main():
     ap.add_argument("--freqfold", default="1,2,4")
     ap.add_argument("--rope-heads", default="1")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--calib-tokens", type=int, default=0, help="0: the CLI's default")
     ap.add_argument("--csv", default="")
     ap.add_argument("--md", default="")
     args = ap.parse_args()
@@ -111,9 +114,15 @@ def main():
         if "error" in res:
             row["error"] = res["error"]
         else:
-            cli_kv = res.get("mla_kv_bytes_per_token", res.get("kv_bytes_per_token"))
-            if cli_kv is not None and abs(float(cli_kv) - kv_bytes) > 0.5:
-                row["note"] = f"CLI reports {cli_kv} KV bytes/token"
+            # The CLI's own latent and RoPE widths are the truth; a mismatch with the formula
+            # is noted (and the CLI's figure used).
+            if res.get("mla_latent") is not None and res.get("mla_d_rope") is not None:
+                cli_width = int(res["mla_latent"]) + int(res["mla_d_rope"])
+                if cli_width != width:
+                    row["note"] = f"CLI cache width {cli_width} != formula {width}"
+                    width = cli_width
+                    row.update({"cache_floats_per_layer": width, "kv_bytes_per_token": 4 * n_layer * width,
+                                "kv_pct_of_gqa": 100.0 * width / gqa_floats})
             ppl, base = res.get("ppl"), res.get("ppl_baseline")
             row.update({"ppl": ppl, "ppl_gqa": base,
                         "ppl_rel_change": (ppl - base) / base if ppl is not None and base else None,
