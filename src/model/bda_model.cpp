@@ -5,6 +5,7 @@
 #include "numattn/core/error.h"
 #include "numattn/core/file_io.h"
 #include "numattn/model/gguf.h"
+#include "numattn/model/mla_model.h"
 
 namespace numattn {
 
@@ -19,7 +20,8 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
   if (opt.pairs == transform::BdaPairs::kNone) return rep;
   LlamaWeights& w = model.mutable_weights();
   for (const LlamaLayer& L : w.layers)
-    NUMATTN_CHECK(!L.v_bd, "the model already has BDA applied");
+    NUMATTN_CHECK(!L.v_bd && !(L.mla && L.mla->uk_bd), "the model already has BDA applied");
+  if (model.has_mla()) return apply_bda_mla(model, opt, rep);
   // Transform every layer first, then commit: a refusal leaves the model untouched.
   std::vector<transform::BdaLayer> done;
   done.reserve(w.layers.size());
@@ -78,6 +80,72 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
     rep.fallback_heads += lr.fallback_heads;
     rep.layers.push_back(lr);
   }
+  return rep;
+}
+
+ModelBdaReport apply_bda_mla(LlamaModel& model, const transform::BdaOptions& opt, ModelBdaReport rep) {
+  const LlamaHParams& hp = model.hparams();
+  const std::int64_t E = hp.n_embd;
+  NUMATTN_CHECK(!transform::has_vo(opt.pairs),
+                "BDA '{}' on an MLA model: the VO pair (W_uv[h] with its W_o block) is not "
+                "implemented for MLA layers; use --bda qk (the NoPE QK pair)", rep.pairs);
+  LlamaWeights& w = model.mutable_weights();
+  std::vector<std::shared_ptr<const MlaLayer>> done;
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    const LlamaLayer& Ly = w.layers[l];
+    NUMATTN_CHECK(Ly.mla, "BDA on an MLA model: layer {} is not an MLA layer (mixed models are not "
+                          "supported)", l);
+    const MlaLayer& M = *Ly.mla;
+    const std::int64_t H = M.n_head, r = M.rank, dn = M.d_nope, dr = M.d_rope;
+    NUMATTN_CHECK(dn >= 1 && dn <= r,
+                  "BDA qk on MLA layer {}: the NoPE width d_nope = {} must be between 1 and the "
+                  "latent rank r = {} (a basis of d_nope latent channels)", l, dn, r);
+    // QK pair of the NoPE part: Q = W_q_nope (E → H·dn), K = W_uk (latent r → H·dn), one KV head
+    // per query head; no RoPE on this part. W_v/W_o are not rewritten (zeros of the right shape).
+    transform::AttentionLayerWeights aw;
+    aw.d_model = E;
+    aw.d_kv = r;
+    aw.heads = H;
+    aw.kv_heads = H;
+    aw.head_dim = dn;
+    aw.rope_dims = 0;
+    aw.layout = transform::WeightLayout::kOutIn;
+    const float* qn = M.w_in.data() + (r + dr) * E;
+    const std::vector<float> zv(static_cast<std::size_t>(H * dn * r), 0.f), zo(static_cast<std::size_t>(E * H * dn), 0.f);
+    aw.wq = {qn, static_cast<std::size_t>(H * dn * E)};
+    aw.wk = M.w_uk;
+    aw.wv = zv;
+    aw.wo = zo;
+    transform::BdaLayer b;
+    try {
+      b = transform::bda_transform(aw, opt);
+    } catch (const Error& e) {
+      throw Error(fmt::format("BDA '{}' on MLA layer {}: {}", rep.pairs, l, e.what()));
+    }
+    MlaLayer N = M;
+    std::copy(b.wq.begin(), b.wq.end(), N.w_in.begin() + (r + dr) * E);
+    // W_uk'[h] (dense form, [H·dn, r]) from the projection's effective [r, H·dn] weight.
+    const std::vector<float> eff = b.k_proj.effective_weight();
+    for (std::int64_t o = 0; o < H * dn; ++o)
+      for (std::int64_t c = 0; c < r; ++c)
+        N.w_uk[static_cast<std::size_t>(o * r + c)] = eff[static_cast<std::size_t>(c * H * dn + o)];
+    N.uk_bd_rest = b.k_proj.parts().rest;
+    N.uk_bd = std::make_shared<const transform::BdProjection>(std::move(b.k_proj));
+    ModelBdaLayerReport lr;
+    lr.layer = static_cast<int>(l);
+    lr.kappa_max = b.qk.kappa_max;
+    lr.fallback_heads = static_cast<int>(b.qk.fallback_heads);
+    lr.params_before = H * dn * E + H * dn * r;
+    lr.params_after = H * dn * E + N.uk_bd->weight_params();
+    rep.params_before += lr.params_before;
+    rep.params_after += lr.params_after;
+    rep.kappa_max = std::max(rep.kappa_max, lr.kappa_max);
+    rep.fallback_heads += lr.fallback_heads;
+    rep.macs_saved_per_token += H * dn * r - N.uk_bd->macs_per_token();
+    rep.layers.push_back(lr);
+    done.push_back(std::make_shared<const MlaLayer>(std::move(N)));
+  }
+  for (std::size_t l = 0; l < w.layers.size(); ++l) w.layers[l].mla = done[l];
   return rep;
 }
 

@@ -10,6 +10,7 @@
 #include "numattn/core/memory.h"
 #include "numattn/core/simd.h"
 #include "numattn/model/gguf.h"
+#include "numattn/model/mla_model.h"
 #include "numattn/model/quant.h"
 
 namespace numattn {
@@ -175,6 +176,68 @@ std::shared_ptr<const transform::BdProjection> load_v_bd(const GgufFile& f, cons
   return std::make_shared<const transform::BdProjection>(transform::BdProjection::from_parts(std::move(parts)));
 }
 
+// The MLA dimensions of a `numattn-mla` file (model/mla_convert.h), validated: ranges first, so
+// that the tensor shapes computed from them cannot overflow.
+struct MlaFileDims {
+  std::int64_t rank = 0, d_nope = 0, d_rope = 0, d_v = 0;
+  double scale = 0;
+};
+constexpr std::int64_t kMaxMlaDim = std::int64_t{1} << 20;
+MlaFileDims read_mla_dims(const GgufFile& f) {
+  MlaFileDims d;
+  auto dim = [&](const char* key, std::int64_t lo) {
+    const std::string k = std::string("numattn-mla.mla.") + key;
+    const std::int64_t v = f.get_int(k);
+    NUMATTN_CHECK(v >= lo && v <= kMaxMlaDim, "{}: {} = {} must be between {} and {}", f.path(), k, v,
+                  lo, kMaxMlaDim);
+    return v;
+  };
+  d.rank = dim("kv_lora_rank", 1);
+  d.d_nope = dim("nope_dim", 0);
+  d.d_rope = dim("rope_dim", 0);
+  d.d_v = dim("value_dim", 1);
+  NUMATTN_CHECK(d.d_rope % 2 == 0, "{}: numattn-mla.mla.rope_dim = {} must be even", f.path(), d.d_rope);
+  NUMATTN_CHECK(d.d_nope + d.d_rope >= 1,
+                "{}: numattn-mla.mla.nope_dim + rope_dim = 0: the keys would be empty", f.path());
+  d.scale = f.get_double("numattn-mla.mla.softmax_scale");
+  NUMATTN_CHECK(std::isfinite(d.scale) && d.scale > 0,
+                "{}: numattn-mla.mla.softmax_scale = {} must be finite and positive", f.path(), d.scale);
+  return d;
+}
+
+// One MLA layer of a numattn-mla file (shapes checked by read_hparams), in float32.
+std::shared_ptr<const MlaLayer> load_mla_layer(const GgufFile& f, std::int64_t l, const LlamaHParams& hp,
+                                               const MlaFileDims& d, const ExecContext& ctx) {
+  const std::string p = "blk." + std::to_string(l) + ".";
+  const std::int64_t E = hp.n_embd, H = hp.n_head, r = d.rank, dn = d.d_nope, dr = d.d_rope, dv = d.d_v;
+  MlaLayer M;
+  M.n_head = H;
+  M.rank = r;
+  M.d_nope = dn;
+  M.d_rope = dr;
+  M.d_v = dv;
+  M.softmax_scale = d.scale;
+  M.rope_theta = f.at("numattn-mla.mla.rope_theta." + std::to_string(l)).double_array();
+  M.w_in.resize(static_cast<std::size_t>(M.in_rows() * E));
+  load_tensor(f, p + "attn_kv_a_mqa.weight", M.w_in.data(), (r + dr) * E, ctx);
+  std::vector<float> q, kvb;
+  load_tensor(f, p + "attn_q.weight", q, H * (dn + dr) * E, ctx);
+  float* qn = M.w_in.data() + (r + dr) * E;
+  float* qr = qn + H * dn * E;
+  for (std::int64_t h = 0; h < H; ++h) {
+    std::copy_n(q.data() + h * (dn + dr) * E, dn * E, qn + h * dn * E);
+    std::copy_n(q.data() + (h * (dn + dr) + dn) * E, dr * E, qr + h * dr * E);
+  }
+  load_tensor(f, p + "attn_kv_b.weight", kvb, H * (dn + dv) * r, ctx);
+  M.w_uk.resize(static_cast<std::size_t>(H * dn * r));
+  M.w_uv.resize(static_cast<std::size_t>(H * dv * r));
+  for (std::int64_t h = 0; h < H; ++h) {
+    std::copy_n(kvb.data() + h * (dn + dv) * r, dn * r, M.w_uk.data() + h * dn * r);
+    std::copy_n(kvb.data() + (h * (dn + dv) + dn) * r, dv * r, M.w_uv.data() + h * dv * r);
+  }
+  return std::make_shared<const MlaLayer>(std::move(M));
+}
+
 }  // namespace
 
 double ForwardProfile::total() const {
@@ -228,18 +291,39 @@ void LlamaHParams::validate(const std::string& source) const {
   weight_count(false);  // every weight size fits in 64 bits (throws otherwise)
 }
 
-KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens) : capacity_(max_tokens) {
+KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens)
+    : KvCache(hp, max_tokens, std::vector<std::int64_t>(static_cast<std::size_t>(hp.n_layer), 0)) {}
+
+KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens,
+                 const std::vector<std::int64_t>& latent_width)
+    : capacity_(max_tokens), latent_(latent_width) {
   NUMATTN_CHECK(max_tokens > 0, "KV cache capacity must be positive, got {}", max_tokens);
+  NUMATTN_CHECK(static_cast<std::int64_t>(latent_width.size()) == hp.n_layer,
+                "KV cache: {} layer widths for {} layers", latent_width.size(), hp.n_layer);
   constexpr const char* what = "KV cache size";
-  const std::int64_t per = checked_mul(checked_mul(max_tokens, hp.n_head_kv, what), hp.head_dim, what);
-  const std::int64_t bytes =
-      checked_mul(checked_mul(checked_mul(per, hp.n_layer, what), 2, what), 4, what);
+  const std::int64_t gqa = checked_mul(checked_mul(2, hp.n_head_kv, what), hp.head_dim, what);
+  std::int64_t per_token = 0;
+  for (std::int64_t w : latent_width) {
+    NUMATTN_CHECK(w >= 0, "KV cache: negative latent width {}", w);
+    per_token = checked_add(per_token, w > 0 ? w : gqa, what);
+  }
+  const std::int64_t bytes = checked_mul(checked_mul(per_token, max_tokens, what), 4, what);
+  bytes_per_token_ = checked_mul(per_token, 4, what);
+  const bool mla = std::any_of(latent_width.begin(), latent_width.end(), [](std::int64_t w) { return w > 0; });
   check_memory(static_cast<std::uint64_t>(bytes),
-               fmt::format("a KV cache of {} positions ({} layers × K,V × {} KV heads × {} dims, "
-                           "float32)",
-                           max_tokens, hp.n_layer, hp.n_head_kv, hp.head_dim));
-  k_.assign(static_cast<std::size_t>(hp.n_layer), std::vector<float>(static_cast<std::size_t>(per)));
-  v_.assign(static_cast<std::size_t>(hp.n_layer), std::vector<float>(static_cast<std::size_t>(per)));
+               mla ? fmt::format("a KV cache of {} positions ({} floats per position over {} layers, "
+                                 "MLA latent layers included, float32)",
+                                 max_tokens, per_token, hp.n_layer)
+                   : fmt::format("a KV cache of {} positions ({} layers × K,V × {} KV heads × {} dims, "
+                                 "float32)",
+                                 max_tokens, hp.n_layer, hp.n_head_kv, hp.head_dim));
+  k_.resize(static_cast<std::size_t>(hp.n_layer));
+  v_.resize(static_cast<std::size_t>(hp.n_layer));
+  for (std::size_t l = 0; l < latent_width.size(); ++l) {
+    const std::int64_t w = latent_width[l];
+    k_[l].resize(static_cast<std::size_t>(max_tokens * (w > 0 ? w : gqa / 2)));
+    if (w == 0) v_[l].resize(static_cast<std::size_t>(max_tokens * gqa / 2));
+  }
 }
 
 AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer) {
@@ -287,6 +371,7 @@ std::vector<std::string> split_spec_list(const std::string& specs) {
 LlamaModel::LlamaModel(LlamaHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(w)) {
   hp_.validate();
   check_shapes();
+  mla_exec_ = MlaExec::kAbsorbed;
   rope_inv_freq_.resize(static_cast<std::size_t>(hp_.n_rot / 2));
   for (std::int64_t i = 0; i < hp_.n_rot / 2; ++i)
     rope_inv_freq_[static_cast<std::size_t>(i)] =
@@ -318,6 +403,25 @@ void LlamaModel::check_shapes() const {
     const auto& L = w_.layers[l];
     const std::string p = "layer " + std::to_string(l) + " ";
     need(L.attn_norm, h.n_embd, p + "attn_norm");
+    if (L.mla) {
+      const MlaLayer& M = *L.mla;
+      NUMATTN_CHECK(L.wqkv.empty() && L.wqkv_q.empty() && !L.v_bd,
+                    "{}is an MLA layer but also holds Q/K/V weights", p);
+      NUMATTN_CHECK(M.n_head == h.n_head, "{}MLA layer has {} heads, the model {}", p, M.n_head, h.n_head);
+      NUMATTN_CHECK(M.rank >= 1 && M.d_v >= 1 && M.d_nope >= 0 && M.d_rope >= 0 && M.d_rope % 2 == 0 &&
+                        M.d_nope + M.d_rope >= 1 && std::isfinite(M.softmax_scale) && M.softmax_scale > 0 &&
+                        static_cast<std::int64_t>(M.rope_theta.size()) == M.d_rope / 2,
+                    "{}MLA layer has inconsistent sizes (rank {}, d_nope {}, d_rope {}, d_v {})", p,
+                    M.rank, M.d_nope, M.d_rope, M.d_v);
+      need(M.w_in, M.in_rows() * h.n_embd, p + "MLA input projections");
+      need(M.w_uk, M.n_head * M.d_nope * M.rank, p + "MLA W_uk");
+      need(M.w_uv, M.n_head * M.d_v * M.rank, p + "MLA W_uv");
+      mat(L.wo, L.wo_q, h.n_embd, h.n_head * M.d_v, p + "wo");
+      need(L.ffn_norm, h.n_embd, p + "ffn_norm");
+      mat(L.w_gate_up, L.w_gate_up_q, 2 * h.n_ff, h.n_embd, p + "w_gate_up");
+      mat(L.w_down, L.w_down_q, h.n_embd, h.n_ff, p + "w_down");
+      continue;
+    }
     mat(L.wqkv, L.wqkv_q, L.v_bd ? (h.n_head + h.n_head_kv) * h.head_dim : h.qkv_rows(), h.n_embd,
         p + "wqkv");
     if (L.v_bd)
@@ -354,6 +458,8 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
   const GgufFile& f = *file;
   const LlamaHParams hp = read_hparams(f);  // shapes and types of every tensor below checked
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hkv = hp.n_head_kv;
+  const bool mla = f.architecture() == "numattn-mla";
+  const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
   LlamaWeights w;
   auto q = [&](QuantMatrix& m, const std::string& name) { m.append(f.tensor(name)); };
   q(w.token_embd_q, "token_embd.weight");
@@ -365,13 +471,18 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
     const std::string p = "blk." + std::to_string(l) + ".";
     load_tensor(f, p + "attn_norm.weight", L.attn_norm, E, ctx);
     load_tensor(f, p + "ffn_norm.weight", L.ffn_norm, E, ctx);
-    q(L.wqkv_q, p + "attn_q.weight");
-    q(L.wqkv_q, p + "attn_k.weight");
-    if (f.find_tensor(p + "attn_v_bd.coef")) {
-      // The BD projection is float32 arithmetic of its own (transform/bd_projection.h).
-      L.v_bd = load_v_bd(f, p, E, Hkv, D, ctx);
+    if (mla) {
+      // MLA projections are float32 arithmetic of their own (model/mla_model.h).
+      L.mla = load_mla_layer(f, l, hp, md, ctx);
     } else {
-      q(L.wqkv_q, p + "attn_v.weight");
+      q(L.wqkv_q, p + "attn_q.weight");
+      q(L.wqkv_q, p + "attn_k.weight");
+      if (f.find_tensor(p + "attn_v_bd.coef")) {
+        // The BD projection is float32 arithmetic of its own (transform/bd_projection.h).
+        L.v_bd = load_v_bd(f, p, E, Hkv, D, ctx);
+      } else {
+        q(L.wqkv_q, p + "attn_v.weight");
+      }
     }
     q(L.wo_q, p + "attn_output.weight");
     q(L.w_gate_up_q, p + "ffn_gate.weight");
@@ -384,43 +495,48 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
 
 LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
   const std::string arch = f.architecture();
-  NUMATTN_CHECK(arch == "llama",
-                "{}: architecture '{}' is not supported; the forward pass implements 'llama'",
+  NUMATTN_CHECK(arch == "llama" || arch == "numattn-mla",
+                "{}: architecture '{}' is not supported; the forward pass implements 'llama' (and "
+                "numattn's own 'numattn-mla', model/mla_convert.h)",
                 f.path(), arch);
-  NUMATTN_CHECK(!f.has("llama.rope.scaling.type") ||
-                    f.get_string("llama.rope.scaling.type") == "none",
+  // A numattn-mla file keeps the llama keys under its own prefix.
+  auto K = [&](const char* llama_key) {
+    return arch == "llama" ? std::string(llama_key) : "numattn-mla." + std::string(llama_key + 6);
+  };
+  NUMATTN_CHECK(!f.has(K("llama.rope.scaling.type")) ||
+                    f.get_string(K("llama.rope.scaling.type")) == "none",
                 "{}: RoPE scaling '{}' is not supported", f.path(),
-                f.get_string("llama.rope.scaling.type", ""));
+                f.get_string(K("llama.rope.scaling.type"), ""));
   LlamaHParams hp;
-  hp.n_embd = f.get_int(kKeyEmbd);
-  hp.n_layer = f.get_int(kKeyBlocks);
-  hp.n_ff = f.get_int(kKeyFf);
-  hp.n_head = f.get_int(kKeyHeads);
-  hp.n_head_kv = f.get_int(kKeyHeadsKv, hp.n_head);
-  if (f.has(kKeyKeyLen)) {
-    hp.head_dim = f.get_int(kKeyKeyLen);
+  hp.n_embd = f.get_int(K(kKeyEmbd));
+  hp.n_layer = f.get_int(K(kKeyBlocks));
+  hp.n_ff = f.get_int(K(kKeyFf));
+  hp.n_head = f.get_int(K(kKeyHeads));
+  hp.n_head_kv = f.get_int(K(kKeyHeadsKv), hp.n_head);
+  if (f.has(K(kKeyKeyLen))) {
+    hp.head_dim = f.get_int(K(kKeyKeyLen));
   } else {
     NUMATTN_CHECK(hp.n_head >= 1 && hp.n_embd % hp.n_head == 0,
                   "{}: {} = {} is not a multiple of {} = {}, and there is no {} to give the head "
                   "dim",
-                  f.path(), kKeyEmbd, hp.n_embd, kKeyHeads, hp.n_head, kKeyKeyLen);
+                  f.path(), K(kKeyEmbd), hp.n_embd, K(kKeyHeads), hp.n_head, K(kKeyKeyLen));
     hp.head_dim = hp.n_embd / hp.n_head;
   }
-  NUMATTN_CHECK(f.get_int(kKeyValueLen, hp.head_dim) == hp.head_dim,
+  NUMATTN_CHECK(f.get_int(K(kKeyValueLen), hp.head_dim) == hp.head_dim,
                 "{}: {} = {} differs from the key length {}; that is not supported", f.path(),
-                kKeyValueLen, f.get_int(kKeyValueLen, hp.head_dim), hp.head_dim);
-  hp.n_rot = f.get_int(kKeyRot, hp.head_dim);
-  hp.rope_base = f.get_double(kKeyRopeBase, 10000.0);
-  hp.rms_eps = f.get_double(kKeyEps, 1e-5);
-  hp.n_ctx_train = f.get_int(kKeyCtx);  // required, as in llama.cpp
+                K(kKeyValueLen), f.get_int(K(kKeyValueLen), hp.head_dim), hp.head_dim);
+  hp.n_rot = f.get_int(K(kKeyRot), hp.head_dim);
+  hp.rope_base = f.get_double(K(kKeyRopeBase), 10000.0);
+  hp.rms_eps = f.get_double(K(kKeyEps), 1e-5);
+  hp.n_ctx_train = f.get_int(K(kKeyCtx));  // required, as in llama.cpp
   const GgufTensorInfo& emb = f.tensor("token_embd.weight");
   hp.n_vocab = emb.ne.size() >= 2 ? emb.ne[1] : 0;
   hp.validate(f.path());
 
   const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff, Hq = hp.n_head,
                      Hkv = hp.n_head_kv, V = hp.n_vocab;
-  NUMATTN_CHECK(f.get_int(kKeyVocab, V) == V, "{}: {} = {} disagrees with the {} rows of tensor "
-                "token_embd.weight", f.path(), kKeyVocab, f.get_int(kKeyVocab, V), V);
+  NUMATTN_CHECK(f.get_int(K(kKeyVocab), V) == V, "{}: {} = {} disagrees with the {} rows of tensor "
+                "token_embd.weight", f.path(), K(kKeyVocab), f.get_int(K(kKeyVocab), V), V);
   if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->is_array())
     NUMATTN_CHECK(static_cast<std::int64_t>(toks->array_size()) == V,
                   "{}: the vocabulary tokenizer.ggml.tokens has {} tokens, but tensor "
@@ -430,13 +546,15 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
   const auto n_tensors = static_cast<std::int64_t>(f.tensors().size());
   NUMATTN_CHECK(hp.n_layer <= (n_tensors - 2) / kTensorsPerLayer,
                 "{}: {} = {}, but the file has only {} tensors ({} per layer are needed)", f.path(),
-                kKeyBlocks, hp.n_layer, n_tensors, kTensorsPerLayer);
+                K(kKeyBlocks), hp.n_layer, n_tensors, kTensorsPerLayer);
 
-  const std::string e_why = fmt::format("{} = {}", kKeyEmbd, E);
-  const std::string hd = f.has(kKeyKeyLen) ? std::string(kKeyKeyLen) : "embedding_length / head_count";
-  const std::string q_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, kKeyHeads, Hq, D, hd);
-  const std::string kv_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, kKeyHeadsKv, Hkv, D, hd);
-  const std::string f_why = fmt::format("{}; {} = {}", e_why, kKeyFf, F);
+  const bool mla = arch == "numattn-mla";
+  const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
+  const std::string e_why = fmt::format("{} = {}", K(kKeyEmbd), E);
+  const std::string hd = f.has(K(kKeyKeyLen)) ? std::string(K(kKeyKeyLen)) : "embedding_length / head_count";
+  const std::string q_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, K(kKeyHeads), Hq, D, hd);
+  const std::string kv_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, K(kKeyHeadsKv), Hkv, D, hd);
+  const std::string f_why = fmt::format("{}; {} = {}", e_why, K(kKeyFf), F);
   check_tensor(f, "token_embd.weight", E, V, e_why);
   check_tensor(f, "output_norm.weight", E, 0, e_why);
   if (f.find_tensor("output.weight")) check_tensor(f, "output.weight", E, V, e_why + ", vocabulary of token_embd.weight");
@@ -444,18 +562,37 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
     const std::string p = "blk." + std::to_string(l) + ".";
     check_tensor(f, p + "attn_norm.weight", E, 0, e_why);
     check_tensor(f, p + "ffn_norm.weight", E, 0, e_why);
+    if (mla) {
+      const std::int64_t r = md.rank, dn = md.d_nope, dr = md.d_rope, dv = md.d_v;
+      const std::string m_why = fmt::format("{}; numattn-mla.mla.* r = {}, d_nope = {}, d_rope = {}, d_v = {}, "
+                                            "{} heads", e_why, r, dn, dr, dv, Hq);
+      check_tensor(f, p + "attn_kv_a_mqa.weight", E, r + dr, m_why);
+      check_tensor(f, p + "attn_q.weight", E, Hq * (dn + dr), m_why);
+      check_tensor(f, p + "attn_kv_b.weight", r, Hq * (dn + dv), m_why);
+      check_tensor(f, p + "attn_output.weight", Hq * dv, E, m_why);
+      const std::string tk = "numattn-mla.mla.rope_theta." + std::to_string(l);
+      const std::vector<double> th = f.at(tk).double_array();
+      NUMATTN_CHECK(static_cast<std::int64_t>(th.size()) == dr / 2, "{}: {} has {} values, expected d_rope/2 = {}",
+                    f.path(), tk, th.size(), dr / 2);
+      for (std::size_t i = 0; i < th.size(); ++i)
+        NUMATTN_CHECK(std::isfinite(th[i]), "{}: {}[{}] = {} is not finite", f.path(), tk, i, th[i]);
+      check_tensor(f, p + "ffn_gate.weight", E, F, f_why);
+      check_tensor(f, p + "ffn_up.weight", E, F, f_why);
+      check_tensor(f, p + "ffn_down.weight", F, E, f_why);
+      continue;
+    }
     check_tensor(f, p + "attn_q.weight", E, Hq * D, q_why);
     check_tensor(f, p + "attn_k.weight", E, Hkv * D, kv_why);
     if (f.find_tensor(p + "attn_v_bd.coef")) {
       // A BDA file (model/bda_model.h); the values of perm/dense are checked by from_parts.
-      NUMATTN_CHECK(E > D, "{}: BDA layer {} needs {} > head dim ({} <= {})", f.path(), l, kKeyEmbd, E, D);
+      NUMATTN_CHECK(E > D, "{}: BDA layer {} needs {} > head dim ({} <= {})", f.path(), l, K(kKeyEmbd), E, D);
       check_tensor(f, p + "attn_v_bd.coef", Hkv * D, E - D, kv_why + " (BD coefficients)");
       const std::size_t n_perm = f.at(p + "attn_v_bd.perm").array_size();
       NUMATTN_CHECK(static_cast<std::int64_t>(n_perm) == E,
                     "{}: {}attn_v_bd.perm has {} entries, expected {} ({})", f.path(), p, n_perm, E, e_why);
       const auto nd = static_cast<std::int64_t>(f.at(p + "attn_v_bd.dense").array_size());
       NUMATTN_CHECK(nd <= Hkv, "{}: {}attn_v_bd.dense lists {} heads, but {} = {}", f.path(), p,
-                    nd, kKeyHeadsKv, Hkv);
+                    nd, K(kKeyHeadsKv), Hkv);
       if (nd > 0) check_tensor(f, p + "attn_v_bd.top", nd * D, D, kv_why + " (BD dense heads)");
     } else {
       check_tensor(f, p + "attn_v.weight", E, Hkv * D, kv_why);
@@ -477,6 +614,8 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
 
   LlamaWeights w;
   const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff, Hq = hp.n_head, Hkv = hp.n_head_kv;
+  const bool mla = f.architecture() == "numattn-mla";
+  const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
   load_tensor(f, "token_embd.weight", w.token_embd, hp.n_vocab * E, ctx);
   load_tensor(f, "output_norm.weight", w.output_norm, E, ctx);
   if (!tied) load_tensor(f, "output.weight", w.output, hp.n_vocab * E, ctx);
@@ -486,6 +625,15 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
     const std::string p = "blk." + std::to_string(l) + ".";
     load_tensor(f, p + "attn_norm.weight", L.attn_norm, E, ctx);
     load_tensor(f, p + "ffn_norm.weight", L.ffn_norm, E, ctx);
+    if (mla) {
+      L.mla = load_mla_layer(f, l, hp, md, ctx);
+      load_tensor(f, p + "attn_output.weight", L.wo, E * Hq * md.d_v, ctx);
+      L.w_gate_up.resize(static_cast<std::size_t>(2 * F * E));
+      load_tensor(f, p + "ffn_gate.weight", L.w_gate_up.data(), F * E, ctx);
+      load_tensor(f, p + "ffn_up.weight", L.w_gate_up.data() + F * E, F * E, ctx);
+      load_tensor(f, p + "ffn_down.weight", L.w_down, E * F, ctx);
+      continue;
+    }
     // A BDA file (model/bda_model.h) stores the VO pair's fused projection instead of attn_v.
     const bool bd = f.find_tensor(p + "attn_v_bd.coef") != nullptr;
     L.wqkv.resize(static_cast<std::size_t>((bd ? Hq + Hkv : Hq + 2 * Hkv) * D * E));
@@ -521,9 +669,35 @@ std::uint64_t LlamaModel::weight_bytes_per_token(bool with_output) const {
     b += bytes(L.wqkv, L.wqkv_q) + bytes(L.wo, L.wo_q) + bytes(L.w_gate_up, L.w_gate_up_q) +
          bytes(L.w_down, L.w_down_q);
     if (L.v_bd) b += 4 * static_cast<std::uint64_t>(L.v_bd->weight_params());
+    if (L.mla) b += 4 * static_cast<std::uint64_t>(L.mla->weights(hp_.n_embd));
   }
   if (with_output)
     b += w_.tied() ? bytes(w_.token_embd, w_.token_embd_q) : bytes(w_.output, w_.output_q);
+  return b;
+}
+
+KvCache LlamaModel::make_cache(std::int64_t max_tokens) const {
+  std::vector<std::int64_t> lat;
+  for (const LlamaLayer& L : w_.layers) lat.push_back(L.mla ? L.mla->cache_width() : 0);
+  return KvCache(hp_, max_tokens, lat);
+}
+
+std::int64_t LlamaModel::kv_bytes_per_token() const {
+  std::int64_t b = 0;
+  for (const LlamaLayer& L : w_.layers)
+    b += 4 * (L.mla ? L.mla->cache_width() : 2 * hp_.n_head_kv * hp_.head_dim);
+  return b;
+}
+
+bool LlamaModel::has_mla() const {
+  return std::any_of(w_.layers.begin(), w_.layers.end(), [](const LlamaLayer& L) { return L.mla != nullptr; });
+}
+
+std::int64_t LlamaModel::body_weights() const {
+  const std::int64_t E = hp_.n_embd;
+  std::int64_t b = 0;
+  for (const LlamaLayer& L : w_.layers)
+    b += L.mla ? L.mla->weights(E) + E * hp_.n_head * L.mla->d_v + 3 * hp_.n_ff * E : hp_.layer_weights();
   return b;
 }
 
@@ -538,8 +712,15 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
   const auto& h = hp_;
   const std::int64_t N = static_cast<std::int64_t>(tokens.size());
   NUMATTN_CHECK(N > 0, "forward needs at least one token");
-  NUMATTN_CHECK(static_cast<std::int64_t>(cache.k_.size()) == h.n_layer,
+  NUMATTN_CHECK(static_cast<std::int64_t>(cache.k_.size()) == h.n_layer &&
+                    static_cast<std::int64_t>(cache.latent_.size()) == h.n_layer,
                 "KV cache was made for another model");
+  for (std::int64_t l = 0; l < h.n_layer; ++l) {
+    const auto& M = w_.layers[static_cast<std::size_t>(l)].mla;
+    NUMATTN_CHECK(cache.latent_[static_cast<std::size_t>(l)] == (M ? M->cache_width() : 0),
+                  "KV cache was made for another model (layer {} is {} here, {} in the cache)", l,
+                  M ? "MLA" : "GQA", cache.latent_[static_cast<std::size_t>(l)] > 0 ? "MLA" : "GQA");
+  }
   const std::int64_t p0 = cache.n_past_;
   NUMATTN_CHECK(p0 + N <= cache.capacity_, "KV cache holds {} positions; {} + {} do not fit",
                 cache.capacity_, p0, N);
@@ -554,10 +735,22 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
   const std::int64_t E = h.n_embd, D = h.head_dim, Hq = h.n_head, Hkv = h.n_head_kv, F = h.n_ff;
   const std::int64_t R = h.qkv_rows(), half = h.n_rot / 2;
   const std::int64_t n_out = N - opt.logits_begin;
+  // MLA layers: the widest of their per-token buffers (projections, query rows, attention
+  // output, latent output), and of the W_o input.
+  const MlaExec mexec = mla_exec_;
+  std::int64_t m_proj = 0, m_q = 0, m_lat = 0, att_w = Hq * D;
+  for (const LlamaLayer& L : w_.layers)
+    if (L.mla) {
+      m_proj = std::max(m_proj, L.mla->in_rows());
+      m_q = std::max(m_q, mla_query_width(*L.mla, mexec));
+      m_lat = std::max(m_lat, mla_out_width(*L.mla, mexec));
+      att_w = std::max(att_w, Hq * L.mla->d_v);
+    }
   {
-    // Activations (x, xn, qkv, att, gate|up, act, captures, cos|sin) and the logits.
+    // Activations (x, xn, qkv, att, gate|up, act, captures, cos|sin, MLA buffers) and the logits.
     constexpr const char* what = "forward activation size";
-    const std::int64_t per_token = 2 * E + R + Hq * D + 3 * F + 2 * half + (opt.capture ? (Hq + Hkv) * D : 0);
+    const std::int64_t per_token = 2 * E + R + att_w + 3 * F + 2 * half + m_proj + m_q + m_lat +
+                                   (opt.capture ? (Hq + Hkv) * D : 0);
     const std::int64_t floats = checked_add(checked_mul(N, per_token, what),
                                             checked_mul(n_out, h.n_vocab, what), what);
     check_memory(static_cast<std::uint64_t>(checked_mul(floats, 4, what)),
@@ -566,7 +759,9 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
   PhaseTimer timer{opt.profile};
 
   std::vector<float> x(static_cast<std::size_t>(N * E)), xn(x.size());
-  std::vector<float> qkv(static_cast<std::size_t>(N * R)), att(static_cast<std::size_t>(N * Hq * D));
+  std::vector<float> qkv(static_cast<std::size_t>(N * R)), att(static_cast<std::size_t>(N * att_w));
+  std::vector<float> mproj(static_cast<std::size_t>(N * m_proj)), mq(static_cast<std::size_t>(N * m_q)),
+      mlat(static_cast<std::size_t>(N * m_lat));
   std::vector<float> gu(static_cast<std::size_t>(N * 2 * F)), act(static_cast<std::size_t>(N * F));
   std::vector<float> qpre, kpre;
   if (opt.capture) {
@@ -615,6 +810,15 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     const std::int64_t n = t1 - t0;
     rms_norm_rows(x.data() + t0 * E, L.attn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
     lap(main, &ForwardProfile::norm);
+    if (L.mla) {
+      const MlaLayer& M = *L.mla;
+      const std::int64_t cw = M.cache_width();
+      mla_project(M, mexec, xn.data() + t0 * E, n, E, p0 + t0,
+                  cache.k_[static_cast<std::size_t>(l)].data() + (p0 + t0) * cw,
+                  mq.data() + t0 * mla_query_width(M, mexec), mproj.data() + t0 * M.in_rows(), gemm_ctx);
+      lap(main, &ForwardProfile::qkv_gemm);
+      return;
+    }
     if (!L.v_bd) {
       gemm(xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, R, qkv.data() + t0 * R, false);
     } else {
@@ -654,7 +858,12 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
   auto post = [&](std::int64_t l, std::int64_t t0, std::int64_t t1, bool main) {
     const LlamaLayer& L = w_.layers[static_cast<std::size_t>(l)];
     const std::int64_t n = t1 - t0;
-    gemm(att.data() + t0 * Hq * D, n, Hq * D, L.wo, L.wo_q, E, x.data() + t0 * E, true);
+    const std::int64_t aw = L.mla ? Hq * L.mla->d_v : Hq * D;
+    if (L.mla && mexec == MlaExec::kAbsorbed) {
+      mla_up_values(*L.mla, mlat.data() + t0 * mla_out_width(*L.mla, mexec), n, att.data() + t0 * aw);
+      lap(main, &ForwardProfile::attention);
+    }
+    gemm(att.data() + t0 * aw, n, aw, L.wo, L.wo_q, E, x.data() + t0 * E, true);
     lap(main, &ForwardProfile::o_gemm);
     rms_norm_rows(x.data() + t0 * E, L.ffn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
     lap(main, &ForwardProfile::norm);
@@ -688,10 +897,31 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     const std::int64_t nk = p0 + N;
     float* kc = cache.k_[static_cast<std::size_t>(l)].data();
     float* vc = cache.v_[static_cast<std::size_t>(l)].data();
+    const LlamaLayer& Ll = w_.layers[static_cast<std::size_t>(l)];
+    if (Ll.mla) {
+      if (opt.capture) {
+        QkvCapture c;
+        c.layer = static_cast<int>(l);
+        c.pos0 = p0;
+        c.xn = xn.data();
+        opt.capture(c);
+      }
+      // Naive execution rebuilds keys and values of all nk tokens: worth the team even in decode.
+      const bool team = by_tokens || mexec == MlaExec::kNaive;
+      mla_attend(*Ll.mla, mexec, mq.data(), N, kc, nk, *attn[static_cast<std::size_t>(l)],
+                 team ? ctx : ExecContext{1}, mexec == MlaExec::kAbsorbed ? mlat.data() : att.data());
+      timer.lap(&ForwardProfile::attention);
+      region([&](std::int64_t t0, std::int64_t t1, bool main) {
+        post(l, t0, t1, main);
+        if (l + 1 < h.n_layer) pre(l + 1, t0, t1, main);
+      });
+      continue;
+    }
     if (opt.capture) {
       QkvCapture c;
       c.layer = static_cast<int>(l);
       c.pos0 = p0;
+      c.xn = xn.data();
       c.q_pre = TensorView<const float>(qpre.data(), {1, Hq, N, D}, {N * Hq * D, D, Hq * D, 1});
       c.k_pre = TensorView<const float>(kpre.data(), {1, Hkv, N, D}, {N * Hkv * D, D, Hkv * D, 1});
       c.q_post = TensorView<const float>(qkv.data(), {1, Hq, N, D}, {N * R, D, R, 1});

@@ -103,6 +103,9 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   fb.attention = opt.baseline.empty() ? fo.attention
                                       : option_methods("baseline", opt.baseline, model.hparams().n_layer);
   KvCache cache = model.make_cache(n_ctx);
+  // A baseline model of another form (an MLA model's GQA original) has a cache of its own shape.
+  KvCache base_cache;
+  if (opt.baseline_model) base_cache = opt.baseline_model->make_cache(n_ctx);
 
   PplResult r;
   r.attn_spec = attention_spec(fo.attention);
@@ -123,9 +126,10 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
     // Which chunk a forward error (a non-finite logit) happened in: its position alone
     // does not say where in the text it is.
     auto run = [&](const LlamaModel& m, const ForwardOptions& o, const char* which) {
-      cache.clear();
+      KvCache& kv = &m == opt.baseline_model ? base_cache : cache;
+      kv.clear();
       try {
-        return m.forward(chunk, cache, ctx, o);
+        return m.forward(chunk, kv, ctx, o);
       } catch (const Error& e) {
         throw Error(fmt::format("perplexity chunk {} of {} (text tokens {}..{}), {} pass: {}", c,
                                 n_chunk, c * n_ctx, (c + 1) * n_ctx - 1, which, e.what()));

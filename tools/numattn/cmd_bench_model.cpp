@@ -8,11 +8,14 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "mla_cli.h"
 #include "numattn/model/bench_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
+#include "numattn/model/mla_model.h"
 #include "numattn/model/qgemv.h"
+#include "numattn/model/tokenizer.h"
 
 namespace numattn::cli {
 
@@ -22,6 +25,7 @@ struct BenchModelOptions {
   std::int64_t decode = 64;
   int threads = 0, reps = 1;
   double bandwidth_mib = 0;
+  MlaCliOptions mla;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -53,9 +57,11 @@ void add_bench_model(CLI::App& app) {
                   "size of the streaming-read buffer in MiB (0 = twice the last-level cache, at "
                   "least 256 MiB)")
       ->capture_default_str();
+  add_mla_options(*sub, o->mla);
   add_common(*sub, &o->threads, &o->format);
-  sub->callback([o] {
+  sub->callback([o, sub] {
     ExecContext ctx{o->threads};
+    check_mla_options(*sub, o->mla);
     const int nt = ctx.num_threads();
     NUMATTN_CHECK_OPTION(o->decode >= 1, "decode", "must be at least 1, got {}", o->decode);
     NUMATTN_CHECK_OPTION(o->bandwidth_mib >= 0, "bandwidth-mib", "must be >= 0, got {}",
@@ -77,14 +83,33 @@ void add_bench_model(CLI::App& app) {
     const auto t_open = std::chrono::steady_clock::now();
     auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
     const LlamaHParams hp = LlamaModel::read_hparams(*file);
+    check_mla_against_model(o->mla, hp, file->architecture() == "numattn-mla");
     const double open_s = seconds_since(t_open);
     for (std::int64_t L : lens)
       NUMATTN_CHECK_OPTION(std::max<std::int64_t>(L, 1) + o->decode <= hp.n_ctx_train, "ctx",
                            "{} + {} decoded tokens exceed the model's trained context {}", L,
                            o->decode, hp.n_ctx_train);
     const auto t_load = std::chrono::steady_clock::now();
-    const LlamaModel model = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
+    LlamaModel loaded = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
     const double load_s = seconds_since(t_load);
+    // --mla-rank: the GQA model and its MLA conversion, measured in the same run (one row each
+    // per context length, interleaved per repetition so both see the same machine load).
+    struct Form {
+      std::string name;
+      LlamaModel model;
+    };
+    std::vector<Form> forms;
+    if (o->mla.requested()) {
+      NUMATTN_CHECK_OPTION(!loaded.has_mla(), "mla-rank", "the model {} is already an MLA model", path);
+      LlamaModel mla = loaded;
+      const MlaCliResult res = convert_for_cli(mla, Tokenizer::from_gguf(*file), o->mla, kMlaCalibChunk, ctx, true);
+      forms.push_back({"gqa", std::move(loaded)});
+      forms.push_back({fmt::format("mla r={} d_rope={} {}", res.report.rank, res.report.d_rope, o->mla.exec),
+                       std::move(mla)});
+    } else {
+      if (loaded.has_mla()) loaded.set_mla_exec(parse_mla_exec(o->mla.exec));
+      forms.push_back({loaded.has_mla() ? "mla (file) " + o->mla.exec : "gqa", std::move(loaded)});
+    }
 
     // Deterministic tokens: speed does not depend on what they are.
     auto tokens = [&](std::int64_t n, std::int64_t seed) {
@@ -93,16 +118,20 @@ void add_bench_model(CLI::App& app) {
         t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((seed * 7919 + i * 104729) % hp.n_vocab);
       return t;
     };
-    const std::uint64_t weight_bytes = model.weight_bytes_per_token(true);
     struct Measured {
+      std::size_t form;
       std::int64_t L, n_prompt;
       double prefill, decode;
     };
     std::vector<Measured> ms;
     for (std::int64_t L : lens) {
       const std::int64_t n_prompt = std::max<std::int64_t>(L, 1);
-      std::vector<double> pre_tps, dec_tps;
-      for (int r = 0; r < o->reps; ++r) {
+      std::vector<std::vector<double>> pre_f(forms.size()), dec_f(forms.size());
+      for (int r = 0; r < o->reps; ++r)
+        for (std::size_t fi = 0; fi < forms.size(); ++fi) {
+        const LlamaModel& model = forms[fi].model;
+        std::vector<double>& pre_tps = pre_f[fi];
+        std::vector<double>& dec_tps = dec_f[fi];
         KvCache cache = model.make_cache(n_prompt + o->decode);
         ForwardOptions po;
         po.logits_begin = n_prompt - 1;
@@ -117,7 +146,8 @@ void add_bench_model(CLI::App& app) {
         }
         dec_tps.push_back(static_cast<double>(o->decode) / seconds_since(t0));
       }
-      ms.push_back({L, n_prompt, median(pre_tps), median(dec_tps)});
+      for (std::size_t fi = 0; fi < forms.size(); ++fi)
+        ms.push_back({fi, L, n_prompt, median(pre_f[fi]), median(dec_f[fi])});
     }
     // Peak resident memory of the model's own work, before the bandwidth buffer below exists.
     const std::uint64_t rss = peak_resident_bytes();
@@ -133,14 +163,20 @@ void add_bench_model(CLI::App& app) {
     std::vector<Row> rows;
     for (const Measured& m : ms) {
       const std::int64_t L = m.L, n_prompt = m.n_prompt;
-      // KV cache read by the average decode step (K and V of every layer, float32).
+      const LlamaModel& model = forms[m.form].model;
+      const std::uint64_t weight_bytes = model.weight_bytes_per_token(true);
+      // KV cache read by the average decode step (every layer's K and V, or its MLA latent
+      // rows, float32).
       const double mid_ctx = static_cast<double>(n_prompt) + static_cast<double>(o->decode) / 2;
-      const double kv_bytes = 2.0 * static_cast<double>(hp.n_layer * hp.n_head_kv * hp.head_dim) * 4 * mid_ctx;
+      const double kv_bytes = static_cast<double>(model.kv_bytes_per_token()) * mid_ctx;
       const double bytes_tok = static_cast<double>(weight_bytes) + kv_bytes;
       const double roof = bw / bytes_tok;
       const double dec = m.decode;
       Row row;
       row["model"] = path;
+      row["attention"] = forms[m.form].name;
+      row["kv_cache_bytes_per_token_layer"] =
+          static_cast<double>(model.kv_bytes_per_token()) / static_cast<double>(hp.n_layer);
       row["weights"] = o->weights;
       row["cpu_path"] = cpu_path_name(default_cpu_path());
       row["threads"] = nt;

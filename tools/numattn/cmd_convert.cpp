@@ -1,16 +1,20 @@
-// numattn convert: writes a weight-transformed model (today: BD Attention) as GGUF, which
-// numattn loads back (model/bda_model.h documents the stored form).
+// numattn convert: writes a weight-transformed model (BD Attention, or GQA → MLA) as GGUF,
+// which numattn loads back (model/bda_model.h and model/mla_convert.h document the stored forms).
 #include <chrono>
 #include <iostream>
 #include <memory>
 
 #include "cli_common.h"
 #include "commands.h"
+#include "mla_cli.h"
 #include "numattn/core/file_io.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
+#include "numattn/model/mla_convert.h"
+#include "numattn/model/mla_model.h"
+#include "numattn/model/tokenizer.h"
 
 namespace numattn::cli {
 
@@ -19,16 +23,20 @@ struct ConvertOptions {
   std::string model = "default", bda = "vo", out, format = "md";
   double kappa_threshold = 1e4;
   int threads = 0;
+  bool no_progress = false;
+  MlaCliOptions mla;
 };
 }  // namespace
 
 void add_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertOptions>();
   auto* sub = app.add_subcommand(
-      "convert", "rewrite a GGUF Llama model with BD Attention (lossless VO pair) and write it "
-                 "as GGUF; numattn loads the result like any model");
+      "convert", "rewrite a GGUF Llama model with BD Attention (lossless VO pair), or convert its "
+                 "attention to MLA (--mla-rank), and write it as GGUF; numattn loads the result "
+                 "like any model");
   sub->add_option("--model", o->model, "GGUF file, or 'default'")->capture_default_str();
-  sub->add_option("--bda", o->bda, "pairs to rewrite: vo | qk | qkvo (qk is refused for RoPE models)")
+  sub->add_option("--bda", o->bda, "pairs to rewrite: vo | qk | qkvo (qk is refused for RoPE "
+                                   "models); not with --mla-rank")
       ->capture_default_str()
       ->check(CLI::IsMember({"vo", "qk", "qkvo"}));
   sub->add_option("--kappa-threshold", o->kappa_threshold,
@@ -38,11 +46,45 @@ void add_convert(CLI::App& app) {
                   "output GGUF path (written atomically: a failed or killed convert leaves a "
                   "previous file intact; must not be the --model file)")
       ->required();
+  sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
+  add_mla_options(*sub, o->mla);
   add_common(*sub, &o->threads, &o->format);
-  sub->callback([o] {
+  sub->callback([o, sub] {
     ExecContext ctx{o->threads};
+    check_mla_options(*sub, o->mla);
     const std::string path = resolve_model_path(o->model);
     check_outputs_distinct({{"--out", o->out}}, {{"--model", path}});
+    if (o->mla.requested()) {
+      NUMATTN_CHECK_OPTION(sub->count("--bda") == 0, "bda",
+                           "cannot be combined with --mla-rank in one file (BDA on an MLA model "
+                           "runs at load: ppl --model X.gguf --bda qk)");
+      auto src = std::make_shared<const GgufFile>(GgufFile::open(path));
+      check_mla_against_model(o->mla, LlamaModel::read_hparams(*src), src->architecture() == "numattn-mla");
+      const Tokenizer tok = Tokenizer::from_gguf(*src);
+      // In place: the conversion dequantizes Wq|Wk|Wv one layer at a time, the rest is copied.
+      LlamaModel model = LlamaModel::load(src, ctx, WeightStorage::kInPlace);
+      const MlaCliResult res = convert_for_cli(model, tok, o->mla, kMlaCalibChunk, ctx, !o->no_progress);
+      write_mla_gguf(*src, model, o->mla.options(), o->out);
+      // Read it back: the written file must load and give the same MLA weights.
+      LlamaModel back = LlamaModel::load(o->out, ctx, WeightStorage::kInPlace);
+      for (std::size_t l = 0; l < back.weights().layers.size(); ++l) {
+        const auto& a = *model.weights().layers[l].mla;
+        const auto& b = back.weights().layers[l].mla;
+        NUMATTN_CHECK(b && a.w_in == b->w_in && a.w_uk == b->w_uk && a.w_uv == b->w_uv &&
+                          a.rope_theta == b->rope_theta && a.softmax_scale == b->softmax_scale,
+                      "internal error: MLA layer {} of '{}' does not read back as written", l, o->out);
+      }
+      Row row;
+      row["model"] = path;
+      row["out"] = o->out;
+      row["layers"] = back.hparams().n_layer;
+      add_mla_columns(row, o->mla, res);
+      row["kv_bytes_per_token"] = back.kv_bytes_per_token();
+      row["kv_bytes_per_token_gqa"] = res.report.kv_bytes_gqa;
+      row["kv_ratio"] = static_cast<double>(back.kv_bytes_per_token()) / static_cast<double>(res.report.kv_bytes_gqa);
+      print_table(std::cout, {row}, parse_format(o->format), true);
+      return;
+    }
     GgufFile src = GgufFile::open(path);
     LlamaModel model = LlamaModel::load(src, ctx);
     const auto t0 = std::chrono::steady_clock::now();

@@ -2,6 +2,7 @@
 // spec per layer, optional KL divergence against a baseline spec, and throughput against the
 // same-run GEMM roofline.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "dist_cli.h"
+#include "mla_cli.h"
 #include "numattn/dist/ppl.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/file_io.h"
@@ -18,6 +20,7 @@
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
+#include "numattn/model/mla_model.h"
 #include "numattn/model/ppl.h"
 #include "numattn/model/tokenizer.h"
 
@@ -30,6 +33,7 @@ struct PplCliOptions {
   std::int64_t ctx = 512, chunks = -1;
   int threads = 0;
   bool no_progress = false, allow_long_ctx = false;
+  MlaCliOptions mla;
 };
 }  // namespace
 
@@ -59,8 +63,9 @@ void add_ppl(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--bda", o->bda,
                   "apply BD Attention at load: none | vo | qk | qkvo (qk needs position-free Q/K "
-                  "dimensions and is refused for RoPE models); KL is then measured against the "
-                  "dense model")
+                  "dimensions and is refused for RoPE models; on an MLA model (--mla-rank or an "
+                  "MLA file) qk rewrites the NoPE QK pair and vo is refused); KL is then measured "
+                  "against the dense model")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
   sub->add_option("--weights", o->weights,
@@ -69,8 +74,9 @@ void add_ppl(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"gguf", "f32"}));
   sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
+  add_mla_options(*sub, o->mla);
   add_common(*sub, &o->threads, &o->format);
-  sub->callback([o] {
+  sub->callback([o, sub] {
     ExecContext ctx{o->threads};
     const int nt = ctx.num_threads();
     PplOptions po;
@@ -85,12 +91,14 @@ void add_ppl(CLI::App& app) {
     // that follows: the flags alone before any file is opened, then against the model's
     // header before its weights are read, then against the text's length.
     check_ppl_options(po);
+    check_mla_options(*sub, o->mla);
     const std::string mpath = resolve_model_path(o->model);
     const std::string tpath = resolve_text_path(o->text);
     const std::string text = read_file(tpath, "--text file");  // before the slow model load
     GgufFile file = GgufFile::open(mpath);
     const LlamaHParams hp = LlamaModel::read_hparams(file);
     check_ppl_options(po, &hp);
+    check_mla_against_model(o->mla, hp, file.architecture() == "numattn-mla");
     // Each method must be able to run the model's problem (a chunk: ctx causal queries, GQA),
     // asked of its own can_run before the weights load.
     check_model_attention("attn", po.attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,
@@ -108,6 +116,19 @@ void add_ppl(CLI::App& app) {
     t0 = std::chrono::steady_clock::now();
     LlamaModel model = LlamaModel::load(std::make_shared<const GgufFile>(std::move(file)), ctx,
                                         parse_weight_storage(o->weights));
+    // --mla-rank: the GQA model converted at load (model/mla_convert.h); the GQA original is
+    // the KL baseline, run with a KV cache of its own shape.
+    std::unique_ptr<LlamaModel> gqa;
+    MlaCliResult mla;
+    if (o->mla.requested()) {
+      NUMATTN_CHECK_OPTION(!model.has_mla(), "mla-rank", "the model {} is already an MLA model", mpath);
+      if (!model.weights().in_place())
+        check_memory(4 * static_cast<std::uint64_t>(hp.weight_count(model.weights().output.empty())),
+                     "a GQA copy of the model (the KL baseline of --mla-rank)");
+      gqa = std::make_unique<LlamaModel>(model);
+      mla = convert_for_cli(model, tok, o->mla, kMlaCalibChunk, ctx, po.progress);
+    }
+    if (model.has_mla()) model.set_mla_exec(parse_mla_exec(o->mla.exec));
     std::unique_ptr<LlamaModel> dense;
     ModelBdaReport bda;
     if (o->bda != "none") {
@@ -120,7 +141,7 @@ void add_ppl(CLI::App& app) {
       bda = apply_bda(model, o->bda);
     }
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    po.baseline_model = dense.get();
+    po.baseline_model = dense ? dense.get() : gqa.get();
     // GEMM throughput of the linked BLAS (1024³ sgemm, BLAS threads = --threads), sampled
     // before the run and after every chunk, so that it sees the same machine load as the
     // forward passes; the median sample is the roofline's FLOP rate.
@@ -157,14 +178,35 @@ void add_ppl(CLI::App& app) {
     bool file_bda = false;
     for (const auto& L : model.weights().layers) file_bda |= L.v_bd != nullptr;
     row["bda"] = o->bda != "none" ? o->bda : (file_bda ? "vo (stored in the file)" : "none");
+    const std::int64_t kv_gqa = 2 * hp.n_layer * hp.n_head_kv * hp.head_dim * 4;
+    row["kv_bytes_per_token"] = model.kv_bytes_per_token();
+    row["kv_bytes_per_token_gqa"] = kv_gqa;
+    row["kv_ratio"] = static_cast<double>(model.kv_bytes_per_token()) / static_cast<double>(kv_gqa);
+    if (model.has_mla()) row["mla_exec"] = o->mla.exec;
+    if (r.has_baseline) {
+      // Largest per-token log-prob difference against the baseline (the exactness check of an
+      // exact rewrite: ΔPPL alone can hide cancelling errors).
+      double dmax = 0;
+      for (std::size_t i = 0; i < r.nll.size() && i < r.base_nll.size(); ++i)
+        dmax = std::max(dmax, std::abs(r.nll[i] - r.base_nll[i]));
+      row["logprob_max_abs_diff"] = dmax;
+    }
+    if (o->mla.requested()) {
+      add_mla_columns(row, o->mla, mla);
+      if (!dense) {
+        row["baseline"] = "GQA model, " + r.baseline_spec;
+        row["ppl_rel_change"] = (r.ppl - r.ppl_baseline) / r.ppl_baseline;
+      }
+    }
     if (o->bda != "none") {
-      row["baseline"] = "dense model, " + r.baseline_spec;
+      row["baseline"] = std::string(model.has_mla() ? "dense MLA model, " : "dense model, ") + r.baseline_spec;
       row["ppl_rel_change"] = (r.ppl - r.ppl_baseline) / r.ppl_baseline;
       row["bda_params_before"] = bda.params_before;
       row["bda_params_after"] = bda.params_after;
       row["bda_params_saved"] = bda.params_saved();
       row["bda_kappa_max"] = bda.kappa_max;
       row["bda_fallback_heads"] = bda.fallback_heads;
+      if (model.has_mla()) row["bda_macs_saved_per_token"] = bda.macs_saved_per_token;
     }
     row["gemm_gflops"] = gemm;
     row["gemm_samples"] = gs.size();

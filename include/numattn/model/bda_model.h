@@ -40,6 +40,9 @@ struct ModelBdaReport {
   std::string pairs;
   std::vector<ModelBdaLayerReport> layers;
   std::int64_t params_before = 0, params_after = 0;  ///< summed over layers
+  /// MLA models: MACs per token saved by the BD form of W_uk over all layers (the identity
+  /// part: H·d_nope·d_nope per layer, less any dense-fallback heads); 0 otherwise.
+  std::int64_t macs_saved_per_token = 0;
   double kappa_max = 1;
   int fallback_heads = 0;
   std::int64_t params_saved() const { return params_before - params_after; }
@@ -48,8 +51,14 @@ struct ModelBdaReport {
 /// Rewrites every layer of `model` with BDA (`pairs`: "vo"; "qk"/"qkvo" refused for RoPE
 /// models). Cost: a few ms per layer in float64. Throws numattn::Error on refusal; the model
 /// is unchanged then.
+/// An MLA model (model/mla_model.h) takes "qk": the NoPE QK pair of each head (W_q_nope[h],
+/// W_uk[h]; the latent is the K side's input, d_kv = r) with one shared basis of d_nope latent
+/// channels (apply_bda_mla); "vo"/"qkvo" are refused on MLA models (W_uv[h]·W_o is not
+/// rewritten).
 ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
                          const transform::BdaOptions& options = {});
+/// The MLA part of apply_bda (`rep` carries the pairs; every layer must be MLA).
+ModelBdaReport apply_bda_mla(LlamaModel& model, const transform::BdaOptions& opt, ModelBdaReport rep);
 
 /// Writes `bda_model` (made by apply_bda from the model in `source`) as a GGUF file next to
 /// the source's metadata and untouched tensors (see the layout above). The file is written

@@ -68,6 +68,8 @@
 namespace numattn {
 
 class GgufFile;
+struct MlaLayer;
+enum class MlaExec;
 
 /// Largest `llama.context_length` accepted: 2^24 tokens (the longest trained contexts are
 /// around 10^7); anything larger is a corrupt or hostile file.
@@ -121,7 +123,10 @@ struct LlamaLayer {
   /// BD Attention, VO pair (model/bda_model.h): when set, the value projection is this fused
   /// BD projection (V' = V·T per KV head, what the cache then holds) and `wo` holds W_o'.
   std::shared_ptr<const transform::BdProjection> v_bd;
-  std::vector<float> wo;         ///< [E, Hq·D]
+  /// MLA (model/mla_model.h): when set, this layer's attention is the MLA layer: wqkv, wqkv_q
+  /// and v_bd are empty, `wo` is [E, Hq·d_v], and the layer's cache holds [c | k_rope] rows.
+  std::shared_ptr<const MlaLayer> mla;
+  std::vector<float> wo;         ///< [E, Hq·D] ([E, Hq·d_v] for an MLA layer)
   std::vector<float> ffn_norm;   ///< [E]
   std::vector<float> w_gate_up;  ///< [2F, E]: rows of W_gate, then W_up
   std::vector<float> w_down;     ///< [E, F]
@@ -147,9 +152,13 @@ struct LlamaWeights {
 
 /// Q/K/V of one layer for the N tokens of one forward call, handed to a capture callback.
 /// Views are `[1, H, N, D]` (H = Hq for q, Hkv for k/v) and valid only during the call.
+/// An MLA layer has no Q/K/V of that shape: its capture carries `xn` only (the views are empty).
 struct QkvCapture {
   int layer = 0;
   std::int64_t pos0 = 0;  ///< position of the first of the N tokens
+  /// The layer's normalised input Xn = RMSNorm(X) ⊙ attn_norm, `[N, E]` row-major (what Wq, Wk,
+  /// Wv multiply; the TransMLA calibration accumulates its covariance).
+  const float* xn = nullptr;
   TensorView<const float> q_pre, k_pre;    ///< before RoPE
   TensorView<const float> q_post, k_post;  ///< after RoPE (what attention sees)
   TensorView<const float> v;
@@ -166,12 +175,18 @@ struct ForwardProfile {
 };
 
 /// Keys and values of all layers for the tokens seen so far; positions are 0..n_past-1.
+/// A GQA layer holds K and V `[capacity, Hkv, D]`; an MLA layer (latent width w = r + d_rope)
+/// holds one `[capacity, w]` array of [c | k_rope] rows in k() and nothing in v().
 class KvCache {
  public:
   KvCache() = default;
   /// 2·L·max_tokens·Hkv·D floats; throws numattn::Error if max_tokens < 1, if the size
   /// overflows, or if it exceeds the available memory (both numbers named).
   KvCache(const LlamaHParams& hp, std::int64_t max_tokens);
+  /// Per-layer widths: `latent_width[l]` > 0 makes layer l an MLA layer of that width (0 = GQA).
+  KvCache(const LlamaHParams& hp, std::int64_t max_tokens, const std::vector<std::int64_t>& latent_width);
+  /// Bytes one token occupies over all layers (float32).
+  std::int64_t bytes_per_token() const { return bytes_per_token_; }
   std::int64_t n_past() const { return n_past_; }
   std::int64_t capacity() const { return capacity_; }
   /// Forget everything (positions restart at 0); keeps the memory.
@@ -182,8 +197,9 @@ class KvCache {
 
  private:
   friend class LlamaModel;
-  std::int64_t n_past_ = 0, capacity_ = 0;
+  std::int64_t n_past_ = 0, capacity_ = 0, bytes_per_token_ = 0;
   std::vector<std::vector<float>> k_, v_;
+  std::vector<std::int64_t> latent_;  ///< per layer: MLA latent width, 0 = GQA
 };
 
 /// Attention methods of a forward pass: one for all layers, or one per layer.
@@ -252,8 +268,17 @@ class LlamaModel {
   std::string attention_spec() const;
   const AttentionMethod& attention(int layer) const { return *attn_[static_cast<std::size_t>(layer)]; }
 
-  /// A cache sized for `max_tokens` positions (memory-checked, see KvCache).
-  KvCache make_cache(std::int64_t max_tokens) const { return KvCache(hp_, max_tokens); }
+  /// A cache sized for `max_tokens` positions (memory-checked, see KvCache); MLA layers get
+  /// their latent width.
+  KvCache make_cache(std::int64_t max_tokens) const;
+  /// KV-cache bytes per token over all layers (float32): 2·Hkv·D·4 per GQA layer,
+  /// (r + d_rope)·4 per MLA layer.
+  std::int64_t kv_bytes_per_token() const;
+  /// Whether any layer is an MLA layer.
+  bool has_mla() const;
+  /// How MLA layers run (model/mla_model.h); default absorbed.
+  void set_mla_exec(MlaExec e) { mla_exec_ = e; }
+  MlaExec mla_exec() const { return mla_exec_; }
 
   /// Runs `tokens` (N of them) at positions cache.n_past()..+N-1, appends their K/V to the
   /// cache, and returns logits `[N - logits_begin, V]` row-major.
@@ -266,7 +291,8 @@ class LlamaModel {
                              const ExecContext& ctx, const ForwardOptions& opt = {}) const;
 
   /// Linear-layer weights applied to every token (all layers, not the output matrix).
-  std::int64_t body_weights() const { return hp_.layer_weights() * hp_.n_layer; }
+  /// (MLA layers count their own projections: model/mla_model.h MlaLayer::weights.)
+  std::int64_t body_weights() const;
   /// Weights of the output matrix (V·E), applied to each token whose logits are computed.
   std::int64_t output_weights() const { return hp_.n_vocab * hp_.n_embd; }
 
@@ -276,6 +302,7 @@ class LlamaModel {
   LlamaWeights w_;
   std::vector<double> rope_inv_freq_;  ///< [n_rot/2], float64 so θ = pos·f stays accurate at long positions
   AttentionMethods attn_;
+  MlaExec mla_exec_;
 };
 
 /// Checks a generation request before any work: `max_tokens` >= 1 (OptionError "max_tokens"),

@@ -1,0 +1,133 @@
+/// @file mla_model.h
+/// MLA layers inside the Llama model runner (model/llama.h): the float32 form the model runs,
+/// its two executions, and their float64 transcriptions (the tests' references).
+///
+/// A LlamaLayer whose `mla` is set has no Wq/Wk/Wv: its attention is the MLA layer of
+/// model/mla.h (latent c = W_dkv·xn, shared RoPE key k_rope = RoPE(W_kr·xn), per-head
+/// up-projections W_uk, W_uv; `wo` is then `[E, Hq·d_v]`). Its KV cache holds, per token, the
+/// row `[c | k_rope]` (r + d_rope floats) instead of the K and V of its KV heads (2·Hkv·D).
+///
+/// Executions (MlaExec), equal in real arithmetic:
+/// - naive: every cached token's k_nope_h = W_uk[h]·c and v_h = W_uv[h]·c are rebuilt, then
+///   ordinary multi-head attention over `[k_nope_h | k_rope]` and v_h (Hq KV heads).
+///   Cost per query token: Hq·nk·(d_nope + d_v)·r MACs for the up-projections alone.
+/// - absorbed (default): W_uk[h] goes to the query side, q̃_h = W_uk[h]ᵀ·q_nope_h (r values),
+///   so s_h(j) = scale·([q̃_h | q_rope_h]·[c_j | k_rope_j]): multi-query attention (one KV head)
+///   of key width r + d_rope whose value is the c prefix of the same cached row; W_uv[h] is
+///   applied to the head's latent output o_lat_h = Σ_j p_j c_j before W_o, i.e.
+///   W_o·[W_uv[0]·o_lat_0 | …]: W_uv is absorbed into the output side. (Multiplying W_o·W_uv
+///   out into one [E, Hq·r] matrix would cost E·Hq·r MACs per token instead of
+///   Hq·d_v·r + E·Hq·d_v, more whenever r > d_v·E/(E − d_v); the associativity is the same.)
+///   A decode step reads only the cache: (r + d_rope)·4 bytes per token and layer.
+/// Both run the layer's attention method (AttentionProblem with Dk ≠ Dv and `scale` =
+/// softmax_scale), parallel over heads; the projections run per token block like the rest of
+/// the forward pass.
+///
+/// RoPE: pairs (x[2j], x[2j+1]) of q_rope_h and k_rope rotate by pos·rope_theta[j] (float64
+/// angles, as the model's own).
+///
+/// BD Attention on the QK pair of the NoPE part (`apply_bda_mla`, transform/bda.h with
+/// d_kv = r, Hq KV heads of width d_nope): W_q_nope[h] becomes W_q_nope'[h] = W_uk[h][:,S]ᵀ·
+/// W_q_nope[h] and W_uk[h] becomes [I on S | C_hᵀ on S^c] for one shared set S of d_nope latent
+/// channels, so k'_h = c[S] + C_hᵀ·c[S^c] and q'_h·k'_h = q_nope_h·k_nope_h exactly. Naive
+/// execution up-projects through the fused BD projection ((r − d_nope)·d_nope MACs per head
+/// and token instead of r·d_nope); absorbed execution forms q̃_h = [q'_h on S | C_h·q'_h on
+/// S^c] (again (r − d_nope)·d_nope MACs). The VO pair (W_uv[h], W_o block) is refused.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "numattn/attention/method.h"
+#include "numattn/core/exec.h"
+#include "numattn/model/mla.h"
+#include "numattn/transform/bd_projection.h"
+
+namespace numattn {
+
+/// How an MLA layer runs (see the file comment).
+enum class MlaExec { kNaive, kAbsorbed };
+/// "naive" / "absorbed".
+const char* to_string(MlaExec e);
+/// Parses "naive" | "absorbed"; throws OptionError("mla-exec") otherwise.
+MlaExec parse_mla_exec(const std::string& s);
+
+/// Throws numattn::Error (naming `what` and the field) unless `w` is a consistent MLA layer for
+/// model width `E`: n_head, rank, d_v >= 1; d_nope >= 0; d_rope even and >= 0; d_nope + d_rope >= 1;
+/// rope_theta has d_rope/2 finite values; softmax_scale finite and > 0; every matrix has its
+/// shape and finite values.
+void validate_mla_weights(const MlaLayerWeights& w, std::int64_t E, const std::string& what);
+
+/// One MLA layer in float32, as the model runs it.
+struct MlaLayer {
+  std::int64_t n_head = 0, rank = 0, d_nope = 0, d_rope = 0, d_v = 0;
+  double softmax_scale = 0;
+  std::vector<double> rope_theta;  ///< [d_rope/2]
+  /// [r + d_rope + Hq·d_nope + Hq·d_rope, E]: rows of W_dkv, W_kr, W_q_nope, W_q_rope, so one
+  /// GEMM of the normalised input gives c, k_rope (before RoPE), q_nope and q_rope.
+  std::vector<float> w_in;
+  /// [Hq·d_nope, r]. With uk_bd set: the effective W_uk'[h] = [I on S | C_hᵀ on S^c] (what
+  /// dense-fallback heads multiply by, and what to_weights returns).
+  std::vector<float> w_uk;
+  std::vector<float> w_uv;  ///< [Hq·d_v, r]
+  /// BD form of W_uk (apply_bda_mla): projection latent → Hq·d_nope (k'_h = c[S] + C_hᵀ·c[S^c]).
+  std::shared_ptr<const transform::BdProjection> uk_bd;
+  std::vector<float> uk_bd_rest;  ///< uk_bd's C_stack, (r − d_nope) × Hq·d_nope (absorbed query side)
+
+  /// Rows of w_in.
+  std::int64_t in_rows() const { return rank + d_rope + n_head * (d_nope + d_rope); }
+  /// Cached floats per token: r + d_rope.
+  std::int64_t cache_width() const { return rank + d_rope; }
+  /// Linear-layer weights a token multiplies through (w_in, W_uk, W_uv; not W_o), as counted by
+  /// the absorbed execution (the BD form of W_uk counted as its coefficients).
+  std::int64_t weights(std::int64_t E) const;
+  /// Cast of `w` (validated first with model width E).
+  static MlaLayer from_weights(const MlaLayerWeights& w, std::int64_t E);
+  /// Back to float64 (exactly the float32 values; W_uk in its effective dense form).
+  MlaLayerWeights to_weights(std::int64_t E) const;
+};
+
+/// Float64 transcription of one MLA layer's attention for `n` tokens at positions p0..p0+n−1
+/// that see only each other (causal, an empty cache before them): xn `[n, E]` row-major →
+/// `[n, Hq·d_v]` (the input of W_o). Naive: the formulas of model/mla.h as written; absorbed:
+/// q̃_h = W_uk[h]ᵀ q_nope_h scored against c, W_uv[h] applied to Σ_j p_j c_j. Cost
+/// O(n·(E·in_rows + n·Hq·r + Hq·r·(d_nope + d_v))).
+std::vector<double> mla_attention_f64(const MlaLayerWeights& w, const std::vector<double>& xn,
+                                      std::int64_t n, std::int64_t E, std::int64_t p0,
+                                      MlaExec exec);
+
+/// The model's float32 path for the same problem, one call (tests): runs the three steps
+/// below with a private cache of n tokens (whose first p0 positions are not there: the tokens
+/// see only each other, as in mla_attention_f64) and `method` for the attention.
+std::vector<float> mla_attention_f32(const MlaLayer& L, const std::vector<float>& xn,
+                                     std::int64_t n, std::int64_t E, std::int64_t p0, MlaExec exec,
+                                     const AttentionMethod& method, const ExecContext& ctx);
+
+/// Width of one token's query row in the buffer the steps share: absorbed Hq·(r + d_rope),
+/// naive Hq·(d_nope + d_rope).
+std::int64_t mla_query_width(const MlaLayer& L, MlaExec exec);
+
+/// Step 1, per token block: the projections of xn rows `[n, E]` at positions pos0..: writes
+/// `[c | RoPE(k_rope)]` rows into `cache_rows` (row stride cache_width()) and the query rows
+/// (mla_query_width floats each) into `q`. `cos_sin` scratch of d_rope floats; `proj` scratch
+/// of n·in_rows() floats. `gemm_ctx` splits the GEMMs (ExecContext{1} inside a token block).
+void mla_project(const MlaLayer& L, MlaExec exec, const float* xn, std::int64_t n, std::int64_t E,
+                 std::int64_t pos0, float* cache_rows, float* q, float* proj,
+                 const ExecContext& gemm_ctx);
+
+/// Step 2: attention of the `n` query rows of `q` (the last n of nk positions, causal
+/// bottom-right) over the first `nk` rows of `cache` (row stride cache_width()). Absorbed:
+/// writes the latent outputs `[n, Hq, r]` into `out`; naive: the head outputs `[n, Hq·d_v]`
+/// (rebuilding k_nope/v for all nk tokens first, in parallel over heads). Parallel over `ctx`.
+void mla_attend(const MlaLayer& L, MlaExec exec, const float* q, std::int64_t n, const float* cache,
+                std::int64_t nk, const AttentionMethod& method, const ExecContext& ctx, float* out);
+
+/// Step 3, per token block, absorbed only: head outputs `att [n, Hq·d_v]` = W_uv[h]·o_lat_h.
+void mla_up_values(const MlaLayer& L, const float* lat, std::int64_t n, float* att);
+
+/// Floats of `att`/`out` scratch per query token that mla_attend needs: absorbed Hq·r, naive Hq·d_v.
+std::int64_t mla_out_width(const MlaLayer& L, MlaExec exec);
+
+}  // namespace numattn

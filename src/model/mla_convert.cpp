@@ -1,0 +1,200 @@
+#include "numattn/model/mla_convert.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "numattn/core/blas.h"
+#include "numattn/core/error.h"
+#include "numattn/core/file_io.h"
+#include "numattn/core/memory.h"
+#include "numattn/model/gguf.h"
+#include "numattn/model/mla_model.h"
+
+namespace numattn {
+
+std::vector<transform::MlaCalibration> calibrate_mla(
+    const LlamaModel& model, const std::vector<std::int32_t>& tokens, std::int64_t chunk,
+    const ExecContext& ctx, const std::function<void(std::int64_t, std::int64_t)>& on_chunk) {
+  const LlamaHParams& hp = model.hparams();
+  const auto T = static_cast<std::int64_t>(tokens.size());
+  NUMATTN_CHECK(T >= 1, "MLA calibration needs at least one token");
+  NUMATTN_CHECK(chunk >= 1, "MLA calibration chunk of {} tokens: must be at least 1", chunk);
+  NUMATTN_CHECK(!model.has_mla(), "MLA calibration runs the GQA model; this one already has MLA layers");
+  const std::int64_t E = hp.n_embd, L = hp.n_layer;
+  check_memory(static_cast<std::uint64_t>(checked_mul(checked_mul(L, E * E, "calibration size"), 8,
+                                                      "calibration size")),
+               fmt::format("the MLA calibration statistics ({} layers × {}² float64)", L, E));
+  std::vector<transform::MlaCalibration> cal(static_cast<std::size_t>(L));
+  for (auto& c : cal) c.xn_cov.assign(static_cast<std::size_t>(E * E), 0.0);
+  const std::int64_t n_chunks = (T + chunk - 1) / chunk;
+  KvCache cache = model.make_cache(std::min(chunk, T));
+  std::vector<double> xd;
+  for (std::int64_t c = 0; c < n_chunks; ++c) {
+    const std::int64_t b = c * chunk, e = std::min(T, b + chunk), n = e - b;
+    cache.clear();
+    ForwardOptions fo;
+    fo.logits_begin = n;  // no logits: only the layer inputs are wanted
+    fo.capture = [&](const QkvCapture& cap) {
+      xd.assign(cap.xn, cap.xn + n * E);
+      // Σ xn xnᵀ over the chunk's tokens, accumulated in float64: Xᵀ·X with X [n, E].
+      blas::dgemm(blas::Trans::kYes, blas::Trans::kNo, E, E, n, 1.0, xd.data(), E, xd.data(), E,
+                  1.0, cal[static_cast<std::size_t>(cap.layer)].xn_cov.data(), E);
+    };
+    model.forward(std::vector<std::int32_t>(tokens.begin() + b, tokens.begin() + e), cache, ctx, fo);
+    if (on_chunk) on_chunk(c + 1, n_chunks);
+  }
+  for (auto& c : cal) {
+    for (double& v : c.xn_cov) v /= static_cast<double>(T);
+    c.tokens = T;
+  }
+  return cal;
+}
+
+MlaModelReport convert_model_to_mla(LlamaModel& model,
+                                    const std::vector<transform::MlaCalibration>& calib,
+                                    const transform::MlaOptions& opt, const ExecContext& ctx,
+                                    const std::function<void(std::int64_t, std::int64_t)>& on_layer) {
+  (void)ctx;
+  const auto t0 = std::chrono::steady_clock::now();
+  const LlamaHParams& hp = model.hparams();
+  const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;
+  NUMATTN_CHECK(calib.empty() || static_cast<std::int64_t>(calib.size()) == hp.n_layer,
+                "MLA conversion: {} calibration entries for {} layers", calib.size(), hp.n_layer);
+  MlaModelReport rep;
+  rep.options = opt;
+  rep.kv_bytes_gqa = model.kv_bytes_per_token();
+  LlamaWeights& w = model.mutable_weights();
+  std::vector<std::shared_ptr<const MlaLayer>> done;
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    const LlamaLayer& L = w.layers[l];
+    NUMATTN_CHECK(!L.mla && !L.v_bd, "MLA conversion of layer {}: the layer is already {}", l,
+                  L.mla ? "MLA" : "BDA");
+    // Wq|Wk|Wv rows in float64 (dequantized one layer at a time when held in place).
+    std::vector<float> f;
+    const float* p = L.wqkv.data();
+    if (!L.wqkv_q.empty()) {
+      f.resize(static_cast<std::size_t>(L.wqkv_q.rows() * E));
+      L.wqkv_q.dequantize_rows(0, L.wqkv_q.rows(), f.data());
+      p = f.data();
+    }
+    const std::vector<double> wq(p, p + Hq * D * E), wk(p + Hq * D * E, p + (Hq + Hkv) * D * E),
+        wv(p + (Hq + Hkv) * D * E, p + (Hq + 2 * Hkv) * D * E);
+    transform::MlaConversionStats st;
+    MlaLayerWeights mw;
+    try {
+      mw = transform::convert_layer_to_mla(hp, wq, wk, wv, calib.empty() ? transform::MlaCalibration{} : calib[l],
+                                           opt, &st);
+    } catch (const OptionError&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(fmt::format("MLA conversion of layer {}: {}", l, e.what()));
+    }
+    NUMATTN_CHECK(mw.n_head == Hq && mw.d_v == D,
+                  "MLA conversion of layer {}: {} heads of value width {}, the model's W_o needs {} × {}",
+                  l, mw.n_head, mw.d_v, Hq, D);
+    done.push_back(std::make_shared<const MlaLayer>(MlaLayer::from_weights(mw, E)));
+    rep.layers.push_back(st);
+    if (on_layer) on_layer(static_cast<std::int64_t>(l) + 1, hp.n_layer);
+  }
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    LlamaLayer& L = w.layers[l];
+    L.mla = done[l];
+    L.wqkv.clear();
+    L.wqkv.shrink_to_fit();
+    L.wqkv_q = {};
+  }
+  const MlaLayer& m0 = *done.front();
+  rep.rank = m0.rank;
+  rep.d_nope = m0.d_nope;
+  rep.d_rope = m0.d_rope;
+  rep.d_v = m0.d_v;
+  rep.kv_bytes_mla = model.kv_bytes_per_token();
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return rep;
+}
+
+namespace {
+// "blk.<l><suffix>" → l, or -1.
+std::int64_t layer_of(const std::string& name, const std::string& suffix) {
+  if (name.rfind("blk.", 0) != 0 || name.size() <= suffix.size() + 4 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return -1;
+  const std::string mid = name.substr(4, name.size() - 4 - suffix.size());
+  if (mid.empty() || mid.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(mid);
+}
+}  // namespace
+
+void write_mla_gguf(const GgufFile& source, const LlamaModel& m, const transform::MlaOptions& opt,
+                    const std::string& path) {
+  check_outputs_distinct({{"converted model", path}}, {{"source model", source.path()}});
+  const LlamaHParams& hp = m.hparams();
+  const std::int64_t E = hp.n_embd, H = hp.n_head;
+  NUMATTN_CHECK(source.architecture() == "llama", "write_mla_gguf: the source {} is '{}', not a llama model",
+                source.path(), source.architecture());
+  const auto& layers = m.weights().layers;
+  NUMATTN_CHECK(!layers.empty() && layers.front().mla, "write_mla_gguf: the model has no MLA layers");
+  const MlaLayer& m0 = *layers.front().mla;
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const auto& M = layers[l].mla;
+    NUMATTN_CHECK(M && M->rank == m0.rank && M->d_nope == m0.d_nope && M->d_rope == m0.d_rope &&
+                      M->d_v == m0.d_v && M->softmax_scale == m0.softmax_scale && !M->uk_bd,
+                  "write_mla_gguf: layer {} is not an MLA layer of layer 0's shape (the file format "
+                  "has one set of MLA dimensions)", l);
+    NUMATTN_CHECK(M->d_v == hp.head_dim, "write_mla_gguf: value width {} differs from the head dim {}",
+                  M->d_v, hp.head_dim);
+  }
+  GgufWriter out(static_cast<std::uint32_t>(source.alignment()));
+  const std::string pre = "numattn-mla.";
+  for (const auto& [key, value] : source.metadata()) {
+    if (key == "general.alignment") continue;
+    if (key == "general.architecture") {
+      out.set(key, GgufValue::string("numattn-mla"));
+    } else if (key.rfind("llama.", 0) == 0) {
+      out.set(pre + key.substr(6), value);
+    } else {
+      out.set(key, value);
+    }
+  }
+  auto u32 = [](std::int64_t v) { return GgufValue::u32(static_cast<std::uint32_t>(v)); };
+  out.set(pre + "mla.kv_lora_rank", u32(m0.rank));
+  out.set(pre + "mla.nope_dim", u32(m0.d_nope));
+  out.set(pre + "mla.rope_dim", u32(m0.d_rope));
+  out.set(pre + "mla.value_dim", u32(m0.d_v));
+  out.set(pre + "mla.softmax_scale", GgufValue::f64(m0.softmax_scale));
+  out.set(pre + "mla.freqfold", GgufValue::i32(opt.freqfold));
+  out.set(pre + "mla.rope_heads", GgufValue::i32(opt.rope_heads));
+  out.set(pre + "mla.rank_option", GgufValue::i64(opt.rank));
+  for (std::size_t l = 0; l < layers.size(); ++l)
+    out.set(pre + "mla.rope_theta." + std::to_string(l), GgufValue::array(layers[l].mla->rope_theta));
+  for (const GgufTensorInfo& t : source.tensors()) {
+    if (layer_of(t.name, ".attn_q.weight") >= 0 || layer_of(t.name, ".attn_k.weight") >= 0 ||
+        layer_of(t.name, ".attn_v.weight") >= 0)
+      continue;
+    out.add_tensor(t.name, t.type, t.ne, std::vector<std::uint8_t>(t.data, t.data + t.size_bytes));
+  }
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const MlaLayer& M = *layers[l].mla;
+    const std::int64_t r = M.rank, dn = M.d_nope, dr = M.d_rope, dv = M.d_v;
+    const std::string p = "blk." + std::to_string(l) + ".";
+    out.add_tensor_f32(p + "attn_kv_a_mqa.weight", {E, r + dr}, M.w_in.data());
+    std::vector<float> q(static_cast<std::size_t>(H * (dn + dr) * E));
+    const float* qn = M.w_in.data() + (r + dr) * E;
+    const float* qr = qn + H * dn * E;
+    for (std::int64_t h = 0; h < H; ++h) {
+      std::copy_n(qn + h * dn * E, dn * E, q.begin() + h * (dn + dr) * E);
+      std::copy_n(qr + h * dr * E, dr * E, q.begin() + (h * (dn + dr) + dn) * E);
+    }
+    out.add_tensor_f32(p + "attn_q.weight", {E, H * (dn + dr)}, q.data());
+    std::vector<float> kvb(static_cast<std::size_t>(H * (dn + dv) * r));
+    for (std::int64_t h = 0; h < H; ++h) {
+      std::copy_n(M.w_uk.data() + h * dn * r, dn * r, kvb.begin() + h * (dn + dv) * r);
+      std::copy_n(M.w_uv.data() + h * dv * r, dv * r, kvb.begin() + (h * (dn + dv) + dn) * r);
+    }
+    out.add_tensor_f32(p + "attn_kv_b.weight", {r, H * (dn + dv)}, kvb.data());
+  }
+  out.write(path);
+}
+
+}  // namespace numattn

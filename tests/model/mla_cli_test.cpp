@@ -1,0 +1,100 @@
+// `numattn ppl|convert|bench-model --mla-rank ...` end to end: flags checked before anything is
+// opened; on the default model (when cached) the exact merge reproduces the GQA perplexity, BDA
+// qk on the MLA model keeps it, and a converted numattn-mla GGUF loads back with the same
+// perplexity.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "numattn/core/error.h"
+#include "numattn/model/data.h"
+#include "support/test_util.h"
+
+namespace numattn {
+namespace {
+
+struct Result {
+  int rc;
+  std::string out;
+};
+
+Result cli(const std::string& args) {
+  Result r;
+  r.rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " 2>&1", &r.out);
+  r.out = test::strip_notes(r.out);
+  return r;
+}
+
+nlohmann::json json_row(const std::string& args) {
+  Result r;
+  r.rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " --format json 2>/dev/null", &r.out);
+  EXPECT_EQ(r.rc, 0) << args << "\n" << r.out;
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out;
+  return j.is_array() ? j.at(0) : j;
+}
+
+bool have_default() {
+  try {
+    default_model_path();
+    default_text_path();
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+TEST(MlaCli, BadFlagsAreReportedBeforeTheModelIsOpened) {
+  const std::string none = "--model /nonexistent/model.gguf --text /nonexistent/text.txt";
+  for (const std::string& cmd : std::vector<std::string>{"ppl " + none, "convert --out /tmp/x.gguf --model /nonexistent/m.gguf"}) {
+    for (const auto& [flag, name] : {std::pair<std::string, std::string>{"--mla-rank -2", "--mla-rank"},
+                                     {"--freqfold 2", "--freqfold"},
+                                     {"--mla-rank 8 --freqfold 0", "--freqfold"},
+                                     {"--mla-rank 8 --rope-heads 0", "--rope-heads"},
+                                     {"--mla-rank 8 --calib-tokens 0", "--calib-tokens"}}) {
+      const Result r = cli(cmd + " " + flag);
+      EXPECT_EQ(r.rc, 1) << cmd << " " << flag << "\n" << r.out;
+      EXPECT_NE(r.out.find("error: " + name + ": "), std::string::npos) << cmd << " " << flag << "\n" << r.out;
+      EXPECT_EQ(r.out.find("nonexistent"), std::string::npos) << r.out;
+    }
+  }
+}
+
+// Acceptance of issue 11: `ppl --mla-rank 0 --rope-heads 3` (the exact merge) gives the GQA
+// model's perplexity; its KL against the GQA model (own KV cache) is float32 noise.
+TEST(MlaCli, ExactMergeKeepsThePerplexityAndBdaQkKeepsTheMlaOne) {
+  if (!have_default()) GTEST_SKIP() << "default model not cached";
+  const std::string base = "ppl --ctx 128 --chunks 2 --calib-tokens 512 --threads 2";
+  const auto exact = json_row(base + " --mla-rank 0 --rope-heads 3");
+  EXPECT_LE(std::abs(exact.at("ppl").get<double>() / exact.at("ppl_baseline").get<double>() - 1), 1e-4) << exact.dump();
+  EXPECT_LE(exact.at("kld_mean").get<double>(), 1e-6) << exact.dump();
+  EXPECT_EQ(exact.at("kv_ratio").get<double>(), 1.0);
+  // BD needs a basis of d_nope = 128 latent channels: r >= 128 (rope_heads 1).
+  const auto bda = json_row(base + " --mla-rank 192 --bda qk");
+  EXPECT_LE(std::abs(bda.at("ppl_rel_change").get<double>()), 1e-4) << bda.dump();
+  EXPECT_GT(bda.at("bda_params_saved").get<double>(), 0);
+  EXPECT_GT(bda.at("bda_macs_saved_per_token").get<double>(), 0);
+}
+
+TEST(MlaCli, ConvertedFileLoadsBackWithTheSamePerplexity) {
+  if (!have_default()) GTEST_SKIP() << "default model not cached";
+  const std::string out = test::temp_path("mla_cli_converted.gguf");
+  const std::string opts = " --mla-rank 64 --freqfold 2 --calib-tokens 512 --threads 2";
+  const auto conv = json_row("convert --out " + out + opts);
+  EXPECT_EQ(conv.at("mla_latent").get<std::int64_t>(), 64);
+  const auto direct = json_row("ppl --ctx 128 --chunks 2 --threads 2" + opts);
+  const auto file = json_row("ppl --ctx 128 --chunks 2 --threads 2 --model " + out);
+  EXPECT_EQ(direct.at("ppl").get<double>(), file.at("ppl").get<double>());
+  EXPECT_EQ(direct.at("kv_bytes_per_token"), file.at("kv_bytes_per_token"));
+  const Result info = cli("gguf-info --no-tensors --model " + out);
+  EXPECT_NE(info.out.find("numattn-mla"), std::string::npos);
+  std::remove(out.c_str());
+}
+
+}  // namespace
+}  // namespace numattn
