@@ -18,6 +18,7 @@ with its error and the sweep goes on.
 Only the standard library is used.
 """
 import argparse
+import concurrent.futures
 import csv
 import json
 import subprocess
@@ -85,6 +86,7 @@ def main():
     ap.add_argument("--freqfold", default="1,2,4")
     ap.add_argument("--rope-heads", default="1")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="configurations run at once")
     ap.add_argument("--calib-tokens", type=int, default=0, help="0: the CLI's default")
     ap.add_argument("--csv", default="")
     ap.add_argument("--md", default="")
@@ -101,16 +103,15 @@ def main():
             for h in args.rope_heads.split(","):
                 configs.append((r, 0 if r == "full" else int(r), int(m), int(h)))
 
-    rows = []
-    for label, rank, m, h in configs:
+    def one(cfg):
+        label, rank, m, h = cfg
         log(f"mla_sweep: r={label} freqfold={m} rope_heads={h} ...")
         res = run_one(args, rank, m, h)
         d_rope = h * n_rot
         full = hkv * d - d_rope + hkv * d
         width = (full if rank == 0 or rank > full else rank) + d_rope
-        kv_bytes = 4 * n_layer * width
         row = {"rank": label, "freqfold": m, "rope_heads": h, "cache_floats_per_layer": width,
-               "kv_bytes_per_token": kv_bytes, "kv_pct_of_gqa": 100.0 * width / gqa_floats}
+               "kv_bytes_per_token": 4 * n_layer * width, "kv_pct_of_gqa": 100.0 * width / gqa_floats}
         if "error" in res:
             row["error"] = res["error"]
         else:
@@ -120,9 +121,9 @@ def main():
                 cli_width = int(res["mla_latent"]) + int(res["mla_d_rope"])
                 if cli_width != width:
                     row["note"] = f"CLI cache width {cli_width} != formula {width}"
-                    width = cli_width
-                    row.update({"cache_floats_per_layer": width, "kv_bytes_per_token": 4 * n_layer * width,
-                                "kv_pct_of_gqa": 100.0 * width / gqa_floats})
+                    row.update({"cache_floats_per_layer": cli_width,
+                                "kv_bytes_per_token": 4 * n_layer * cli_width,
+                                "kv_pct_of_gqa": 100.0 * cli_width / gqa_floats})
             ppl, base = res.get("ppl"), res.get("ppl_baseline")
             row.update({"ppl": ppl, "ppl_gqa": base,
                         "ppl_rel_change": (ppl - base) / base if ppl is not None and base else None,
@@ -130,7 +131,11 @@ def main():
                         "top1_agreement": res.get("top1_agreement"),
                         "tokens_per_s": res.get("tokens_per_s"), "load_s": res.get("load_s")})
         log("  " + json.dumps(row))
-        rows.append(row)
+        return row
+
+    # --jobs J runs J configurations at once (give each --threads T so J*T fits the machine).
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = list(pool.map(one, configs))
 
     keys = ["rank", "freqfold", "rope_heads", "cache_floats_per_layer", "kv_bytes_per_token",
             "kv_pct_of_gqa", "ppl", "ppl_gqa", "ppl_rel_change", "kld_mean", "kld_p99",
