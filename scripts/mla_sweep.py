@@ -87,6 +87,9 @@ def main():
     ap.add_argument("--rope-heads", default="1")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=1, help="configurations run at once")
+    ap.add_argument("--rows-from", default="",
+                    help="do not run: build the tables from the rows a sweep logged on stderr "
+                         "(lines '  {...}'), e.g. of a sweep stopped early")
     ap.add_argument("--calib-tokens", type=int, default=0, help="0: the CLI's default")
     ap.add_argument("--csv", default="")
     ap.add_argument("--md", default="")
@@ -133,10 +136,16 @@ def main():
         log("  " + json.dumps(row))
         return row
 
-    # --jobs J runs J configurations at once (give each --threads T so J*T fits the machine).
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = list(pool.map(one, configs))
+    if args.rows_from:
+        with open(args.rows_from) as f:
+            rows = [json.loads(line) for line in f if line.startswith("  {")]
+    else:
+        # --jobs J runs J configurations at once (give each --threads T so J*T fits the machine).
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            rows = list(pool.map(one, configs))
 
+    # Largest cache first, then FreqFold: the order of the table whatever order runs finished in.
+    rows.sort(key=lambda r: (-r["kv_bytes_per_token"], r["rank"] != "exact", r["freqfold"], r["rope_heads"]))
     keys = ["rank", "freqfold", "rope_heads", "cache_floats_per_layer", "kv_bytes_per_token",
             "kv_pct_of_gqa", "ppl", "ppl_gqa", "ppl_rel_change", "kld_mean", "kld_p99",
             "top1_agreement", "tokens_per_s", "load_s", "note", "error"]
