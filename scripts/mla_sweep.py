@@ -84,6 +84,9 @@ def main():
                     help="latent ranks; 'exact' = the exact merge, 'full' = no truncation (RoPE "
                          "removal and FreqFold only)")
     ap.add_argument("--freqfold", default="1,2,4")
+    ap.add_argument("--configs", default="",
+                    help="explicit configurations r:M:h (comma-separated), run before the grid; "
+                         "give --ranks '' to run only these")
     ap.add_argument("--rope-heads", default="1")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=1, help="configurations run at once")
@@ -98,7 +101,10 @@ def main():
     n_layer, hkv, d, n_rot = model_shape(args.numattn, args.model)
     gqa_floats = 2 * hkv * d
     configs = []
-    for r in args.ranks.split(","):
+    for c in filter(None, args.configs.split(",")):  # explicit r:M:h triples run first
+        r, m, h = c.split(":")
+        configs.append((r, 0 if r == "full" else int(r), int(m), int(h)))
+    for r in filter(None, args.ranks.split(",")):
         if r == "exact":
             configs.append(("exact", 0, 1, hkv))
             continue
