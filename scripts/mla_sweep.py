@@ -12,12 +12,13 @@ the same run. `full` is rank 0 (no truncation: only RoPE removal and FreqFold co
 `exact` is the exact merge (rank 0 with rope_heads = Hkv, freqfold 1): it must
 match the GQA model. KV bytes per token are the float32 cache of every layer, r + d_rope floats
 (d_rope = rope_heads * n_rot) against GQA's 2 * Hkv * D; when the CLI prints its own figure
-(`kv_bytes_per_token` or `mla_kv_bytes_per_token`) that one is used and the two are checked
-against each other. Rows are printed as they finish (stderr) and the tables written at the end;
-a failing configuration is recorded with its error and the sweep goes on.
+(`mla_latent` + `mla_d_rope`) that one is used and a mismatch is noted. Rows are printed as
+they finish (stderr) and the tables written at the end; a failing configuration is recorded
+with its error and the sweep goes on.
 Only the standard library is used.
 """
 import argparse
+import concurrent.futures
 import csv
 import json
 import subprocess
@@ -58,6 +59,8 @@ def run_one(args, rank, freqfold, rope_heads):
            "--rope-heads", str(rope_heads), "--calib", args.calib, "--format", "json"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.calib_tokens:
+        cmd += ["--calib-tokens", str(args.calib_tokens)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         err = out.stderr.strip().splitlines()
@@ -81,8 +84,16 @@ def main():
                     help="latent ranks; 'exact' = the exact merge, 'full' = no truncation (RoPE "
                          "removal and FreqFold only)")
     ap.add_argument("--freqfold", default="1,2,4")
+    ap.add_argument("--configs", default="",
+                    help="explicit configurations r:M:h (comma-separated), run before the grid; "
+                         "give --ranks '' to run only these")
     ap.add_argument("--rope-heads", default="1")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="configurations run at once")
+    ap.add_argument("--rows-from", default="",
+                    help="do not run: build the tables from the rows a sweep logged on stderr "
+                         "(lines '  {...}'), e.g. of a sweep stopped early")
+    ap.add_argument("--calib-tokens", type=int, default=0, help="0: the CLI's default")
     ap.add_argument("--csv", default="")
     ap.add_argument("--md", default="")
     args = ap.parse_args()
@@ -90,7 +101,10 @@ def main():
     n_layer, hkv, d, n_rot = model_shape(args.numattn, args.model)
     gqa_floats = 2 * hkv * d
     configs = []
-    for r in args.ranks.split(","):
+    for c in filter(None, args.configs.split(",")):  # explicit r:M:h triples run first
+        r, m, h = c.split(":")
+        configs.append((r, 0 if r == "full" else int(r), int(m), int(h)))
+    for r in filter(None, args.ranks.split(",")):
         if r == "exact":
             configs.append(("exact", 0, 1, hkv))
             continue
@@ -98,22 +112,27 @@ def main():
             for h in args.rope_heads.split(","):
                 configs.append((r, 0 if r == "full" else int(r), int(m), int(h)))
 
-    rows = []
-    for label, rank, m, h in configs:
+    def one(cfg):
+        label, rank, m, h = cfg
         log(f"mla_sweep: r={label} freqfold={m} rope_heads={h} ...")
         res = run_one(args, rank, m, h)
         d_rope = h * n_rot
         full = hkv * d - d_rope + hkv * d
         width = (full if rank == 0 or rank > full else rank) + d_rope
-        kv_bytes = 4 * n_layer * width
         row = {"rank": label, "freqfold": m, "rope_heads": h, "cache_floats_per_layer": width,
-               "kv_bytes_per_token": kv_bytes, "kv_pct_of_gqa": 100.0 * width / gqa_floats}
+               "kv_bytes_per_token": 4 * n_layer * width, "kv_pct_of_gqa": 100.0 * width / gqa_floats}
         if "error" in res:
             row["error"] = res["error"]
         else:
-            cli_kv = res.get("mla_kv_bytes_per_token", res.get("kv_bytes_per_token"))
-            if cli_kv is not None and abs(float(cli_kv) - kv_bytes) > 0.5:
-                row["note"] = f"CLI reports {cli_kv} KV bytes/token"
+            # The CLI's own latent and RoPE widths are the truth; a mismatch with the formula
+            # is noted (and the CLI's figure used).
+            if res.get("mla_latent") is not None and res.get("mla_d_rope") is not None:
+                cli_width = int(res["mla_latent"]) + int(res["mla_d_rope"])
+                if cli_width != width:
+                    row["note"] = f"CLI cache width {cli_width} != formula {width}"
+                    row.update({"cache_floats_per_layer": cli_width,
+                                "kv_bytes_per_token": 4 * n_layer * cli_width,
+                                "kv_pct_of_gqa": 100.0 * cli_width / gqa_floats})
             ppl, base = res.get("ppl"), res.get("ppl_baseline")
             row.update({"ppl": ppl, "ppl_gqa": base,
                         "ppl_rel_change": (ppl - base) / base if ppl is not None and base else None,
@@ -121,8 +140,18 @@ def main():
                         "top1_agreement": res.get("top1_agreement"),
                         "tokens_per_s": res.get("tokens_per_s"), "load_s": res.get("load_s")})
         log("  " + json.dumps(row))
-        rows.append(row)
+        return row
 
+    if args.rows_from:
+        with open(args.rows_from) as f:
+            rows = [json.loads(line) for line in f if line.startswith("  {")]
+    else:
+        # --jobs J runs J configurations at once (give each --threads T so J*T fits the machine).
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            rows = list(pool.map(one, configs))
+
+    # Largest cache first, then FreqFold: the order of the table whatever order runs finished in.
+    rows.sort(key=lambda r: (-r["kv_bytes_per_token"], r["rank"] != "exact", r["freqfold"], r["rope_heads"]))
     keys = ["rank", "freqfold", "rope_heads", "cache_floats_per_layer", "kv_bytes_per_token",
             "kv_pct_of_gqa", "ppl", "ppl_gqa", "ppl_rel_change", "kld_mean", "kld_p99",
             "top1_agreement", "tokens_per_s", "load_s", "note", "error"]

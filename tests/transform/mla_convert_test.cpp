@@ -287,10 +287,16 @@ TEST(MlaConvert, FreqFoldKyFanAndFoldedFrequencies) {
       Vec theta;
       for (double t : bm.theta) theta.insert(theta.end(), static_cast<std::size_t>(m), t);
       const MlaLayerWeights w = rorope_merge(L.hp, L.wq, L.wk, L.wv, bm);
+      // convert_layer_to_mla with every RoPE head kept folds the frequencies without rotating.
+      MlaOptions opt;
+      opt.rope_heads = static_cast<int>(hkv);
+      opt.freqfold = m;
+      const MlaLayerWeights wc = convert_layer_to_mla(L.hp, L.wq, L.wk, L.wv, L.calib, opt);
       const Vec xn = tokens(L, 10, seed);
       for (std::int64_t p : kPositions) {
-        const Attn ref = gqa(L, xn, 10, p, theta), got = mla(w, e, xn, 10, p);
-        EXPECT_LE(rel_err(got.scores, ref.scores), kRewriteTol) << "M=" << m << " pos " << p;
+        const Attn ref = gqa(L, xn, 10, p, theta);
+        EXPECT_LE(rel_err(mla(w, e, xn, 10, p).scores, ref.scores), kRewriteTol) << "M=" << m << " pos " << p;
+        EXPECT_LE(rel_err(mla(wc, e, xn, 10, p).scores, ref.scores), kMergeTol) << "M=" << m << " pos " << p;
       }
     }
   }
