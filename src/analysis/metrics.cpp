@@ -74,34 +74,49 @@ std::vector<index_t> top_indices(const T* row, index_t n, index_t k) {
 
 }  // namespace
 
+AttentionProbe::AttentionProbe(const AttentionProblem& p, index_t head) : nq_(p.n_q()), nk_(p.n_kv()) {
+  const index_t d = p.d_qk();
+  NUMATTN_CHECK(nk_ <= 8192, "the attention probe uses V = I ({} × {} floats): Nk ≤ 8192", nk_, nk_);
+  NUMATTN_CHECK(head >= 0 && head < p.heads(), "the attention probe: head {} of {} query heads", head, p.heads());
+  const index_t g = head / p.group();
+  q_.resize(static_cast<std::size_t>(nq_ * d));
+  k_.resize(static_cast<std::size_t>(nk_ * d));
+  v_.assign(static_cast<std::size_t>(nk_ * nk_), 0.f);
+  out_.resize(static_cast<std::size_t>(nq_ * nk_));
+  for (index_t i = 0; i < nq_; ++i)
+    for (index_t c = 0; c < d; ++c) q_[static_cast<std::size_t>(i * d + c)] = p.q(0, head, i, c);
+  for (index_t j = 0; j < nk_; ++j) {
+    for (index_t c = 0; c < d; ++c) k_[static_cast<std::size_t>(j * d + c)] = p.k(0, g, j, c);
+    v_[static_cast<std::size_t>(j * nk_ + j)] = 1.f;
+  }
+  probe_.q = TensorView<const float>::contiguous(q_.data(), {1, 1, nq_, d});
+  probe_.k = TensorView<const float>::contiguous(k_.data(), {1, 1, nk_, d});
+  probe_.v = TensorView<const float>::contiguous(v_.data(), {1, 1, nk_, nk_});
+  probe_.out = TensorView<float>::contiguous(out_.data(), {1, 1, nq_, nk_});
+  probe_.scale = p.scale;
+  probe_.causal = p.causal;
+  probe_.mask = p.mask;
+  probe_.window_left = p.window_left;
+  probe_.window_right = p.window_right;
+}
+
+void AttentionProbe::run(const AttentionMethod& method, const ExecContext& ctx) {
+  if (method.info().caps.lse) {
+    lse_.resize(static_cast<std::size_t>(nq_));
+    probe_.lse = TensorView<float>::contiguous(lse_.data(), {1, 1, nq_, 1});
+  } else {
+    probe_.lse = TensorView<float>();
+  }
+  method.run(probe_, ctx);
+}
+
 RecallMetrics topk_recall(const AttentionMethod& method, const AttentionProblem& p, index_t k,
                           index_t rows, std::uint64_t seed, const ExecContext& ctx) {
   NUMATTN_CHECK(k > 0, "top-k recall needs k > 0 (got {})", k);
-  const index_t nq = p.n_q(), nk = p.n_kv(), d = p.d_qk();
-  NUMATTN_CHECK(nk <= 8192, "top-k recall probes with V = I ({} × {} floats per row set): Nk ≤ 8192", nk, nk);
-  std::vector<float> q(static_cast<std::size_t>(nq * d)), kk(static_cast<std::size_t>(nk * d)),
-      v(static_cast<std::size_t>(nk * nk), 0.f), out(static_cast<std::size_t>(nq * nk)), lse;
-  for (index_t i = 0; i < nq; ++i)
-    for (index_t c = 0; c < d; ++c) q[static_cast<std::size_t>(i * d + c)] = p.q(0, 0, i, c);
-  for (index_t j = 0; j < nk; ++j) {
-    for (index_t c = 0; c < d; ++c) kk[static_cast<std::size_t>(j * d + c)] = p.k(0, 0, j, c);
-    v[static_cast<std::size_t>(j * nk + j)] = 1.f;
-  }
-  AttentionProblem probe;
-  probe.q = TensorView<const float>::contiguous(q.data(), {1, 1, nq, d});
-  probe.k = TensorView<const float>::contiguous(kk.data(), {1, 1, nk, d});
-  probe.v = TensorView<const float>::contiguous(v.data(), {1, 1, nk, nk});
-  probe.out = TensorView<float>::contiguous(out.data(), {1, 1, nq, nk});
-  if (method.info().caps.lse) {
-    lse.resize(static_cast<std::size_t>(nq));
-    probe.lse = TensorView<float>::contiguous(lse.data(), {1, 1, nq, 1});
-  }
-  probe.scale = p.scale;
-  probe.causal = p.causal;
-  probe.mask = p.mask;
-  probe.window_left = p.window_left;
-  probe.window_right = p.window_right;
-  method.run(probe, ctx);
+  const index_t nk = p.n_kv();
+  AttentionProbe pr(p, 0);
+  pr.run(method, ctx);
+  const AttentionProblem& probe = pr.problem();
   const ReferenceRows ref = reference_sample(probe, rows, seed, ctx);
   RecallMetrics m;
   m.k = k;
@@ -113,7 +128,7 @@ RecallMetrics topk_recall(const AttentionMethod& method, const AttentionProblem&
     for (index_t j = 0; j < nk; ++j) visible += exact[j] > 0;
     const index_t kr = std::min(k, std::max<index_t>(visible, 1));
     const auto a = top_indices(exact, nk, kr);
-    const auto b = top_indices(probe.out.row(0, 0, ref.rows[t].i), nk, kr);
+    const auto b = top_indices(pr.row(ref.rows[t].i), nk, kr);
     std::vector<index_t> both;
     std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
     sum += static_cast<double>(both.size()) / static_cast<double>(kr);

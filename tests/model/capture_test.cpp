@@ -42,47 +42,13 @@ void expect_error(const std::string& args, const std::vector<std::string>& must_
   for (const auto& s : must_contain) EXPECT_NE(r.out.find(s), std::string::npos) << args << "\n" << r.out;
 }
 
-// The 64 tokens of the tiny model: BOS, EOS and one token per character (byte-level BPE
-// symbols: ' ' is "Ġ", '\n' is "Ċ"), no merges, so every character is one token.
-const std::string kChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,!?;:'-\n";
+std::int32_t id_of(char c) { return static_cast<std::int32_t>(test::kTinyChars.find(c)) + 2; }
 
-std::vector<std::string> vocab() {
-  std::vector<std::string> v{"<s>", "</s>"};
-  for (char c : kChars) v.push_back(c == ' ' ? "Ġ" : c == '\n' ? "Ċ" : std::string(1, c));
-  return v;
-}
+const test::TinyTensors& tiny() { return test::tiny_tensors(); }
 
-std::int32_t id_of(char c) { return static_cast<std::int32_t>(kChars.find(c)) + 2; }
+using test::tiny_model_with_vocab;
 
-const test::TinyTensors& tiny() {
-  static const test::TinyTensors T = test::make_tiny(false);
-  return T;
-}
-
-std::string tiny_model_with_vocab() {
-  static const std::string path = [] {
-    EXPECT_EQ(vocab().size(), 64u);
-    test::GgufEdit e;
-    e.keys.emplace_back("tokenizer.ggml.model", GgufValue::string("gpt2"));
-    e.keys.emplace_back("tokenizer.ggml.pre", GgufValue::string("gpt-2"));
-    e.keys.emplace_back("tokenizer.ggml.tokens", GgufValue::string_array(vocab()));
-    e.keys.emplace_back("tokenizer.ggml.bos_token_id", GgufValue::u32(0));
-    e.keys.emplace_back("tokenizer.ggml.eos_token_id", GgufValue::u32(1));
-    e.keys.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::boolean(true));
-    e.keys.emplace_back("general.name", GgufValue::string("tiny"));
-    const std::string base = test::write_gguf(tiny(), "capture_tiny_base.gguf");
-    return test::rewrite_gguf(base, e, "capture_tiny_vocab.gguf");
-  }();
-  return path;
-}
-
-std::string some_text(std::size_t n) {
-  const std::string words = "it is a truth universally acknowledged, that a single man in "
-                            "possession of a good fortune, must be in want of a wife.\n";
-  std::string s;
-  while (s.size() < n) s += words;
-  return s.substr(0, n);
-}
+std::string some_text(std::size_t n) { return test::tiny_text(n); }
 
 // ---- independent float64 forward pass, recording each layer's q/k/v ---------------------------
 // GGUF layout (model/llama.h): weights row-major [out, in]; RoPE rotates adjacent pairs

@@ -126,4 +126,39 @@ std::string rewrite_gguf(const std::string& src, const GgufEdit& edit, const std
   return path;
 }
 
+const TinyTensors& tiny_tensors() {
+  static const TinyTensors T = make_tiny(false);
+  return T;
+}
+
+const std::string kTinyChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,!?;:'-\n";
+
+std::string tiny_model_with_vocab() {
+  static const std::string path = [] {
+    // BPE symbols: ' ' is "Ġ", '\n' is "Ċ".
+    std::vector<std::string> vocab{"<s>", "</s>"};
+    for (char c : kTinyChars) vocab.push_back(c == ' ' ? "Ġ" : c == '\n' ? "Ċ" : std::string(1, c));
+    EXPECT_EQ(vocab.size(), 64u);
+    GgufEdit e;
+    e.keys.emplace_back("tokenizer.ggml.model", GgufValue::string("gpt2"));
+    e.keys.emplace_back("tokenizer.ggml.pre", GgufValue::string("gpt-2"));
+    e.keys.emplace_back("tokenizer.ggml.tokens", GgufValue::string_array(vocab));
+    e.keys.emplace_back("tokenizer.ggml.bos_token_id", GgufValue::u32(0));
+    e.keys.emplace_back("tokenizer.ggml.eos_token_id", GgufValue::u32(1));
+    e.keys.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::boolean(true));
+    e.keys.emplace_back("general.name", GgufValue::string("tiny"));
+    const std::string base = write_gguf(tiny_tensors(), "capture_tiny_base.gguf");
+    return rewrite_gguf(base, e, "capture_tiny_vocab.gguf");
+  }();
+  return path;
+}
+
+std::string tiny_text(std::size_t n) {
+  const std::string words = "it is a truth universally acknowledged, that a single man in "
+                            "possession of a good fortune, must be in want of a wife.\n";
+  std::string s;
+  while (s.size() < n) s += words;
+  return s.substr(0, n);
+}
+
 }  // namespace numattn::test

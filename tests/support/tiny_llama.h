@@ -53,4 +53,18 @@ struct GgufEdit {
 /// A copy of the GGUF file `src` with `edit` applied, written to temp_path(name).
 std::string rewrite_gguf(const std::string& src, const GgufEdit& edit, const std::string& name);
 
+/// make_tiny(false), made once.
+const TinyTensors& tiny_tensors();
+
+/// The characters of the tiny model's vocabulary: token 2 + i is kTinyChars[i] (0 is BOS, 1 EOS).
+extern const std::string kTinyChars;
+
+/// The tiny model (tiny_tensors) with a 64-token vocabulary, BOS, EOS and one token per character
+/// (byte-level BPE symbols, no merges, add_bos_token set), so that text commands (`capture`,
+/// `analyze`, `ppl`) run on it. Written once per process.
+std::string tiny_model_with_vocab();
+
+/// The first n characters of repeated English prose in that vocabulary.
+std::string tiny_text(std::size_t n);
+
 }  // namespace numattn::test

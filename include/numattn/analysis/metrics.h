@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "numattn/attention/problem.h"
 #include "numattn/attention/reference.h"
@@ -32,10 +33,32 @@ ErrorMetrics compare_with_reference(const AttentionProblem& p, const ReferenceRo
 
 class AttentionMethod;
 
-/// Top-k recall of the attention rows a method forms, for any method: the method runs on a probe
-/// problem with the first query head of `p` (batch 0), its KV head, and V = I (Nk × Nk), so its
-/// output row i *is* its effective attention row P̂_i; the float64 reference on the same probe
-/// gives the exact row P_i. For `rows` sampled query rows (seeded), recall = |top-k(P̂_i) ∩
+/// The attention matrix P̂ a method forms on one query head, for any method: the method runs on
+/// a probe problem with query head `head` of batch 0 of `p`, its KV head, and V = I (Nk × Nk), so
+/// that output row i *is* the method's effective attention row P̂_i (for methods whose choices do
+/// not depend on V; one that samples by value norms sees unit value rows). Causal rule, window,
+/// mask and scale of `p` apply. Cost: one run at Dv = Nk; Nq·Nk floats. Refuses (`Error`)
+/// Nk > 8192 and, through `run`, methods that cannot run the probe.
+class AttentionProbe {
+ public:
+  AttentionProbe(const AttentionProblem& p, index_t head);
+  AttentionProbe(const AttentionProbe&) = delete;
+  AttentionProbe& operator=(const AttentionProbe&) = delete;
+  /// The probe problem ([1, 1, Nq, Dk] queries, [1, 1, Nk, Nk] identity values).
+  const AttentionProblem& problem() const { return probe_; }
+  /// Runs `method` (validate, can_run, forward: AttentionMethod::run) and keeps its P̂.
+  void run(const AttentionMethod& method, const ExecContext& ctx);
+  /// Row i of P̂ (Nk floats), after run.
+  const float* row(index_t i) const { return out_.data() + static_cast<std::size_t>(i) * static_cast<std::size_t>(nk_); }
+
+ private:
+  index_t nq_ = 0, nk_ = 0;
+  std::vector<float> q_, k_, v_, out_, lse_;
+  AttentionProblem probe_;
+};
+
+/// Top-k recall of the attention rows a method forms, for any method: P̂ from an AttentionProbe of
+/// the first query head of `p`; the float64 reference on the same probe gives the exact row P_i. For `rows` sampled query rows (seeded), recall = |top-k(P̂_i) ∩
 /// top-k(P_i)| / k, averaged (k shrinks to the number of visible keys of a row; rows with no
 /// visible key are skipped; a NaN weight ranks last). Causal rule, window, mask and scale of `p`
 /// apply. Methods whose choices depend on V (e.g. a sampling distribution from value norms) are

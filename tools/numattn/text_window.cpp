@@ -1,0 +1,134 @@
+#include "text_window.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "cli_common.h"
+#include "numattn/core/file_io.h"
+#include "numattn/core/progress.h"
+#include "numattn/model/data.h"
+#include "numattn/model/ppl.h"
+#include "numattn/model/tokenizer.h"
+
+namespace numattn::cli {
+
+void TextWindowFlags::add_to(CLI::App& app, const std::string& layers_help) {
+  app.add_option("--model", model, "GGUF file, or 'default'")->capture_default_str();
+  app.add_option("--text", text, "UTF-8 text file, or 'default' (Jane Austen)")->capture_default_str();
+  app.add_option("--tokens", tokens, "N: tokens to run, at most the model's trained context (llama.context_length)")
+      ->capture_default_str();
+  app.add_option("--offset", offset,
+                 "first token of the window, counted in the tokenized text (as `numattn ppl` tokenizes it)")
+      ->capture_default_str();
+  app.add_option("--layers", layers, layers_help)->capture_default_str();
+  app.add_option("--bos", bos,
+                 "first token of the window: auto (replaced by BOS if the vocabulary's add_bos_token is set, "
+                 "as ppl does for each chunk), replace, keep")
+      ->capture_default_str();
+  app.add_flag("--no-progress", no_progress, "no progress notes or bar on stderr");
+}
+
+std::vector<std::int64_t> parse_index_list(const std::string& s, const char* option, std::int64_t count,
+                                           const char* what, const char* count_name) {
+  std::vector<std::int64_t> out;
+  if (s == "all") {
+    for (std::int64_t l = 0; l < count; ++l) out.push_back(l);
+    return out;
+  }
+  for (const std::string& item : split_list(s)) {
+    std::size_t pos = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &pos);
+    } catch (const std::exception&) {
+      pos = 0;
+    }
+    NUMATTN_CHECK_OPTION(pos == item.size() && pos > 0 && v >= 0, option,
+                         "'{}' is not a {} index (integers >= 0, comma-separated, or 'all')", item, what);
+    NUMATTN_CHECK_OPTION(v < count, option, "{} {} is out of range: the model has {} = {} (0..{})", what, v,
+                         count_name, count, count - 1);
+    out.push_back(v);
+  }
+  NUMATTN_CHECK_OPTION(!out.empty(), option, "needs at least one {} index (or 'all')", what);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+TextWindow open_text_window(const TextWindowFlags& f, const std::string& out, const char* label,
+                            const std::function<void(const TextWindow&)>& before_tokenize) {
+  // Flags alone first, then against the files' headers, then against the text: every check
+  // before the model's weights are read.
+  NUMATTN_CHECK_OPTION(f.tokens >= 1, "tokens", "must be at least 1, got {}", f.tokens);
+  NUMATTN_CHECK_OPTION(f.offset >= 0, "offset", "must be >= 0, got {}", f.offset);
+  const BosMode bos = parse_bos_mode(f.bos);
+  const std::string model_path = resolve_model_path(f.model), text_path = resolve_text_path(f.text);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const NamedPath& in : {NamedPath{"--model", model_path}, NamedPath{"--text", text_path}})
+    NUMATTN_CHECK_OPTION(!same_file(out, in.path), "out", "'{}' is the {} file: the output directory must not be an input",
+                         out, in.what);
+  if (fs::exists(out, ec))
+    NUMATTN_CHECK_OPTION(fs::is_directory(out, ec), "out", "'{}' exists and is not a directory", out);
+  const std::string text = read_file(text_path, "--text file");
+  TextWindow w{model_path, text_path, GgufFile::open(model_path), {}, {}, {}, 0, false};
+  w.hp = LlamaModel::read_hparams(w.file);
+  w.layers = parse_index_list(f.layers, "layers", w.hp.n_layer, "layer", "n_layer");
+  // The caller's checks (outputs that would overwrite an input first) before the window's.
+  if (before_tokenize) before_tokenize(w);
+  NUMATTN_CHECK_OPTION(f.tokens <= w.hp.n_ctx_train, "tokens",
+                       "{} tokens is beyond the model's trained context of {} (llama.context_length)", f.tokens,
+                       w.hp.n_ctx_train);
+
+  const Tokenizer tok = Tokenizer::from_gguf(w.file);
+  if (!f.no_progress) std::fprintf(stderr, "%s: tokenizing %s\n", label, w.text_path.c_str());
+  // As `numattn ppl`: the whole file, BOS only if add_bos_token, control markers as text.
+  const auto all = tok.encode(text, tok.add_bos(), false);
+  w.text_tokens = static_cast<std::int64_t>(all.size());
+  NUMATTN_CHECK_OPTION(f.offset <= w.text_tokens && f.tokens <= w.text_tokens - f.offset, "tokens",
+                       "the text has {} tokens: --offset {} + --tokens {} = {} is beyond it", w.text_tokens, f.offset,
+                       f.tokens, f.offset + f.tokens);
+  w.tokens.assign(all.begin() + f.offset, all.begin() + f.offset + f.tokens);
+  w.bos_replaced = bos == BosMode::kReplace || (bos == BosMode::kAuto && tok.add_bos());
+  NUMATTN_CHECK(!w.bos_replaced || tok.bos_id() >= 0, "--bos {}: the vocabulary has no BOS token", f.bos);
+  if (w.bos_replaced) w.tokens[0] = tok.bos_id();
+  return w;
+}
+
+std::vector<LayerTensors> capture_layers(const TextWindow& w, RopeState rope, bool progress, const char* label,
+                                         const ExecContext& ctx) {
+  if (progress) std::fprintf(stderr, "%s: loading %s\n", label, w.model_path.c_str());
+  const LlamaModel model = LlamaModel::load(w.file, ctx);
+  const auto N = static_cast<index_t>(w.tokens.size());
+  const index_t D = w.hp.head_dim;
+  std::vector<int> slot(static_cast<std::size_t>(w.hp.n_layer), -1);
+  for (std::size_t i = 0; i < w.layers.size(); ++i) slot[static_cast<std::size_t>(w.layers[i])] = static_cast<int>(i);
+  std::vector<LayerTensors> out(w.layers.size());
+  auto copy = [&](const TensorView<const float>& src, std::vector<float>& dst) {
+    const index_t H = src.shape[1];
+    dst.resize(static_cast<std::size_t>(H * N * D));
+    for (index_t h = 0; h < H; ++h)
+      for (index_t i = 0; i < N; ++i)
+        for (index_t d = 0; d < D; ++d) dst[static_cast<std::size_t>((h * N + i) * D + d)] = src(0, h, i, d);
+  };
+  ProgressBar bar(std::string(label) + " forward", w.hp.n_layer,
+                  progress ? ProgressBar::Mode::kAuto : ProgressBar::Mode::kOff);
+  ForwardOptions fo;
+  fo.logits_begin = N;  // no logits are needed
+  fo.capture = [&](const QkvCapture& c) {
+    bar.set(c.layer + 1, "layer " + std::to_string(c.layer));
+    const int s = slot[static_cast<std::size_t>(c.layer)];
+    if (s < 0) return;
+    LayerTensors& t = out[static_cast<std::size_t>(s)];
+    if (rope != RopeState::kPre) copy(c.q_post, t.q_post), copy(c.k_post, t.k_post);
+    if (rope != RopeState::kPost) copy(c.q_pre, t.q_pre), copy(c.k_pre, t.k_pre);
+    copy(c.v, t.v);
+  };
+  KvCache cache = model.make_cache(N);
+  model.forward(w.tokens, cache, ctx, fo);
+  bar.finish();
+  return out;
+}
+
+}  // namespace numattn::cli
