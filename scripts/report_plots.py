@@ -24,7 +24,6 @@ try:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.colors import LogNorm
 except ImportError as e:  # the report checks this first; a direct call says the same
     sys.exit(f"report_plots.py: matplotlib is missing ({e}): install Debian's python3-matplotlib "
              "(scripts/setup.sh) and run it with /usr/bin/python3")
@@ -447,12 +446,10 @@ def section_analyze(rep, root, meta):
         cols = min(6, len(ps))
         nrows = (len(ps) + cols - 1) // cols
         fig, axes = plt.subplots(nrows, cols, figsize=(2.1 * cols, 2.2 * nrows), squeeze=False)
-        vals = [v for p in ps for row in p["grid"] for v in row if v > 0]
-        lo, hi = (min(vals), max(vals)) if vals else (1e-6, 1.0)
         im = None
         for ax, p in zip(axes.flat, ps):
-            grid = [[max(v, lo) for v in row] for row in p["grid"]]
-            im = ax.imshow(grid, cmap="magma", norm=LogNorm(vmin=lo, vmax=max(hi, lo * 10)))
+            # The survey's Fig. 5: the top-left 20×20 block of P, each row over its largest entry.
+            im = ax.imshow(p["grid"], cmap="viridis", vmin=0.0, vmax=1.0)
             ax.set_title(f"L{p['layer']} H{p['head']}", fontsize=8)
             ax.set_xticks([])
             ax.set_yticks([])
@@ -460,7 +457,8 @@ def section_analyze(rep, root, meta):
             ax.axis("off")
         if im is not None:
             fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.7)
-        rep.plot(fig, "panels", f"20×20 block sparsity panels of P ({panels.get('tokens', '?')} tokens; mean |P| per block)")
+        rep.plot(fig, "panels", f"§9 sparsity panels: the top-left 20×20 block of P, each row divided by its largest "
+                                f"entry ({panels.get('tokens', '?')} tokens; layer L, query head H)")
     info = load_json(os.path.join(adir, "analysis.json"))
     if info and info.get("findings"):
         rep.heading("The survey's §9 findings on this model", 3)

@@ -458,7 +458,8 @@ void add_report(CLI::App& app) {
       if (has_analyze) {
         add({"analyze", "analyze", "spectra, sparsity and the §9 findings (numattn analyze)",
              {"analyze", "--model", model_path, "--text", text_path, "--tokens", std::to_string(s.analyze_tokens),
-              "--layers", s.analyze_layers, "--out", (dir / "data" / "analyze").string()},
+              "--layers", s.analyze_layers, "--out", (dir / "data" / "analyze").string(), "--predict",
+              "--no-progress"},
              ""});
       }
     }
