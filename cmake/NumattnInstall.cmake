@@ -25,6 +25,8 @@ install(TARGETS numattn numattn_deps EXPORT numattnTargets
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/numattn DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 if(TARGET numattn_cli)
   install(TARGETS numattn_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  # `numattn report` looks for its plotting script in <bin>/../share/numattn.
+  install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/report_plots.py DESTINATION ${CMAKE_INSTALL_DATADIR}/numattn)
 endif()
 install(EXPORT numattnTargets NAMESPACE numattn:: DESTINATION ${NUMATTN_INSTALL_CMAKEDIR})
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds numattn into ${BUILD_DIR:-build} (Release, native, tests and benchmarks).
+# NUMATTN_BUILD_TARGETS="t1 t2" builds only those targets (scripts/main.sh: the CLI alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -10,4 +11,6 @@ if [ -x .venv/bin/python ] && .venv/bin/python -c "import nanobind" 2>/dev/null;
   PY_ARGS=(-DNUMATTN_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$PWD/.venv/bin/python")
 fi
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${PY_ARGS[@]}" "$@" >/dev/null
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+TARGETS=()
+for t in ${NUMATTN_BUILD_TARGETS:-}; do TARGETS+=(--target "$t"); done
+cmake --build "$BUILD_DIR" -j "$(nproc)" "${TARGETS[@]}"

@@ -8,6 +8,9 @@ PKGS=(build-essential cmake ninja-build pkg-config python3 python3-numpy python3
 missing=()
 # The Python package (python/): venv and headers for the nanobind extension, pytest.
 PKGS+=(python3-venv python3-dev python3-pytest)
+# `numattn report`: plots with Debian's matplotlib (scripts/report_plots.py runs under
+# /usr/bin/python3), and a headless browser for the test that opens the report's index.html.
+PKGS+=(python3-matplotlib chromium)
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done

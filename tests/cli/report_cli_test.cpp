@@ -1,0 +1,139 @@
+// `numattn report` as an orchestrator: refusals before any measurement, one printed command per
+// step that reproduces its data file, and a failing child reported with its command and stderr.
+// The plots themselves (matplotlib) and the page (Chromium) are tests/report/browser_check.py's;
+// here a shell script stands in for the plotting interpreter (it passes the matplotlib check and
+// writes an empty index.html), so these run anywhere.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "support/test_util.h"
+
+namespace numattn {
+namespace {
+
+std::string cli() { return NUMATTN_CLI_PATH; }
+
+std::string run(const std::string& args, int* rc) {
+  std::string out;
+  *rc = test::run_command(cli() + " " + args + " 2>&1", &out);
+  return test::strip_notes(out);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+// A stand-in for `python3`: `-c CODE` succeeds, `SCRIPT --dir DIR` writes DIR/index.html.
+std::string fake_python(const test::ScratchDir& dir) {
+  const std::string path = dir.file("fake_python.sh");
+  std::ofstream(path) << "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\necho '<html></html>' > \"$3/index.html\"\n";
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+// Random inputs only, tiny sizes, no plotting: a report in well under a second of measurements.
+std::string tiny(const test::ScratchDir& dir, const std::string& methods) {
+  return "report --no-model --no-progress --threads 1 --out " + dir.file("r") + " --bench-methods " + methods +
+         " --n 32 --heads 1 --d 8 --reps 1 --check-rows 8 --gemm-size 32 --bd-seeds 1 --bd-tokens 8 " +
+         "--python " + fake_python(dir);
+}
+
+TEST(ReportCli, APythonWithoutMatplotlibIsRefusedBeforeAnyMeasurement) {
+  test::ScratchDir dir;
+  int rc = 0;
+  const std::string out = run("report --no-model --out " + dir.file("r") + " --python /bin/false", &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("cannot import matplotlib"), std::string::npos) << out;
+  EXPECT_NE(out.find("python3-matplotlib"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("r/data/steps.json")));
+}
+
+TEST(ReportCli, AnOutThatIsAFileIsRefused) {
+  test::ScratchDir dir;
+  std::ofstream(dir.file("f")) << "x";
+  int rc = 0;
+  const std::string out = run("report --no-model --python " + fake_python(dir) + " --out " + dir.file("f"), &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("error: --out: '" + dir.file("f") + "' exists and is not a directory"), std::string::npos) << out;
+}
+
+TEST(ReportCli, AMissingPlotsScriptIsNamed) {
+  test::ScratchDir dir;
+  int rc = 0;
+  const std::string out =
+      run("report --no-model --python " + fake_python(dir) + " --plots-script " + dir.file("none.py") +
+              " --out " + dir.file("r"), &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("--plots-script: '" + dir.file("none.py") + "' is not a file"), std::string::npos) << out;
+}
+
+TEST(ReportCli, EachStepIsAPrintedCommandThatReproducesItsDataFile) {
+  test::ScratchDir dir;
+  int rc = 0;
+  const std::string out = run(tiny(dir, "exact.flash,exact.naive"), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("report: " + dir.file("r") + "/index.html"), std::string::npos) << out;
+  const auto meta = read_json(dir.file("r/data/steps.json"));
+  EXPECT_EQ(meta["format"], "numattn-report");
+  std::vector<std::string> ids;
+  for (const auto& s : meta["steps"]) {
+    ids.push_back(s["id"]);
+    EXPECT_EQ(s["status"], "ok") << s.dump();
+    // One line per step on stderr, numbered.
+    EXPECT_NE(out.find(s["title"].get<std::string>() + ": ok"), std::string::npos) << out;
+  }
+  EXPECT_EQ(ids, (std::vector<std::string>{"methods", "bench_gaussian", "bench_spiky", "bd_study", "plots"}));
+  const auto rows = read_json(dir.file("r/data/bench_spiky.json"));
+  ASSERT_EQ(rows.size(), 3u);  // the sgemm row and the two methods
+  EXPECT_EQ(rows[1]["method"].get<std::string>().rfind("exact.flash(", 0), 0u) << rows[1].dump();
+  EXPECT_EQ(rows[2]["method"], "exact.naive");
+  EXPECT_EQ(rows[2]["source"], "random spiky");
+  // The printed command, run by a shell, writes the same rows (same methods, shapes and seed).
+  std::string cmd = meta["steps"][2]["command"];
+  const std::string redirect = " > '" + dir.file("r/data/bench_spiky.json") + "'";
+  const std::string redirect_plain = " > " + dir.file("r/data/bench_spiky.json");
+  std::size_t at = cmd.rfind(" > ");
+  ASSERT_NE(at, std::string::npos) << cmd;
+  EXPECT_TRUE(cmd.substr(at) == redirect || cmd.substr(at) == redirect_plain) << cmd;
+  cmd = cmd.substr(0, at) + " > " + dir.file("again.json") + " 2>/dev/null";
+  std::string ignored;
+  ASSERT_EQ(test::run_command(cmd, &ignored), 0) << cmd;
+  const auto again = read_json(dir.file("again.json"));
+  ASSERT_EQ(again.size(), rows.size());
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    for (const char* k : {"method", "n", "heads", "d", "seed", "source", "rows_checked"})
+      EXPECT_EQ(again[i][k], rows[i][k]) << k;
+  }
+}
+
+TEST(ReportCli, AFailingChildIsReportedWithItsCommandAndStderrAndFailsTheReport) {
+  test::ScratchDir dir;
+  int rc = 0;
+  const std::string out = run(tiny(dir, "nosuch.method"), &rc);
+  EXPECT_EQ(rc, 1) << out;
+  // The line of the step, its command and the child's own error message.
+  EXPECT_NE(out.find("error, time and memory: gaussian inputs: failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("command: " + cli() + " bench --method nosuch.method"), std::string::npos) << out;
+  EXPECT_NE(out.find("unknown method 'nosuch.method'"), std::string::npos) << out;
+  EXPECT_NE(out.find("error: report: 2 step(s) failed"), std::string::npos) << out;
+  // The other steps still ran, and the record says which failed and why.
+  const auto meta = read_json(dir.file("r/data/steps.json"));
+  for (const auto& s : meta["steps"]) {
+    const bool bench = s["id"].get<std::string>().rfind("bench_", 0) == 0;
+    EXPECT_EQ(s["status"], bench ? "failed" : "ok") << s.dump();
+    if (bench) {
+      EXPECT_NE(s["stderr"].get<std::string>().find("unknown method"), std::string::npos) << s.dump();
+    }
+  }
+  // No partial output is left where a data file belongs.
+  EXPECT_FALSE(std::filesystem::exists(dir.file("r/data/bench_gaussian.json")));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("r/data/.bench_gaussian.json.part")));
+}
+
+}  // namespace
+}  // namespace numattn
