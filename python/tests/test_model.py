@@ -20,7 +20,10 @@ def test_ppl_equals_cli(model, short_text, run_cli):
     row = run_cli("ppl", "--model", "default", "--text", path, "--ctx", 64, "--chunks", 2,
                   "--threads", 2, "--no-progress", "--format", "json")
     row = row[0] if isinstance(row, list) else row
-    assert got["ppl"] == row["ppl"] and got["tokens_scored"] == row["tokens_scored"] == 2 * 31
+    # Same computation, up to float32 rounding: OpenBLAS picks its kernels per CPU at run time,
+    # and on some CPUs (AMD Zen 4) a GEMM's rounding depends on where its buffers lie.
+    assert got["ppl"] == pytest.approx(row["ppl"], rel=1e-5)
+    assert got["tokens_scored"] == row["tokens_scored"] == 2 * 31
     assert got["nll"].shape == (62,) and np.isclose(np.exp(got["nll"].mean()), got["ppl"])
     # with a baseline: KL of a method against itself is zero, top-1 agreement one
     kl = model.ppl(model.tokenize(text), ctx=64, chunks=1, attn="exact.naive", baseline="exact.flash",

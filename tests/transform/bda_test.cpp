@@ -383,7 +383,9 @@ TEST(Bda, SmolLmShapeVoOnly) {
   EXPECT_EQ(L.params_before - L.params_after, 3 * 64 * 64);
   const BdaAccuracy a = evaluate_bda(rl.view(), L, 64, 5, ExecContext{2});
   EXPECT_LE(a.out_err_bda, bound(a.kappa_max)) << "κ_vo " << L.vo.kappa_max;
-  EXPECT_EQ(a.logit_err_bda, a.logit_err_plain);  // QK untouched
+  // QK untouched: the same logits up to float32 rounding (the BD-projected keys may go through
+  // another kernel than the dense ones, and BLAS kernels round differently between CPUs).
+  EXPECT_NEAR(a.logit_err_bda, a.logit_err_plain, 1e-6);
 }
 
 }  // namespace
