@@ -19,3 +19,12 @@ option(NUMATTN_CUDA "Build the CUDA back-end (compiles without a GPU; tests skip
 option(NUMATTN_WERROR "Treat warnings as errors" OFF)
 set(NUMATTN_SANITIZE "" CACHE STRING "Sanitizers to enable, e.g. address;undefined or thread")
 option(NUMATTN_FUZZ "Build libFuzzer targets in fuzz/ (needs clang: CXX=clang++)" OFF)
+# ccache, when installed, for every C++ compile (rebuilds of worktrees and sanitizer trees hit the
+# same cache with CCACHE_BASEDIR set); a launcher given on the command line wins.
+option(NUMATTN_CCACHE "Compile through ccache when it is installed" ON)
+if(NUMATTN_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+  find_program(NUMATTN_CCACHE_PROGRAM ccache)
+  if(NUMATTN_CCACHE_PROGRAM)
+    set(CMAKE_CXX_COMPILER_LAUNCHER "${NUMATTN_CCACHE_PROGRAM}")
+  endif()
+endif()
