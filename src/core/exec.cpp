@@ -60,6 +60,11 @@ class WorkerScope {
 
 int thread_index() { return t_thread_index; }
 
+std::size_t worker_slot(std::size_t slots) {
+  NUMATTN_CHECK(slots > 0, "worker_slot: a call needs at least one scratch slot");
+  return static_cast<std::size_t>(t_thread_index) % slots;
+}
+
 void parallel_for(const ExecContext& ctx, std::int64_t n,
                   const std::function<void(std::int64_t)>& fn) {
   if (n <= 0) return;

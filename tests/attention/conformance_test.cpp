@@ -5,9 +5,11 @@
 // method is checked here by its line in methods.inc and its MethodInfo, nothing else.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 
 #include "numattn/attention/registry.h"
+#include "numattn/core/exec.h"
 #include "support/conformance.h"
 #include "support/test_util.h"
 
@@ -80,6 +82,45 @@ TEST_P(Conformance, RefusesWhatItDoesNotClaim) {
     cfg.causal = Causal::kTopLeft;
     RandomProblem a(cfg);
     EXPECT_FALSE(m->can_run(a.problem()).is_ok());
+  }
+}
+
+TEST_P(Conformance, RunsInsideAnOuterParallelLoop) {
+  // A driver may call a method from inside its own parallel_for (over layers, heads, problems):
+  // the method's loop then runs serially on the outer worker, whose thread_index() can exceed
+  // the method's own thread count; its per-call scratch must still be in bounds and private
+  // (core/exec.h worker_slot). Each outer item gets its own instance and problem; every output
+  // must equal the same call made outside any loop, bit for bit.
+  auto probe = create_method(GetParam());
+  ProblemConfig cfg;
+  cfg.heads = 2;
+  cfg.n = 96;
+  cfg.d = 16;
+  {
+    RandomProblem a(cfg);
+    if (!probe->can_run(a.problem()).is_ok()) cfg.causal = Causal::kBottomRight;
+  }
+  RandomProblem solo(cfg);
+  if (!probe->can_run(solo.problem()).is_ok()) GTEST_SKIP() << "runs neither a plain nor a causal problem";
+  constexpr int kOuter = 4;
+  for (const int inner : {1, 3}) {
+    probe->run(solo.problem(), ExecContext{inner});
+    const std::vector<float> want = solo.out_data();
+    std::vector<std::unique_ptr<RandomProblem>> probs;
+    std::vector<std::unique_ptr<AttentionMethod>> methods;
+    for (int i = 0; i < kOuter; ++i) {
+      probs.push_back(std::make_unique<RandomProblem>(cfg));
+      methods.push_back(create_method(GetParam()));
+    }
+    parallel_for(ExecContext{2}, kOuter, [&](std::int64_t i) {
+      methods[static_cast<std::size_t>(i)]->run(probs[static_cast<std::size_t>(i)]->problem(), ExecContext{inner});
+    });
+    for (int i = 0; i < kOuter; ++i) {
+      const std::vector<float>& got = probs[static_cast<std::size_t>(i)]->out_data();
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+          << "outer item " << i << ", inner threads " << inner;
+    }
   }
 }
 

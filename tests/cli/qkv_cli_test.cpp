@@ -17,32 +17,17 @@
 namespace numattn {
 namespace {
 
+using Result = test::CliResult;
+using test::cli;
+using test::expect_cli_error;
+
 using nlohmann::json;
-
-struct Result {
-  int rc;
-  std::string out;
-};
-
-Result cli(const std::string& args) {
-  Result r;
-  r.rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " 2>&1", &r.out);
-  r.out = test::strip_notes(r.out);
-  return r;
-}
 
 json cli_json(const std::string& args) {
   std::string out;
   const int rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " 2>/dev/null", &out);
   EXPECT_EQ(rc, 0) << args << "\n" << out;
   return rc == 0 ? json::parse(out) : json();
-}
-
-void expect_error(const std::string& args, const std::vector<std::string>& must_contain) {
-  const Result r = cli(args);
-  EXPECT_EQ(r.rc, 1) << args << "\n" << r.out;
-  EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << args << "\n" << r.out;
-  for (const auto& s : must_contain) EXPECT_NE(r.out.find(s), std::string::npos) << args << "\n" << r.out;
 }
 
 std::vector<float> random(std::size_t n, std::uint64_t stream) {
@@ -106,40 +91,40 @@ TEST(QkvCli, ConflictingFlagsAreRefusedByName) {
   test::ScratchDir dir;
   const std::string cap = write_capture(dir, "cap", 4, 2, 8, 4, {0});
   const std::string run = "run --qkv " + cap + " --layer 0";
-  expect_error(run + " --n 16", {"error: --n: ", "cannot be combined with --qkv"});
-  expect_error(run + " --heads 4", {"error: --heads: ", "--qkv"});
-  expect_error(run + " --seed 3", {"error: --seed: ", "--qkv"});
-  expect_error(run + " --dist spiky", {"error: --dist: ", "--qkv"});
-  expect_error(run + " --layout bnhd", {"error: --layout: ", "--qkv"});
-  expect_error(run + " --q " + cap + "/layer0_q.npy", {"error: --q: ", "--qkv"});
-  expect_error("run --qkv " + cap, {"error: --qkv: ", "--layer"});
-  expect_error("run --layer 0", {"error: --layer: ", "--qkv"});
-  expect_error("run --q " + cap + "/layer0_q.npy --k " + cap + "/layer0_k.npy --v " + cap +
+  expect_cli_error(run + " --n 16", {"error: --n: ", "cannot be combined with --qkv"});
+  expect_cli_error(run + " --heads 4", {"error: --heads: ", "--qkv"});
+  expect_cli_error(run + " --seed 3", {"error: --seed: ", "--qkv"});
+  expect_cli_error(run + " --dist spiky", {"error: --dist: ", "--qkv"});
+  expect_cli_error(run + " --layout bnhd", {"error: --layout: ", "--qkv"});
+  expect_cli_error(run + " --q " + cap + "/layer0_q.npy", {"error: --q: ", "--qkv"});
+  expect_cli_error("run --qkv " + cap, {"error: --qkv: ", "--layer"});
+  expect_cli_error("run --layer 0", {"error: --layer: ", "--qkv"});
+  expect_cli_error("run --q " + cap + "/layer0_q.npy --k " + cap + "/layer0_k.npy --v " + cap +
                    "/layer0_v.npy --d 4",
                {"error: --d: ", "--q/--k/--v"});
-  expect_error(run + " --out " + cap + "/layer0_k.npy", {"--out", "layer0_k.npy"});
-  expect_error("bench --qkv " + cap + " --layer 0 --n 8", {"error: --n: ", "--qkv"});
-  expect_error("bench --qkv " + cap, {"error: --qkv: ", "--layer"});
-  expect_error("bench --qkv " + cap + " --layer 0,x", {"error: --layer: ", "'x'"});
+  expect_cli_error(run + " --out " + cap + "/layer0_k.npy", {"--out", "layer0_k.npy"});
+  expect_cli_error("bench --qkv " + cap + " --layer 0 --n 8", {"error: --n: ", "--qkv"});
+  expect_cli_error("bench --qkv " + cap, {"error: --qkv: ", "--layer"});
+  expect_cli_error("bench --qkv " + cap + " --layer 0,x", {"error: --layer: ", "'x'"});
 }
 
 TEST(QkvCli, TheManifestIsCheckedAgainstTheFiles) {
   test::ScratchDir dir;
   const std::string good = write_capture(dir, "good", 4, 2, 8, 4, {0, 5});
-  expect_error("run --qkv " + good + " --layer 2", {"error: --layer: ", "layer 2", "layers 0, 5"});
+  expect_cli_error("run --qkv " + good + " --layer 2", {"error: --layer: ", "layer 2", "layers 0, 5"});
   // A file whose shape is not the manifest's.
   const std::string shape = write_capture(dir, "shape", 4, 2, 8, 4, {0}, {{"tokens", 9}});
-  expect_error("run --qkv " + shape + " --layer 0", {"layer0_q.npy", "[4, 9, 4]", "does not match"});
+  expect_cli_error("run --qkv " + shape + " --layer 0", {"layer0_q.npy", "[4, 9, 4]", "does not match"});
   const std::string kvh = write_capture(dir, "kvh", 4, 2, 8, 4, {0}, {{"kv_heads", 3}});
-  expect_error("run --qkv " + kvh + " --layer 0", {"manifest.json", "kv_heads (3)", "GQA"});
+  expect_cli_error("run --qkv " + kvh + " --layer 0", {"manifest.json", "kv_heads (3)", "GQA"});
   const std::string esc = write_capture(dir, "esc", 4, 2, 8, 4, {0},
                                         {{"files", {{"0", {{"q", "../good/layer0_q.npy"}}}}}});
-  expect_error("run --qkv " + esc + " --layer 0", {"files.0.q", "inside the directory"});
+  expect_cli_error("run --qkv " + esc + " --layer 0", {"files.0.q", "inside the directory"});
   const std::string fmt = write_capture(dir, "fmt", 4, 2, 8, 4, {0}, {{"format", "other"}});
-  expect_error("run --qkv " + fmt + " --layer 0", {"manifest.json", "numattn-qkv-capture"});
+  expect_cli_error("run --qkv " + fmt + " --layer 0", {"manifest.json", "numattn-qkv-capture"});
   std::filesystem::create_directories(dir.file("empty"));
-  expect_error("run --qkv " + dir.file("empty") + " --layer 0", {"manifest.json"});
-  expect_error("run --qkv " + good + "/manifest.json --layer 0", {"error: --qkv: ", "not a directory"});
+  expect_cli_error("run --qkv " + dir.file("empty") + " --layer 0", {"manifest.json"});
+  expect_cli_error("run --qkv " + good + "/manifest.json --layer 0", {"error: --qkv: ", "not a directory"});
 }
 
 TEST(QkvCli, BenchRowsOnCapturesCarrySourceAndSpeedup) {
@@ -190,11 +175,11 @@ TEST(QkvCli, SweepGivesOneRowPerValue) {
       EXPECT_LT(r["rel_fro_error"].get<double>(), 1e-5);
     }
   }
-  expect_error("bench --method exact.flash --sweep tile=1,2", {"error: --sweep: ", "'tile'", "block_q, block_k, split_kv"});
-  expect_error("bench --method exact.flash --method exact.naive --sweep block_q=8", {"error: --sweep: ", "one --method"});
-  expect_error("bench --sweep block_q=8", {"error: --sweep: ", "one --method"});
-  expect_error("bench --method exact.flash --sweep block_q=0", {"error: --sweep: ", "block_q"});
-  expect_error("bench --method exact.flash --sweep block_q", {"error: --sweep: ", "PARAM=v1,v2"});
+  expect_cli_error("bench --method exact.flash --sweep tile=1,2", {"error: --sweep: ", "'tile'", "block_q, block_k, split_kv"});
+  expect_cli_error("bench --method exact.flash --method exact.naive --sweep block_q=8", {"error: --sweep: ", "one --method"});
+  expect_cli_error("bench --sweep block_q=8", {"error: --sweep: ", "one --method"});
+  expect_cli_error("bench --method exact.flash --sweep block_q=0", {"error: --sweep: ", "block_q"});
+  expect_cli_error("bench --method exact.flash --sweep block_q", {"error: --sweep: ", "PARAM=v1,v2"});
 }
 
 }  // namespace

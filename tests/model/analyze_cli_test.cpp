@@ -20,19 +20,11 @@
 namespace numattn {
 namespace {
 
+using Result = test::CliResult;
+using test::cli;
+using test::expect_cli_error;
+
 using nlohmann::json;
-
-struct Result {
-  int rc;
-  std::string out;
-};
-
-Result cli(const std::string& args) {
-  Result r;
-  r.rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " 2>&1", &r.out);
-  r.out = test::strip_notes(r.out);
-  return r;
-}
 
 // A CSV file as its header and rows of cells (cells may be "quoted, with commas").
 struct Csv {
@@ -198,28 +190,21 @@ TEST(AnalyzeCli, WritesTheSchemaOnATinyWindow) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("md") + "/predict.csv"));
 }
 
-void expect_error(const std::string& args, const std::vector<std::string>& must_contain) {
-  const Result r = cli(args);
-  EXPECT_EQ(r.rc, 1) << args << "\n" << r.out;
-  EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << args << "\n" << r.out;
-  for (const auto& s : must_contain) EXPECT_NE(r.out.find(s), std::string::npos) << args << "\n" << r.out;
-}
-
 TEST(AnalyzeCli, BadRequestsAreRefusedByName) {
   test::ScratchDir dir;
   const std::string text = dir.file("text.txt");
   std::ofstream(text) << test::tiny_text(100);
   const std::string base = "analyze --no-progress --model " + test::tiny_model_with_vocab() + " --text " + text;
   const std::string out = " --out " + dir.file("o");
-  expect_error(base + " --tokens 16 --heads 4" + out, {"error: --heads: ", "head 4", "n_head = 4"});
-  expect_error(base + " --tokens 16 --heads x" + out, {"error: --heads: ", "'x'"});
-  expect_error(base + " --tokens 16 --layers 2" + out, {"error: --layers: ", "n_layer = 2"});
-  expect_error(base + " --tokens 300" + out, {"error: --tokens: ", "llama.context_length"});
-  expect_error(base + " --tokens 90 --offset 20" + out, {"error: --tokens: ", "101 tokens"});
-  expect_error(base + " --tokens 16 --predict --methods exact.flash" + out, {"error: --methods: ", "exact.flash"});
-  expect_error(base + " --tokens 16 --predict --methods 'lowrank.svd(rank=0)'" + out, {"error: --methods: ", "rank"});
-  expect_error(base + " --tokens 16 --methods lowrank.svd" + out, {"error: --methods: ", "--predict"});
-  expect_error(base + " --tokens 16 --out " + text, {"error: --out: ", "--text"});
+  expect_cli_error(base + " --tokens 16 --heads 4" + out, {"error: --heads: ", "head 4", "n_head = 4"});
+  expect_cli_error(base + " --tokens 16 --heads x" + out, {"error: --heads: ", "'x'"});
+  expect_cli_error(base + " --tokens 16 --layers 2" + out, {"error: --layers: ", "n_layer = 2"});
+  expect_cli_error(base + " --tokens 300" + out, {"error: --tokens: ", "llama.context_length"});
+  expect_cli_error(base + " --tokens 90 --offset 20" + out, {"error: --tokens: ", "101 tokens"});
+  expect_cli_error(base + " --tokens 16 --predict --methods exact.flash" + out, {"error: --methods: ", "exact.flash"});
+  expect_cli_error(base + " --tokens 16 --predict --methods 'lowrank.svd(rank=0)'" + out, {"error: --methods: ", "rank"});
+  expect_cli_error(base + " --tokens 16 --methods lowrank.svd" + out, {"error: --methods: ", "--predict"});
+  expect_cli_error(base + " --tokens 16 --out " + text, {"error: --out: ", "--text"});
   EXPECT_FALSE(std::filesystem::exists(dir.file("o")));
 }
 

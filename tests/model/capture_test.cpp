@@ -21,26 +21,11 @@
 namespace numattn {
 namespace {
 
+using Result = test::CliResult;
+using test::cli;
+using test::expect_cli_error;
+
 using nlohmann::json;
-
-struct Result {
-  int rc;
-  std::string out;
-};
-
-Result cli(const std::string& args) {
-  Result r;
-  r.rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " 2>&1", &r.out);
-  r.out = test::strip_notes(r.out);
-  return r;
-}
-
-void expect_error(const std::string& args, const std::vector<std::string>& must_contain) {
-  const Result r = cli(args);
-  EXPECT_EQ(r.rc, 1) << args << "\n" << r.out;
-  EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << args << "\n" << r.out;
-  for (const auto& s : must_contain) EXPECT_NE(r.out.find(s), std::string::npos) << args << "\n" << r.out;
-}
 
 std::int32_t id_of(char c) { return static_cast<std::int32_t>(test::kTinyChars.find(c)) + 2; }
 
@@ -228,20 +213,20 @@ TEST(CaptureCli, BadRequestsAreRefusedByName) {
   std::ofstream(text) << some_text(100);
   const std::string base = "capture --no-progress --model " + tiny_model_with_vocab() + " --text " + text;
   const std::string out = " --out " + dir.file("o");
-  expect_error(base + " --layers 2" + out, {"error: --layers: ", "layer 2", "n_layer = 2"});
-  expect_error(base + " --layers 0,x" + out, {"error: --layers: ", "'x'"});
-  expect_error(base + " --tokens 0" + out, {"error: --tokens: "});
-  expect_error(base + " --tokens 300" + out, {"error: --tokens: ", "300", "256", "llama.context_length"});
-  expect_error(base + " --tokens 50 --offset 60" + out, {"error: --tokens: ", "101 tokens", "--offset 60"});
-  expect_error(base + " --offset -1" + out, {"error: --offset: "});
-  expect_error(base + " --bos never" + out, {"error: --bos: "});
+  expect_cli_error(base + " --layers 2" + out, {"error: --layers: ", "layer 2", "n_layer = 2"});
+  expect_cli_error(base + " --layers 0,x" + out, {"error: --layers: ", "'x'"});
+  expect_cli_error(base + " --tokens 0" + out, {"error: --tokens: "});
+  expect_cli_error(base + " --tokens 300" + out, {"error: --tokens: ", "300", "256", "llama.context_length"});
+  expect_cli_error(base + " --tokens 50 --offset 60" + out, {"error: --tokens: ", "101 tokens", "--offset 60"});
+  expect_cli_error(base + " --offset -1" + out, {"error: --offset: "});
+  expect_cli_error(base + " --bos never" + out, {"error: --bos: "});
   std::ofstream(dir.file("file")) << "x";
-  expect_error(base + " --out " + dir.file("file"), {"error: --out: ", "not a directory"});
-  expect_error(base + " --out " + text, {"error: --out: ", "--text"});
+  expect_cli_error(base + " --out " + dir.file("file"), {"error: --out: ", "not a directory"});
+  expect_cli_error(base + " --out " + text, {"error: --out: ", "--text"});
   // An input inside the output directory under an output's name.
   std::filesystem::create_directories(dir.file("d"));
   std::ofstream(dir.file("d/layer0_q.npy")) << some_text(100);
-  expect_error("capture --model " + tiny_model_with_vocab() + " --text " + dir.file("d/layer0_q.npy") +
+  expect_cli_error("capture --model " + tiny_model_with_vocab() + " --text " + dir.file("d/layer0_q.npy") +
                    " --out " + dir.file("d"),
                {"--text", "layer0_q.npy"});
   EXPECT_FALSE(std::filesystem::exists(dir.file("o")));
@@ -270,13 +255,13 @@ TEST(CaptureCli, PplAndGenerateRefuseAMethodThatCannotRunTheModel) {
   if (!bad) GTEST_SKIP() << "every registered method runs causal GQA problems";
   // Refused before the weights load, naming the method, the layer and can_run's reason.
   const std::string spec = bad->name;
-  expect_error("ppl --model " + model + " --text " + text + " --ctx 32 --attn 'exact.flash;" + spec + "'",
+  expect_cli_error("ppl --model " + model + " --text " + text + " --ctx 32 --attn 'exact.flash;" + spec + "'",
                {"error: --attn: ", spec, "layer 1", "causal bottom-right", "4 query heads over 2 KV heads"});
-  expect_error("ppl --model " + model + " --text " + text + " --ctx 32 --attn " + spec,
+  expect_cli_error("ppl --model " + model + " --text " + text + " --ctx 32 --attn " + spec,
                {"error: --attn: ", spec, "layers"});
-  expect_error("ppl --model " + model + " --text " + text + " --ctx 32 --baseline " + spec,
+  expect_cli_error("ppl --model " + model + " --text " + text + " --ctx 32 --baseline " + spec,
                {"error: --baseline: ", spec});
-  expect_error("generate --model " + model + " --prompt 'it is' --max-tokens 3 --attn " + spec,
+  expect_cli_error("generate --model " + model + " --prompt 'it is' --max-tokens 3 --attn " + spec,
                {"error: --attn: ", spec});
 }
 
@@ -303,7 +288,7 @@ TEST(CaptureCli, DefaultModelShapesAndRun) {
   EXPECT_EQ(m["rope_theta"], 100000.0);
   EXPECT_EQ(npy::read(out + "/layer29_q.npy").shape, (std::vector<std::int64_t>{9, 32, 64}));
   EXPECT_EQ(npy::read(out + "/layer29_v.npy").shape, (std::vector<std::int64_t>{3, 32, 64}));
-  expect_error("capture --model default --text " + text + " --layers 30 --out " + out,
+  expect_cli_error("capture --model default --text " + text + " --layers 30 --out " + out,
                {"error: --layers: ", "layer 30", "n_layer = 30"});
   const Result run = cli("run --qkv " + out + " --layer 29 --causal bottom-right --format json");
   ASSERT_EQ(run.rc, 0) << run.out;

@@ -18,17 +18,8 @@
 namespace numattn {
 namespace {
 
-struct Result {
-  int rc;
-  std::string out;
-};
-
-Result cli(const std::string& args) {
-  Result r;
-  r.rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " 2>&1", &r.out);
-  r.out = test::strip_notes(r.out);
-  return r;
-}
+using Result = test::CliResult;
+using test::cli;
 
 nlohmann::json json_row(const std::string& args) {
   Result r;

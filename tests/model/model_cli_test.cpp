@@ -17,48 +17,30 @@
 namespace numattn {
 namespace {
 
-struct Result {
-  int rc;
-  std::string out;  // stdout and stderr
-};
-
-Result cli(const std::string& args) {
-  Result r;
-  r.rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " 2>&1", &r.out);
-  r.out = test::strip_notes(r.out);
-  return r;
-}
-
-void expect_error(const std::string& args, const std::vector<std::string>& must_contain,
-                  const std::string& must_not_contain = "") {
-  const Result r = cli(args);
-  EXPECT_EQ(r.rc, 1) << args << "\n" << r.out;
-  EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << args << "\n" << r.out;
-  for (const auto& s : must_contain) EXPECT_NE(r.out.find(s), std::string::npos) << args << "\n" << r.out;
-  if (!must_not_contain.empty())
-    EXPECT_EQ(r.out.find(must_not_contain), std::string::npos) << args << "\n" << r.out;
-}
+using Result = test::CliResult;
+using test::cli;
+using test::expect_cli_error;
 
 TEST(ModelCli, BadFlagsAreReportedBeforeTheModelIsOpened) {
   const std::string none = "--model /nonexistent/model.gguf --text /nonexistent/text.txt";
-  expect_error("ppl " + none + " --ctx 0", {"error: --ctx: ", "at least 4"}, "nonexistent");
-  expect_error("ppl " + none + " --ctx -512", {"error: --ctx: "}, "nonexistent");
-  expect_error("ppl " + none + " --chunks 0", {"error: --chunks: "}, "nonexistent");
-  expect_error("ppl " + none + " --chunks -7", {"error: --chunks: "}, "nonexistent");
-  expect_error("ppl " + none + " --attn exact.bogus", {"error: --attn: ", "exact.bogus"}, "nonexistent");
-  expect_error("ppl " + none + " --baseline 'exact.flash(nope=1)'", {"error: --baseline: "}, "nonexistent");
-  expect_error("ppl " + none + " --bos sometimes", {"error: --bos: ", "auto"}, "nonexistent");
+  expect_cli_error("ppl " + none + " --ctx 0", {"error: --ctx: ", "at least 4"}, "nonexistent");
+  expect_cli_error("ppl " + none + " --ctx -512", {"error: --ctx: "}, "nonexistent");
+  expect_cli_error("ppl " + none + " --chunks 0", {"error: --chunks: "}, "nonexistent");
+  expect_cli_error("ppl " + none + " --chunks -7", {"error: --chunks: "}, "nonexistent");
+  expect_cli_error("ppl " + none + " --attn exact.bogus", {"error: --attn: ", "exact.bogus"}, "nonexistent");
+  expect_cli_error("ppl " + none + " --baseline 'exact.flash(nope=1)'", {"error: --baseline: "}, "nonexistent");
+  expect_cli_error("ppl " + none + " --bos sometimes", {"error: --bos: ", "auto"}, "nonexistent");
   const std::string gen = "generate --model /nonexistent/model.gguf --prompt hi";
-  expect_error(gen + " --max-tokens 0", {"error: --max-tokens: "}, "nonexistent");
-  expect_error(gen + " --max-tokens -3", {"error: --max-tokens: "}, "nonexistent");
-  expect_error(gen + " --attn exact.bogus", {"error: --attn: "}, "nonexistent");
+  expect_cli_error(gen + " --max-tokens 0", {"error: --max-tokens: "}, "nonexistent");
+  expect_cli_error(gen + " --max-tokens -3", {"error: --max-tokens: "}, "nonexistent");
+  expect_cli_error(gen + " --attn exact.bogus", {"error: --attn: "}, "nonexistent");
 }
 
 TEST(ModelCli, TrainedContextBoundsPplBeforeTheWeightsAreRead) {
   // The tiny model (trained context 256) has no vocabulary: any step past the context check
   // fails on the tokenizer, so an error about --ctx shows the check came first.
   const std::string tiny = test::write_gguf(test::make_tiny(false), "cli_tiny.gguf");
-  expect_error("ppl --model " + tiny + " --text /dev/null --ctx 1024",
+  expect_cli_error("ppl --model " + tiny + " --text /dev/null --ctx 1024",
                {"error: --ctx: ", "1024", "256", "llama.context_length", "--allow-long-ctx"});
   const Result r = cli("ppl --model " + tiny + " --text /dev/null --ctx 1024 --allow-long-ctx");
   EXPECT_EQ(r.rc, 1) << r.out;
@@ -72,7 +54,7 @@ TEST(ModelCli, HostileGgufEndsInANamedError) {
   const std::string base = test::write_gguf(test::make_tiny(false), "cli_base.gguf");
   const std::string bad = test::rewrite_gguf(base, e, "cli_hostile.gguf");
   for (const std::string cmd : {"ppl --text /dev/null", "generate --prompt hi"})
-    expect_error(cmd + " --model " + bad, {"llama.embedding_length", "token_embd.weight"});
+    expect_cli_error(cmd + " --model " + bad, {"llama.embedding_length", "token_embd.weight"});
 }
 
 TEST(ModelCli, DefaultModelRefusesRequestsBeyondItsContext) {
@@ -82,12 +64,12 @@ TEST(ModelCli, DefaultModelRefusesRequestsBeyondItsContext) {
     GTEST_SKIP() << "default model not cached";
   }
   // SmolLM2-135M: llama.context_length = 8192. Both refusals come before the weights load.
-  expect_error("generate --model default --prompt 'The capital of France is' --max-tokens 5000000000",
+  expect_cli_error("generate --model default --prompt 'The capital of France is' --max-tokens 5000000000",
                {"error: --max-tokens: ", "5000000000", "8192", "at most"});
-  expect_error("ppl --model default --text default --ctx 9000", {"error: --ctx: ", "8192"});
+  expect_cli_error("ppl --model default --text default --ctx 9000", {"error: --ctx: ", "8192"});
   std::string words;  // 9000 tokens or more
   for (int i = 0; i < 9000; ++i) words += " the";
-  expect_error("generate --model default --max-tokens 1 --prompt '" + words + "'",
+  expect_cli_error("generate --model default --max-tokens 1 --prompt '" + words + "'",
                {"error: --prompt: ", "8192"});
 }
 
@@ -123,9 +105,9 @@ TEST(ModelCli, BenchModelRowsAndWeightsFlag) {
   const json fr = json::parse(f.out.substr(f.out.find('[')));
   // float32: 4 bytes for each of 2·(64·32 + 32·32 + 128·32 + 32·64) + 64·32 weights.
   EXPECT_EQ(fr[0]["weight_bytes_per_token"].get<double>(), 4.0 * (2 * 9216 + 2048));
-  expect_error("bench-model --model " + q + " --ctx 4,x", {"error: --ctx: ", "'x'"});
-  expect_error("bench-model --model " + q + " --decode 0", {"error: --decode: "});
-  expect_error("bench-model --model " + q + " --ctx 250 --decode 10", {"error: --ctx: ", "256"});
+  expect_cli_error("bench-model --model " + q + " --ctx 4,x", {"error: --ctx: ", "'x'"});
+  expect_cli_error("bench-model --model " + q + " --decode 0", {"error: --decode: "});
+  expect_cli_error("bench-model --model " + q + " --ctx 250 --decode 10", {"error: --ctx: ", "256"});
 }
 
 }  // namespace

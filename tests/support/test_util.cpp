@@ -82,4 +82,21 @@ int run_command(const std::string& cmd, std::string* out) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+CliResult cli(const std::string& args) {
+  CliResult r;
+  r.rc = run_command(std::string(NUMATTN_CLI_PATH) + " " + args + " 2>&1", &r.out);
+  r.out = strip_notes(r.out);
+  return r;
+}
+
+void expect_cli_error(const std::string& args, const std::vector<std::string>& must_contain,
+                      const std::string& must_not_contain) {
+  const CliResult r = cli(args);
+  EXPECT_EQ(r.rc, 1) << args << "\n" << r.out;
+  EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << args << "\n" << r.out;
+  for (const auto& s : must_contain) EXPECT_NE(r.out.find(s), std::string::npos) << args << "\n" << r.out;
+  if (!must_not_contain.empty())
+    EXPECT_EQ(r.out.find(must_not_contain), std::string::npos) << args << "\n" << r.out;
+}
+
 }  // namespace numattn::test

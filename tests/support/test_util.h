@@ -73,4 +73,17 @@ int run_command(const std::string& cmd, std::string* out);
 /// OpenBLAS kernel restart notice), so a test can check that stderr starts with "error: ".
 std::string strip_notes(const std::string& s);
 
+/// One call of the numattn CLI built with the tests: exit status, stdout and stderr together
+/// (informational lines stripped).
+struct CliResult {
+  int rc = 0;
+  std::string out;
+};
+/// Runs `numattn <args>` (args as a shell would split them) with stderr merged into stdout.
+CliResult cli(const std::string& args);
+/// Expects `numattn <args>` to fail with exit status 1 and an output that starts with
+/// "error: ", contains every string of `must_contain` and not `must_not_contain` (when given).
+void expect_cli_error(const std::string& args, const std::vector<std::string>& must_contain,
+                      const std::string& must_not_contain = "");
+
 }  // namespace numattn::test

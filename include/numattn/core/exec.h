@@ -12,6 +12,7 @@
 /// called inside another one runs serially on the calling worker, whose `thread_index()` it keeps.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 
@@ -40,5 +41,12 @@ void parallel_for(const ExecContext& ctx, std::int64_t n, const std::function<vo
 /// Index of the calling worker inside the outermost `parallel_for`, in `[0, threads)`
 /// (0 outside one). Per-worker scratch indexed by it is never shared by two running threads.
 int thread_index();
+
+/// The slot of per-call scratch (`slots` entries, one per thread of the call's own ExecContext)
+/// the calling worker uses: `thread_index() % slots`. A method called inside another
+/// `parallel_for` with a smaller context runs its loop serially on one outer worker whose index
+/// may be ≥ `slots`; the scratch is local to the call, so any one slot is then private to it.
+/// Without nesting, thread_index() < slots and this is thread_index().
+std::size_t worker_slot(std::size_t slots);
 
 }  // namespace numattn

@@ -136,7 +136,7 @@ void prefix_scan(const AttentionProblem& p, const LinearAttentionConfig& cfg, co
   std::vector<Scratch> ws(static_cast<std::size_t>(nt));
   parallel_for(ExecContext{nt}, p.batch() * p.heads(), [&](std::int64_t t) {
     const index_t b = t / p.heads(), h = t % p.heads(), hk = h / p.group();
-    Scratch& s = ws[static_cast<std::size_t>(thread_index())];
+    Scratch& s = ws[worker_slot(ws.size())];
     std::vector<double> state(L.state_floats(), 0.0);
     std::vector<float> kphi_buf;
     const float* kbase = keys + (b * p.kv_heads() + hk) * L.nk * L.m;
@@ -259,7 +259,7 @@ void causal_blocks(const AttentionProblem& p, const LinearAttentionConfig& cfg, 
     std::vector<double>& run = pre[static_cast<std::size_t>(t)];
     run.assign(sf, 0.0);
     const index_t j0 = sg == 0 ? 0 : first_key(sg - 1), j1 = first_key(sg);
-    add_keys(p, cfg, L, b, hk, keys + bk * L.nk * L.m, j0, j1, chunk, run, ws[static_cast<std::size_t>(thread_index())]);
+    add_keys(p, cfg, L, b, hk, keys + bk * L.nk * L.m, j0, j1, chunk, run, ws[worker_slot(ws.size())]);
   });
   parallel_for(ctx, nbk, [&](std::int64_t bk) {
     for (index_t sg = 1; sg < nsup; ++sg) {
@@ -273,7 +273,7 @@ void causal_blocks(const AttentionProblem& p, const LinearAttentionConfig& cfg, 
     const index_t bh = t / nsup, sg = t % nsup, b = bh / p.heads(), h = bh % p.heads(), hk = h / p.group();
     const index_t bk = b * p.kv_heads() + hk;
     const float* kbase = keys + bk * L.nk * L.m;
-    Scratch& s = ws[static_cast<std::size_t>(thread_index())];
+    Scratch& s = ws[worker_slot(ws.size())];
     const std::vector<double>& pre_sg = pre[static_cast<std::size_t>(bk * nsup + sg)];
     std::vector<float> state(pre_sg.begin(), pre_sg.end());
     const index_t c_end = std::min(nqc, (sg + 1) * per);
@@ -437,7 +437,7 @@ void linear_attention(const AttentionProblem& p, const LinearAttentionConfig& cf
   parallel_for(ctx, nbk * nseg, [&](std::int64_t t) {
     const index_t bk = t / nseg, sg = t % nseg, b = bk / p.kv_heads(), hk = bk % p.kv_heads();
     const index_t j0 = bnd[static_cast<std::size_t>(sg)], rows = bnd[static_cast<std::size_t>(sg) + 1] - j0;
-    Scratch& s = ws[static_cast<std::size_t>(thread_index())];
+    Scratch& s = ws[worker_slot(ws.size())];
     const float* phi = expand(cfg, keys + (bk * L.nk + j0) * L.m, rows, s.phi);
     state_gemm(p, L, b, hk, phi, j0, rows, state(bk, sg + 1));
   });
@@ -458,7 +458,7 @@ void linear_attention(const AttentionProblem& p, const LinearAttentionConfig& cf
     const index_t c = t % nqc, bh = t / nqc, b = bh / p.heads(), h = bh % p.heads(), hk = h / p.group();
     const index_t bk = b * p.kv_heads() + hk;
     const index_t i0 = c * chunk, rows = std::min(chunk, nq - i0);
-    Scratch& s = ws[static_cast<std::size_t>(thread_index())];
+    Scratch& s = ws[worker_slot(ws.size())];
     s.psi.resize(static_cast<std::size_t>(rows * L.m));
     query(b, h, i0, rows, s.psi.data());
     const float* qphi = expand(cfg, s.psi.data(), rows, s.phi);
@@ -486,7 +486,7 @@ void exact_polynomial_attention(const AttentionProblem& p, int degree, double sh
     const index_t c = t % nqc, bh = t / nqc, b = bh / p.heads(), h = bh % p.heads(), hk = h / p.group();
     const index_t i0 = c * kRows, rows = std::min(kRows, nq - i0);
     const index_t nk = seen(p, i0 + rows - 1), full = seen(p, i0);
-    Scratch& w = ws[static_cast<std::size_t>(thread_index())];
+    Scratch& w = ws[worker_slot(ws.size())];
     w.aug.assign(static_cast<std::size_t>(rows * dv1), 0.f);
     if (nk > 0) {
       w.scores.resize(static_cast<std::size_t>(rows * nk));

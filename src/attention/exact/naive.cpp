@@ -49,7 +49,7 @@ void NaiveAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     const index_t blk = t % nblk, bh = t / nblk, b = bh / p.heads(), h = bh % p.heads();
     const index_t hk = h / p.group();
     const index_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, nq - i0);
-    std::vector<float>& s = ws[static_cast<std::size_t>(thread_index())];
+    std::vector<float>& s = ws[worker_slot(ws.size())];
     s.resize(static_cast<std::size_t>(rows * nk));
     blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, nk, dk, scale, p.q.row(b, h, i0),
                 p.q.stride[2], p.k.row(b, hk, 0), p.k.stride[2], 0.f, s.data(), nk);

@@ -236,7 +236,7 @@ void LevAttention::forward(const AttentionProblem& p, const ExecContext& ctx) co
     const index_t blk = t % nblk, bh = t / nblk, b = bh / p.heads(), h = bh % p.heads(), hk = h / p.group();
     const index_t i0 = blk * kRowBlock, i1 = std::min(nq, i0 + kRowBlock);
     const KvPlan& plan = plans[static_cast<std::size_t>(b * hkv + hk)];
-    const auto w = static_cast<std::size_t>(thread_index());
+    const std::size_t w = worker_slot(ws_s.size());
     if (p.causal == Causal::kNone) {
       attend(p, b, h, i0, i1, plan.k.data(), plan.v.data(), static_cast<index_t>(plan.keys.size()),
              [](index_t, index_t) { return true; }, [&](index_t) { return plan.all_bad; }, ws_s[w]);

@@ -187,7 +187,7 @@ void LokiAttention::forward(const AttentionProblem& p, const ExecContext& ctx) c
     const index_t blk = t % nblk, bh = t / nblk, b = bh / p.heads(), h = bh % p.heads(), hk = h / p.group();
     const index_t i0 = blk * kRowBlock, i1 = std::min(nq, i0 + kRowBlock), rows = i1 - i0;
     const KvBasis& kb = basis[static_cast<std::size_t>(b * hkv + hk)];
-    RowScratch& w = scratch[static_cast<std::size_t>(thread_index())];
+    RowScratch& w = scratch[worker_slot(scratch.size())];
     // Keys any row of the block may see, and the approximate scores over them (one sgemm).
     index_t j0 = nk, j1 = 0;
     for (index_t i = i0; i < i1; ++i) {

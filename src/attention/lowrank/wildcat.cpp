@@ -219,8 +219,8 @@ void WildcatAttention::forward(const AttentionProblem& p, const ExecContext& ctx
       for (index_t i = 0; i < rows; ++i) std::fill(p.out.row(b, h, i0 + i), p.out.row(b, h, i0 + i) + dv, cs.bad ? kNaN : 0.f);
       return;
     }
-    std::vector<float>& a = ws_a[static_cast<std::size_t>(thread_index())];
-    std::vector<float>& o = ws_o[static_cast<std::size_t>(thread_index())];
+    std::vector<float>& a = ws_a[worker_slot(ws_a.size())];
+    std::vector<float>& o = ws_o[worker_slot(ws_o.size())];
     a.resize(static_cast<std::size_t>(rows * r));
     o.resize(static_cast<std::size_t>(rows * (dv + 1)));
     blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, r, dk, static_cast<float>(p.effective_scale()),

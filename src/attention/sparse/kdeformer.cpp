@@ -292,7 +292,7 @@ void KdeformerAttention::forward(const AttentionProblem& p, const ExecContext& c
     const index_t q0 = g * nq / nb, q1 = (g + 1) * nq / nb, k0 = g * nk / nb, k1 = (g + 1) * nk / nb;
     const index_t rq = q1 - q0, rk = k1 - k0;
     if (rq == 0) return;
-    Scratch& w = scratch[static_cast<std::size_t>(thread_index())];
+    Scratch& w = scratch[worker_slot(scratch.size())];
     // The block: exact softmax of its queries over its keys, as (output, LSE).
     w.q.resize(static_cast<std::size_t>(rq * dk));
     w.k.resize(static_cast<std::size_t>(rk * dk));

@@ -234,7 +234,7 @@ void ReformerAttention::forward(const AttentionProblem& p, const ExecContext& ct
     const Item& I = items[static_cast<std::size_t>(it)];
     const index_t b = I.bh / H, h = I.bh % H, hk = h / p.group();
     const reformer::Round& P = plans[static_cast<std::size_t>(I.bh * R + I.r)];
-    Scratch& w = scratch[static_cast<std::size_t>(thread_index())];
+    Scratch& w = scratch[worker_slot(scratch.size())];
     const index_t rows = I.s1 - I.s0, w0 = P.window_begin(I.c), w1 = P.window_end(I.c), keys = w1 - w0;
     w.qg.resize(static_cast<std::size_t>(rows * dk));
     w.kg.resize(static_cast<std::size_t>(keys * dk));

@@ -242,7 +242,7 @@ void ScatterbrainAttention::forward(const AttentionProblem& p, const ExecContext
     const Item& I = items[static_cast<std::size_t>(it)];
     const index_t b = I.bh / H, h = I.bh % H, hk = h / p.group();
     const reformer::Round& P = plans[static_cast<std::size_t>(I.bh * R + I.r)];
-    Scratch& w = scratch[static_cast<std::size_t>(thread_index())];
+    Scratch& w = scratch[worker_slot(scratch.size())];
     const index_t rows = I.s1 - I.s0, w0 = P.window_begin(I.c), keys = P.window_end(I.c) - w0;
     auto qi = [&](index_t u) { return P.query_order[static_cast<std::size_t>(I.s0 + u)]; };
     auto kj = [&](index_t t) { return P.key_order[static_cast<std::size_t>(w0 + t)]; };

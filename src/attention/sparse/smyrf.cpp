@@ -269,7 +269,7 @@ void SmyrfAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     const index_t* ko = korder[static_cast<std::size_t>(b * hkv + hk)].data() + r * nk;
     const index_t q0 = g * nq / l, q1 = (g + 1) * nq / l, k0 = g * nk / l, k1 = (g + 1) * nk / l;
     const index_t rq = q1 - q0, rk = k1 - k0;
-    Scratch& w = scratch[static_cast<std::size_t>(thread_index())];
+    Scratch& w = scratch[worker_slot(scratch.size())];
     w.q.resize(static_cast<std::size_t>(rq * dk));
     w.k.resize(static_cast<std::size_t>(rk * dk));
     w.v.resize(static_cast<std::size_t>(rk * dv));

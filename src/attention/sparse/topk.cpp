@@ -158,7 +158,7 @@ void TopkAttention::forward(const AttentionProblem& p, const ExecContext& ctx) c
     const index_t i0 = blk * kRowBlock, i1 = std::min(nq, i0 + kRowBlock);
     // Inside an outer parallel_for this runs serially on the outer worker, whose index may
     // exceed this context's thread count; only one thread then uses this call's scratch.
-    Scratch& ws = scratch[static_cast<std::size_t>(thread_index()) % scratch.size()];
+    Scratch& ws = scratch[worker_slot(scratch.size())];
     const index_t j0 = select_block(p, b, h, i0, i1, k, ws);
     const index_t span = ws.s.empty() ? 0 : static_cast<index_t>(ws.s.size()) / (i1 - i0);
     for (index_t i = i0; i < i1; ++i) {
