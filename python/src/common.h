@@ -53,7 +53,9 @@ Float32Input as_f32_input(const AnyArray& a, const char* name, Layout layout);
 std::vector<double> as_f64_matrix(const AnyArray& a, const char* name, std::int64_t& rows,
                                   std::int64_t& cols);
 
-/// A new zero-filled C-contiguous NumPy array of `shape`, owned by a capsule.
+/// A new C-contiguous NumPy array of `shape`, owned by a capsule, with uninitialised contents:
+/// every caller writes every element (an attention method writes its whole output: the
+/// conformance harness poisons outputs to check it).
 template <class T>
 NpArray<T> new_array(const std::vector<std::int64_t>& shape);
 extern template NpArray<float> new_array<float>(const std::vector<std::int64_t>&);

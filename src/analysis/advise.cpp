@@ -80,13 +80,9 @@ std::string exact_in_disguise(const AttentionMethod& m, const AttentionProblem& 
   return "exact softmax on this problem: " + why;
 }
 
-Advice advise(const AttentionProblem& p, const AdviseOptions& opt, const ExecContext& ctx,
-              const AdviseProgress& progress) {
-  NUMATTN_CHECK(opt.tol >= 0 && std::isfinite(opt.tol), "advise: tolerance {} must be a finite number >= 0", opt.tol);
-  validate(p);
-  Advice adv;
-  adv.tol = opt.tol;
-  // The candidates first, so that progress knows the total.
+std::vector<std::string> advise_candidates(const AttentionProblem& p, const AdviseOptions& opt) {
+  for (const std::string& name : opt.methods)
+    NUMATTN_CHECK(find_method(name) != nullptr, "advise: unknown method '{}' (see `numattn methods`)", name);
   std::vector<std::string> specs;
   for (const MethodInfo* info : list_methods()) {
     const bool wanted = opt.methods.empty()
@@ -95,8 +91,17 @@ Advice advise(const AttentionProblem& p, const AdviseOptions& opt, const ExecCon
     if (!wanted) continue;
     for (const std::string& s : advise_grid(*info, p, opt.max_per_method)) specs.push_back(s);
   }
-  for (const std::string& name : opt.methods)
-    NUMATTN_CHECK(find_method(name) != nullptr, "advise: unknown method '{}' (see `numattn methods`)", name);
+  return specs;
+}
+
+Advice advise(const AttentionProblem& p, const AdviseOptions& opt, const ExecContext& ctx,
+              const AdviseProgress& progress) {
+  NUMATTN_CHECK(opt.tol >= 0 && std::isfinite(opt.tol), "advise: tolerance {} must be a finite number >= 0", opt.tol);
+  validate(p);
+  Advice adv;
+  adv.tol = opt.tol;
+  // The candidates first, so that progress knows the total.
+  const std::vector<std::string> specs = advise_candidates(p, opt);
   const std::size_t total = specs.size() + 1;
   if (progress) progress(0, total, "exact.flash");
 

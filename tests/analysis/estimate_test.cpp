@@ -3,11 +3,13 @@
 // every row in float64 here), its edges; and the selection built on it (advise.h, auto.select).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <set>
 #include <vector>
 
+#include "attention/auto/select.h"
 #include "numattn/analysis/advise.h"
 #include "numattn/analysis/estimate.h"
 #include "numattn/analysis/metrics.h"
@@ -270,8 +272,20 @@ TEST(AutoSelect, SpecAliasAndToleranceZeroPicksExact) {
 TEST(AutoSelect, PicksOncePerShapeAndMeetsItsBudget) {
   RandomProblem prob(config(2, 128, Causal::kBottomRight, 8));
   auto m = create_method("auto(tol=0.05,reps=1)");
-  m->run(prob.problem(), ExecContext{2});
+  const ExecContext ctx{2};
+  // Before the selection: at least the largest candidate's workspace (the selection runs them).
+  std::size_t most = 0;
+  for (const std::string& spec : advise_candidates(prob.problem(), AdviseOptions{}))
+    if (const auto c = create_method(spec); c->can_run(prob.problem()).is_ok())
+      most = std::max(most, c->workspace_bytes(prob.problem(), ctx));
+  EXPECT_GT(most, 0u);
+  EXPECT_GE(m->workspace_bytes(prob.problem(), ctx), most);
+  m->run(prob.problem(), ctx);
   EXPECT_LE(true_error(prob.problem()), 4 * 0.05);
+  // After it: exactly the chosen method's.
+  const auto& sel = dynamic_cast<const AutoSelectAttention&>(*m);
+  EXPECT_EQ(m->workspace_bytes(prob.problem(), ctx),
+            sel.choose(prob.problem(), ctx)->workspace_bytes(prob.problem(), ctx));
   // Same shape again: the remembered choice (no second selection).
   m->run(prob.problem(), ExecContext{2});
   EXPECT_LE(true_error(prob.problem()), 4 * 0.05);

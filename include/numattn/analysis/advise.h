@@ -66,6 +66,11 @@ struct Advice {
   const AdviseCandidate* chosen() const { return choice < 0 ? nullptr : &candidates[static_cast<std::size_t>(choice)]; }
 };
 
+/// Every spec `advise(p, opt)` tries besides exact.flash, in its order: the grids of the methods
+/// `opt.methods` names (every registered approximate method by default). Throws `Error` for a
+/// name not registered.
+std::vector<std::string> advise_candidates(const AttentionProblem& p, const AdviseOptions& opt);
+
 /// The specs advise tries for `info` on `p` (defaults first, deduplicated canonical specs).
 std::vector<std::string> advise_grid(const MethodInfo& info, const AttentionProblem& p, std::size_t max_count);
 

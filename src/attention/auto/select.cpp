@@ -1,5 +1,6 @@
 #include "attention/auto/select.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 
@@ -43,10 +44,29 @@ const MethodInfo& AutoSelectAttention::describe() {
   return info;
 }
 
+AutoSelectAttention::ShapeKey AutoSelectAttention::key_of(const AttentionProblem& p) {
+  return {p.batch(), p.heads(), p.kv_heads(), p.n_q(), p.n_kv(), p.d_qk(), p.d_v(),
+          static_cast<int>(p.causal), p.window_left, p.window_right, static_cast<int>(p.mask.kind)};
+}
+
+std::size_t AutoSelectAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = chosen_.find(key_of(p)); it != chosen_.end()) return it->second->workspace_bytes(p, ctx);
+  }
+  std::size_t most = create_method("exact.flash")->workspace_bytes(p, ctx);
+  if (params_.get_float("tol") == 0) return most;
+  AdviseOptions opt;
+  for (const std::string& spec : advise_candidates(p, opt)) {
+    const auto m = create_method(spec);
+    if (m->can_run(p).is_ok()) most = std::max(most, m->workspace_bytes(p, ctx));
+  }
+  return most;
+}
+
 std::shared_ptr<const AttentionMethod> AutoSelectAttention::choose(const AttentionProblem& p,
                                                                   const ExecContext& ctx) const {
-  const ShapeKey key{p.batch(), p.heads(), p.kv_heads(), p.n_q(), p.n_kv(), p.d_qk(), p.d_v(),
-                     static_cast<int>(p.causal), p.window_left, p.window_right, static_cast<int>(p.mask.kind)};
+  const ShapeKey key = key_of(p);
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = chosen_.find(key); it != chosen_.end()) return it->second;
   static std::atomic<int> selections{0};

@@ -36,12 +36,16 @@ class AutoSelectAttention final : public AttentionMethod {
   static const MethodInfo& describe();
   const MethodInfo& info() const override { return describe(); }
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
+  /// The chosen method's workspace once `p`'s shape was selected; before that the largest of
+  /// exact.flash's and every candidate's the selection will run (advise_candidates).
+  std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
   /// The method chosen for `p`'s shape (selecting it if this shape was not seen yet).
   std::shared_ptr<const AttentionMethod> choose(const AttentionProblem& p, const ExecContext& ctx) const;
 
  private:
   using ShapeKey = std::tuple<index_t, index_t, index_t, index_t, index_t, index_t, index_t, int,
                               index_t, index_t, int>;
+  static ShapeKey key_of(const AttentionProblem& p);
   mutable std::mutex mu_;
   mutable std::map<ShapeKey, std::shared_ptr<const AttentionMethod>> chosen_;
 };
