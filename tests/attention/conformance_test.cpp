@@ -96,6 +96,7 @@ TEST_P(Conformance, RunsInsideAnOuterParallelLoop) {
   cfg.heads = 2;
   cfg.n = 96;
   cfg.d = 16;
+  cfg.want_lse = probe->info().caps.lse;
   {
     RandomProblem a(cfg);
     if (!probe->can_run(a.problem()).is_ok()) cfg.causal = Causal::kBottomRight;
