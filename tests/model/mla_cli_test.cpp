@@ -81,6 +81,14 @@ TEST(MlaCli, ExactMergeKeepsThePerplexityAndBdaQkKeepsTheMlaOne) {
   EXPECT_LE(std::abs(bda.at("ppl_rel_change").get<double>()), 1e-4) << bda.dump();
   EXPECT_GT(bda.at("bda_params_saved").get<double>(), 0);
   EXPECT_GT(bda.at("bda_macs_saved_per_token").get<double>(), 0);
+  // Both pairs, naive execution: still the MLA model's perplexity; the VO pair saves d_v² = 64²
+  // per head (9 heads, 30 layers) on top of QK's d_nope² = 128², unless a head falls back.
+  const auto qkvo = json_row(base + " --mla-rank 192 --bda qkvo --mla-exec naive");
+  EXPECT_LE(std::abs(qkvo.at("ppl_rel_change").get<double>()), 1e-4) << qkvo.dump();
+  EXPECT_EQ(qkvo.at("bda_fallback_heads").get<int>(), 0) << qkvo.dump();
+  EXPECT_EQ(qkvo.at("bda_macs_saved_per_token").get<std::int64_t>(), 30 * 9 * (128 * 128 + 64 * 64));
+  EXPECT_EQ(qkvo.at("bda_up_macs_per_token_before").get<std::int64_t>(), 30 * 9 * (128 + 64) * 192);
+  EXPECT_NE(qkvo.at("bda_macs_unit").get<std::string>().find("naive"), std::string::npos);
 }
 
 TEST(MlaCli, ConvertedFileLoadsBackWithTheSamePerplexity) {
@@ -93,6 +101,10 @@ TEST(MlaCli, ConvertedFileLoadsBackWithTheSamePerplexity) {
   const auto file = json_row("ppl --ctx 128 --chunks 2 --threads 2 --model " + out);
   EXPECT_EQ(direct.at("ppl").get<double>(), file.at("ppl").get<double>());
   EXPECT_EQ(direct.at("kv_bytes_per_token"), file.at("kv_bytes_per_token"));
+  // The BDA file layout has no MLA form: convert --bda of an MLA file is refused by name.
+  const Result bda = cli("convert --model " + out + " --bda vo --out " + test::temp_path("mla_cli_bda.gguf"));
+  EXPECT_EQ(bda.rc, 1) << bda.out;
+  EXPECT_NE(bda.out.find("is an MLA model"), std::string::npos) << bda.out;
   const Result info = cli("gguf-info --no-tensors --model " + out);
   EXPECT_NE(info.out.find("numattn-mla"), std::string::npos);
   std::remove(out.c_str());
