@@ -93,6 +93,39 @@ void add_pair(ModelBdaLayerReport& lr, const transform::BdaPairReport& pr) {
   lr.fallback_heads += static_cast<int>(pr.fallback_heads);
 }
 
+// One BD pair of an MLA layer with the latent (r channels) as the K or V side's input: `heads`
+// heads of width dh, each its own KV head, no RoPE, [out, in] weights.
+transform::AttentionLayerWeights latent_pair(std::int64_t E, std::int64_t r, std::int64_t heads, std::int64_t dh) {
+  transform::AttentionLayerWeights aw;
+  aw.d_model = E;
+  aw.d_kv = r;
+  aw.heads = heads;
+  aw.kv_heads = heads;
+  aw.head_dim = dh;
+  aw.rope_dims = 0;
+  aw.layout = transform::WeightLayout::kOutIn;
+  return aw;
+}
+
+// bda_transform with the layer and head named in its error.
+transform::BdaLayer bda_or_explain(const transform::AttentionLayerWeights& aw,
+                                   const transform::BdaOptions& opt, const std::string& what) {
+  try {
+    return transform::bda_transform(aw, opt);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+// `dst` [out, r] row-major (the [out, in] layout of W_uk and W_uv) = the dense form of `p`,
+// whose effective weight is [r, out].
+void store_effective(const transform::BdProjection& p, float* dst) {
+  const std::vector<float> eff = p.effective_weight();
+  const std::int64_t r = p.d_in(), out = p.out_dim();
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t c = 0; c < r; ++c) dst[o * r + c] = eff[static_cast<std::size_t>(c * out + o)];
+}
+
 // QK pair of the NoPE part of MLA layer M into N: Q = W_q_nope (E → H·dn), K = W_uk (latent
 // r → H·dn), one KV head per query head; no RoPE on this part. W_v/W_o are not rewritten
 // (zeros of the right shape). Returns the MACs per token the BD form of W_uk saves.
@@ -103,32 +136,16 @@ std::int64_t mla_bda_qk(const MlaLayer& M, MlaLayer& N, std::int64_t E, transfor
                 "{}: the NoPE width d_nope = {} must be between 1 and the latent rank r = {} (a "
                 "basis of d_nope latent channels)", what, dn, r);
   opt.pairs = transform::BdaPairs::kQK;
-  transform::AttentionLayerWeights aw;
-  aw.d_model = E;
-  aw.d_kv = r;
-  aw.heads = H;
-  aw.kv_heads = H;
-  aw.head_dim = dn;
-  aw.rope_dims = 0;
-  aw.layout = transform::WeightLayout::kOutIn;
+  transform::AttentionLayerWeights aw = latent_pair(E, r, H, dn);
   const float* qn = M.w_in.data() + (r + dr) * E;
   const std::vector<float> zv(static_cast<std::size_t>(H * dn * r), 0.f), zo(static_cast<std::size_t>(E * H * dn), 0.f);
   aw.wq = {qn, static_cast<std::size_t>(H * dn * E)};
   aw.wk = M.w_uk;
   aw.wv = zv;
   aw.wo = zo;
-  transform::BdaLayer b;
-  try {
-    b = transform::bda_transform(aw, opt);
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}: {}", what, e.what()));
-  }
+  transform::BdaLayer b = bda_or_explain(aw, opt, what);
   std::copy(b.wq.begin(), b.wq.end(), N.w_in.begin() + (r + dr) * E);
-  // W_uk'[h] (dense form, [H·dn, r]) from the projection's effective [r, H·dn] weight.
-  const std::vector<float> eff = b.k_proj.effective_weight();
-  for (std::int64_t o = 0; o < H * dn; ++o)
-    for (std::int64_t c = 0; c < r; ++c)
-      N.w_uk[static_cast<std::size_t>(o * r + c)] = eff[static_cast<std::size_t>(c * H * dn + o)];
+  store_effective(b.k_proj, N.w_uk.data());  // W_uk'[h] = [I on S | C_hᵀ on S^c]
   N.uk_bd_rest = b.k_proj.parts().rest;
   N.uk_bd = std::make_shared<const transform::BdProjection>(std::move(b.k_proj));
   lr.params_before += H * dn * E + H * dn * r;
@@ -156,30 +173,15 @@ std::int64_t mla_bda_vo(const MlaLayer& M, MlaLayer& N, std::vector<float>& wo, 
   for (std::int64_t h = 0; h < H; ++h) {
     for (std::int64_t e = 0; e < E; ++e)
       std::copy_n(wo.data() + e * H * dv + h * dv, dv, woh.data() + e * dv);
-    transform::AttentionLayerWeights aw;
-    aw.d_model = E;
-    aw.d_kv = r;
-    aw.heads = 1;
-    aw.kv_heads = 1;
-    aw.head_dim = dv;
-    aw.layout = transform::WeightLayout::kOutIn;
+    transform::AttentionLayerWeights aw = latent_pair(E, r, 1, dv);
     aw.wq = zq;
     aw.wk = zk;
     aw.wv = {M.w_uv.data() + h * dv * r, static_cast<std::size_t>(dv * r)};
     aw.wo = woh;
-    transform::BdaLayer b;
-    try {
-      b = transform::bda_transform(aw, opt);
-    } catch (const Error& e) {
-      throw Error(fmt::format("{}, head {}: {}", what, h, e.what()));
-    }
+    transform::BdaLayer b = bda_or_explain(aw, opt, fmt::format("{}, head {}", what, h));
     for (std::int64_t e = 0; e < E; ++e)
       std::copy_n(b.wo.data() + e * dv, dv, wo.data() + e * H * dv + h * dv);
-    // W_uv'[h] (dense form, [dv, r]) from the projection's effective [r, dv] weight.
-    const std::vector<float> eff = b.v_proj.effective_weight();
-    for (std::int64_t o = 0; o < dv; ++o)
-      for (std::int64_t c = 0; c < r; ++c)
-        N.w_uv[static_cast<std::size_t>((h * dv + o) * r + c)] = eff[static_cast<std::size_t>(c * dv + o)];
+    store_effective(b.v_proj, N.w_uv.data() + h * dv * r);  // W_uv'[h] = [I on S_h | C_h on S_h^c]
     add_pair(lr, b.vo);
     saved += dv * r - b.v_proj.macs_per_token();
     lr.params_before += dv * r;
