@@ -44,8 +44,9 @@
 /// W_uv'[h] = [I on S_h | C_h on S_h^c], so W_o,h'·W_uv'[h] = W_o,h·W_uv[h] exactly. Naive:
 /// v'_h = c[S_h] + C_h·c[S_h^c] per cached token; absorbed: att'_h = o_lat_h[S_h] +
 /// C_h·o_lat_h[S_h^c] per query token: (r − d_v)·d_v MACs per head instead of r·d_v (d_v² saved,
-/// as are d_v² weights). Heads with κ_h above the threshold keep W_uv[h] and W_o,h. r == d_v
-/// leaves W_uv'[h] a permutation (no coefficients).
+/// as are d_v² weights). Heads with κ_h above the threshold keep W_uv[h] and W_o,h (float32
+/// error c·u·κ_h, docs/bd.md). r == d_v leaves W_uv'[h] a permutation (no coefficients);
+/// d_v > r is refused. BD: J. Zhao, arXiv 2510.01718; figures in docs/latent.md §4.
 #pragma once
 
 #include <cstdint>
