@@ -1,5 +1,6 @@
 #include "numattn/model/bda_model.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "numattn/core/error.h"
@@ -20,7 +21,8 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
   if (opt.pairs == transform::BdaPairs::kNone) return rep;
   LlamaWeights& w = model.mutable_weights();
   for (const LlamaLayer& L : w.layers)
-    NUMATTN_CHECK(!L.v_bd && !(L.mla && L.mla->uk_bd), "the model already has BDA applied");
+    NUMATTN_CHECK(!L.v_bd && !(L.mla && (L.mla->uk_bd || !L.mla->uv_bd.empty())),
+                  "the model already has BDA applied");
   if (model.has_mla()) return apply_bda_mla(model, opt, rep);
   // Transform every layer first, then commit: a refusal leaves the model untouched.
   std::vector<transform::BdaLayer> done;
@@ -83,69 +85,160 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
   return rep;
 }
 
+namespace {
+
+// Adds one pair's per-head outcome to a layer's report.
+void add_pair(ModelBdaLayerReport& lr, const transform::BdaPairReport& pr) {
+  lr.kappa_max = std::max(lr.kappa_max, pr.kappa_max);
+  lr.fallback_heads += static_cast<int>(pr.fallback_heads);
+}
+
+// One BD pair of an MLA layer with the latent (r channels) as the K or V side's input: `heads`
+// heads of width dh, each its own KV head, no RoPE, [out, in] weights.
+transform::AttentionLayerWeights latent_pair(std::int64_t E, std::int64_t r, std::int64_t heads, std::int64_t dh) {
+  transform::AttentionLayerWeights aw;
+  aw.d_model = E;
+  aw.d_kv = r;
+  aw.heads = heads;
+  aw.kv_heads = heads;
+  aw.head_dim = dh;
+  aw.rope_dims = 0;
+  aw.layout = transform::WeightLayout::kOutIn;
+  return aw;
+}
+
+// bda_transform with the layer and head named in its error.
+transform::BdaLayer bda_or_explain(const transform::AttentionLayerWeights& aw,
+                                   const transform::BdaOptions& opt, const std::string& what) {
+  try {
+    return transform::bda_transform(aw, opt);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+// `dst` [out, r] row-major (the [out, in] layout of W_uk and W_uv) = the dense form of `p`,
+// whose effective weight is [r, out].
+void store_effective(const transform::BdProjection& p, float* dst) {
+  const std::vector<float> eff = p.effective_weight();
+  const std::int64_t r = p.d_in(), out = p.out_dim();
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t c = 0; c < r; ++c) dst[o * r + c] = eff[static_cast<std::size_t>(c * out + o)];
+}
+
+// QK pair of the NoPE part of MLA layer M into N: Q = W_q_nope (E → H·dn), K = W_uk (latent
+// r → H·dn), one KV head per query head; no RoPE on this part. W_v/W_o are not rewritten
+// (zeros of the right shape). Returns the MACs per token the BD form of W_uk saves.
+std::int64_t mla_bda_qk(const MlaLayer& M, MlaLayer& N, std::int64_t E, transform::BdaOptions opt,
+                        const std::string& what, ModelBdaLayerReport& lr) {
+  const std::int64_t H = M.n_head, r = M.rank, dn = M.d_nope, dr = M.d_rope;
+  NUMATTN_CHECK(dn >= 1 && dn <= r,
+                "{}: the NoPE width d_nope = {} must be between 1 and the latent rank r = {} (a "
+                "basis of d_nope latent channels)", what, dn, r);
+  opt.pairs = transform::BdaPairs::kQK;
+  transform::AttentionLayerWeights aw = latent_pair(E, r, H, dn);
+  const float* qn = M.w_in.data() + (r + dr) * E;
+  const std::vector<float> zv(static_cast<std::size_t>(H * dn * r), 0.f), zo(static_cast<std::size_t>(E * H * dn), 0.f);
+  aw.wq = {qn, static_cast<std::size_t>(H * dn * E)};
+  aw.wk = M.w_uk;
+  aw.wv = zv;
+  aw.wo = zo;
+  transform::BdaLayer b = bda_or_explain(aw, opt, what);
+  std::copy(b.wq.begin(), b.wq.end(), N.w_in.begin() + (r + dr) * E);
+  store_effective(b.k_proj, N.w_uk.data());  // W_uk'[h] = [I on S | C_hᵀ on S^c]
+  N.uk_bd_rest = b.k_proj.parts().rest;
+  N.uk_bd = std::make_shared<const transform::BdProjection>(std::move(b.k_proj));
+  lr.params_before += H * dn * E + H * dn * r;
+  lr.params_after += H * dn * E + N.uk_bd->weight_params();
+  add_pair(lr, b.qk);
+  return H * dn * r - N.uk_bd->macs_per_token();
+}
+
+// VO pair of MLA layer M into N and `wo` ([E, H·dv] float32, rewritten in place): per head h,
+// bda_transform of the one-head pair (V = W_uv[h]: latent r → dv, O = W_o,h: dv → E), so each
+// head gets its own κ-aware basis S_h (the cache, c, is untouched). Returns the MACs per token
+// the BD form of W_uv saves.
+std::int64_t mla_bda_vo(const MlaLayer& M, MlaLayer& N, std::vector<float>& wo, std::int64_t E,
+                        transform::BdaOptions opt, const std::string& what, ModelBdaLayerReport& lr) {
+  const std::int64_t H = M.n_head, r = M.rank, dv = M.d_v;
+  NUMATTN_CHECK(dv <= r,
+                "{}: the value width d_v = {} exceeds the latent rank r = {}: W_uv[h] has no basis "
+                "of d_v latent channels (the VO pair needs d_v <= r)", what, dv, r);
+  opt.pairs = transform::BdaPairs::kVO;
+  const std::vector<float> zq(static_cast<std::size_t>(dv * E), 0.f), zk(static_cast<std::size_t>(dv * r), 0.f);
+  std::vector<float> woh(static_cast<std::size_t>(E * dv));
+  std::int64_t saved = 0;
+  N.uv_bd.clear();
+  N.uv_bd.reserve(static_cast<std::size_t>(H));
+  for (std::int64_t h = 0; h < H; ++h) {
+    for (std::int64_t e = 0; e < E; ++e)
+      std::copy_n(wo.data() + e * H * dv + h * dv, dv, woh.data() + e * dv);
+    transform::AttentionLayerWeights aw = latent_pair(E, r, 1, dv);
+    aw.wq = zq;
+    aw.wk = zk;
+    aw.wv = {M.w_uv.data() + h * dv * r, static_cast<std::size_t>(dv * r)};
+    aw.wo = woh;
+    transform::BdaLayer b = bda_or_explain(aw, opt, fmt::format("{}, head {}", what, h));
+    for (std::int64_t e = 0; e < E; ++e)
+      std::copy_n(b.wo.data() + e * dv, dv, wo.data() + e * H * dv + h * dv);
+    store_effective(b.v_proj, N.w_uv.data() + h * dv * r);  // W_uv'[h] = [I on S_h | C_h on S_h^c]
+    add_pair(lr, b.vo);
+    saved += dv * r - b.v_proj.macs_per_token();
+    lr.params_before += dv * r;
+    lr.params_after += b.v_proj.weight_params();
+    N.uv_bd.push_back(std::move(b.v_proj));
+  }
+  // W_o keeps its size: counted on both sides, as for the GQA layers' VO pair.
+  lr.params_before += E * H * dv;
+  lr.params_after += E * H * dv;
+  return saved;
+}
+
+}  // namespace
+
 ModelBdaReport apply_bda_mla(LlamaModel& model, const transform::BdaOptions& opt, ModelBdaReport rep) {
   const LlamaHParams& hp = model.hparams();
   const std::int64_t E = hp.n_embd;
-  NUMATTN_CHECK(!transform::has_vo(opt.pairs),
-                "BDA '{}' on an MLA model: the VO pair (W_uv[h] with its W_o block) is not "
-                "implemented for MLA layers; use --bda qk (the NoPE QK pair)", rep.pairs);
   LlamaWeights& w = model.mutable_weights();
+  // Transform every layer first, then commit: a refusal leaves the model untouched.
   std::vector<std::shared_ptr<const MlaLayer>> done;
+  std::vector<std::vector<float>> new_wo(w.layers.size());
   for (std::size_t l = 0; l < w.layers.size(); ++l) {
     const LlamaLayer& Ly = w.layers[l];
     NUMATTN_CHECK(Ly.mla, "BDA on an MLA model: layer {} is not an MLA layer (mixed models are not "
                           "supported)", l);
     const MlaLayer& M = *Ly.mla;
-    const std::int64_t H = M.n_head, r = M.rank, dn = M.d_nope, dr = M.d_rope;
-    NUMATTN_CHECK(dn >= 1 && dn <= r,
-                  "BDA qk on MLA layer {}: the NoPE width d_nope = {} must be between 1 and the "
-                  "latent rank r = {} (a basis of d_nope latent channels)", l, dn, r);
-    // QK pair of the NoPE part: Q = W_q_nope (E → H·dn), K = W_uk (latent r → H·dn), one KV head
-    // per query head; no RoPE on this part. W_v/W_o are not rewritten (zeros of the right shape).
-    transform::AttentionLayerWeights aw;
-    aw.d_model = E;
-    aw.d_kv = r;
-    aw.heads = H;
-    aw.kv_heads = H;
-    aw.head_dim = dn;
-    aw.rope_dims = 0;
-    aw.layout = transform::WeightLayout::kOutIn;
-    const float* qn = M.w_in.data() + (r + dr) * E;
-    const std::vector<float> zv(static_cast<std::size_t>(H * dn * r), 0.f), zo(static_cast<std::size_t>(E * H * dn), 0.f);
-    aw.wq = {qn, static_cast<std::size_t>(H * dn * E)};
-    aw.wk = M.w_uk;
-    aw.wv = zv;
-    aw.wo = zo;
-    transform::BdaLayer b;
-    try {
-      b = transform::bda_transform(aw, opt);
-    } catch (const Error& e) {
-      throw Error(fmt::format("BDA '{}' on MLA layer {}: {}", rep.pairs, l, e.what()));
-    }
+    const std::string what = fmt::format("BDA '{}' on MLA layer {}", rep.pairs, l);
     MlaLayer N = M;
-    std::copy(b.wq.begin(), b.wq.end(), N.w_in.begin() + (r + dr) * E);
-    // W_uk'[h] (dense form, [H·dn, r]) from the projection's effective [r, H·dn] weight.
-    const std::vector<float> eff = b.k_proj.effective_weight();
-    for (std::int64_t o = 0; o < H * dn; ++o)
-      for (std::int64_t c = 0; c < r; ++c)
-        N.w_uk[static_cast<std::size_t>(o * r + c)] = eff[static_cast<std::size_t>(c * H * dn + o)];
-    N.uk_bd_rest = b.k_proj.parts().rest;
-    N.uk_bd = std::make_shared<const transform::BdProjection>(std::move(b.k_proj));
     ModelBdaLayerReport lr;
     lr.layer = static_cast<int>(l);
-    lr.kappa_max = b.qk.kappa_max;
-    lr.fallback_heads = static_cast<int>(b.qk.fallback_heads);
-    lr.params_before = H * dn * E + H * dn * r;
-    lr.params_after = H * dn * E + N.uk_bd->weight_params();
+    if (transform::has_qk(opt.pairs)) rep.macs_saved_per_token += mla_bda_qk(M, N, E, opt, what, lr);
+    if (transform::has_vo(opt.pairs)) {
+      // W_o in float32 (dequantized when held in place); the rewritten W_o' replaces it.
+      std::vector<float>& wo = new_wo[l];
+      if (!Ly.wo_q.empty()) {
+        wo.resize(static_cast<std::size_t>(Ly.wo_q.rows() * Ly.wo_q.cols));
+        Ly.wo_q.dequantize_rows(0, Ly.wo_q.rows(), wo.data());
+      } else {
+        wo = Ly.wo;
+      }
+      rep.macs_saved_per_token += mla_bda_vo(M, N, wo, E, opt, what, lr);
+    }
+    rep.up_macs_before += M.n_head * (M.d_nope + M.d_v) * M.rank;
     rep.params_before += lr.params_before;
     rep.params_after += lr.params_after;
     rep.kappa_max = std::max(rep.kappa_max, lr.kappa_max);
     rep.fallback_heads += lr.fallback_heads;
-    rep.macs_saved_per_token += H * dn * r - N.uk_bd->macs_per_token();
     rep.layers.push_back(lr);
     done.push_back(std::make_shared<const MlaLayer>(std::move(N)));
   }
-  for (std::size_t l = 0; l < w.layers.size(); ++l) w.layers[l].mla = done[l];
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    w.layers[l].mla = done[l];
+    if (transform::has_vo(opt.pairs)) {
+      w.layers[l].wo = std::move(new_wo[l]);
+      w.layers[l].wo_q = {};
+    }
+  }
   return rep;
 }
 
@@ -171,6 +264,8 @@ std::vector<std::int32_t> to_i32(const std::vector<index_t>& v) {
 
 void write_bda_gguf(const GgufFile& source, const LlamaModel& m, const std::string& path) {
   check_outputs_distinct({{"converted model", path}}, {{"source model", source.path()}});
+  NUMATTN_CHECK(!m.has_mla(), "write_bda_gguf: the model has MLA layers, whose BD forms this "
+                              "file layout does not store (apply BDA to an MLA model at load)");
   const LlamaHParams& hp = m.hparams();
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head;
   GgufWriter out(static_cast<std::uint32_t>(source.alignment()));

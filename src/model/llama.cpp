@@ -419,6 +419,12 @@ void LlamaModel::check_shapes() const {
       need(M.w_in, M.in_rows() * h.n_embd, p + "MLA input projections");
       need(M.w_uk, M.n_head * M.d_nope * M.rank, p + "MLA W_uk");
       need(M.w_uv, M.n_head * M.d_v * M.rank, p + "MLA W_uv");
+      NUMATTN_CHECK(M.uv_bd.empty() || static_cast<std::int64_t>(M.uv_bd.size()) == M.n_head,
+                    "{}MLA layer has {} BD value projections for {} heads", p, M.uv_bd.size(), M.n_head);
+      for (const transform::BdProjection& b : M.uv_bd)
+        NUMATTN_CHECK(b.d_in() == M.rank && b.heads() == 1 && b.head_dim() == M.d_v,
+                      "{}MLA BD value projection is {}→{}×{}, expected {}→1×{}", p, b.d_in(),
+                      b.heads(), b.head_dim(), M.rank, M.d_v);
       mat(L.wo, L.wo_q, h.n_embd, h.n_head * M.d_v, p + "wo");
       need(L.ffn_norm, h.n_embd, p + "ffn_norm");
       mat(L.w_gate_up, L.w_gate_up_q, 2 * h.n_ff, h.n_embd, p + "w_gate_up");

@@ -129,7 +129,8 @@ void write_mla_gguf(const GgufFile& source, const LlamaModel& m, const transform
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const auto& M = layers[l].mla;
     NUMATTN_CHECK(M && M->rank == m0.rank && M->d_nope == m0.d_nope && M->d_rope == m0.d_rope &&
-                      M->d_v == m0.d_v && M->softmax_scale == m0.softmax_scale && !M->uk_bd,
+                      M->d_v == m0.d_v && M->softmax_scale == m0.softmax_scale && !M->uk_bd &&
+                      M->uv_bd.empty(),
                   "write_mla_gguf: layer {} is not an MLA layer of layer 0's shape (the file format "
                   "has one set of MLA dimensions)", l);
     NUMATTN_CHECK(M->d_v == hp.head_dim, "write_mla_gguf: value width {} differs from the head dim {}",

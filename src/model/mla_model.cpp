@@ -45,7 +45,9 @@ void validate_mla_weights(const MlaLayerWeights& w, std::int64_t E, const std::s
 
 std::int64_t MlaLayer::weights(std::int64_t E) const {
   const std::int64_t uk = uk_bd ? uk_bd->weight_params() : n_head * d_nope * rank;
-  return in_rows() * E + uk + n_head * d_v * rank;
+  std::int64_t uv = uv_bd.empty() ? n_head * d_v * rank : 0;
+  for (const transform::BdProjection& p : uv_bd) uv += p.weight_params();
+  return in_rows() * E + uk + uv;
 }
 
 MlaLayer MlaLayer::from_weights(const MlaLayerWeights& w, std::int64_t E) {
@@ -106,6 +108,22 @@ void rope_pairs(double* v, std::int64_t d_rope, const std::vector<double>& theta
     v[2 * j] = a * c - b * s;
     v[2 * j + 1] = a * s + b * c;
   }
+}
+
+// Head h's values of n latent rows x (row stride ldx) into y (row stride ldy): W_uv[h]·x, or
+// the BD form x[S_h] + C_h·x[S_h^c] ((r − d_v)·d_v MACs per row instead of r·d_v). Shared by
+// the naive execution (x = the cached c) and the absorbed one (x = o_lat_h). ExecContext{1}:
+// callers are already inside a head- or token-parallel region.
+void up_value_head(const MlaLayer& L, std::int64_t h, const float* x, std::int64_t n, std::int64_t ldx,
+                   float* y, std::int64_t ldy) {
+  const std::int64_t r = L.rank, dv = L.d_v;
+  if (!L.uv_bd.empty() && !L.uv_bd[static_cast<std::size_t>(h)].head_dense(0)) {
+    L.uv_bd[static_cast<std::size_t>(h)].project(x, n, ldx, y, ldy, transform::InputOrder::kOriginal,
+                                                 ExecContext{1});
+    return;
+  }
+  blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, dv, r, 1.f, x, ldx,
+              L.w_uv.data() + h * dv * r, r, 0.f, y, ldy);
 }
 
 }  // namespace
@@ -308,8 +326,7 @@ void mla_attend(const MlaLayer& L, MlaExec exec, const float* q, std::int64_t n,
       }
     }
     for (std::int64_t t = 0; t < nk; ++t) std::copy_n(cache + t * W + r, dr, K.data() + (t * H + h) * dk + dn);
-    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, nk, dv, r, 1.f, cache, W,
-                L.w_uv.data() + h * dv * r, r, 0.f, V.data() + h * dv, H * dv);
+    up_value_head(L, h, cache, nk, W, V.data() + h * dv, H * dv);
   });
   p.q = TensorView<const float>(q, {1, H, n, dk}, {n * H * dk, dk, H * dk, 1});
   p.k = TensorView<const float>(K.data(), {1, H, nk, dk}, {nk * H * dk, dk, H * dk, 1});
@@ -320,9 +337,7 @@ void mla_attend(const MlaLayer& L, MlaExec exec, const float* q, std::int64_t n,
 
 void mla_up_values(const MlaLayer& L, const float* lat, std::int64_t n, float* att) {
   const std::int64_t H = L.n_head, r = L.rank, dv = L.d_v;
-  for (std::int64_t h = 0; h < H; ++h)
-    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, dv, r, 1.f, lat + h * r, H * r,
-                L.w_uv.data() + h * dv * r, r, 0.f, att + h * dv, H * dv);
+  for (std::int64_t h = 0; h < H; ++h) up_value_head(L, h, lat + h * r, n, H * r, att + h * dv, H * dv);
 }
 
 std::vector<float> mla_attention_f32(const MlaLayer& L, const std::vector<float>& xn,

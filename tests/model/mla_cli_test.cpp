@@ -60,18 +60,24 @@ TEST(MlaCli, BadFlagsAreReportedBeforeTheModelIsOpened) {
 
 // Acceptance of issue 11: `ppl --mla-rank 0 --rope-heads 3` (the exact merge) gives the GQA
 // model's perplexity; its KL against the GQA model (own KV cache) is float32 noise.
-TEST(MlaCli, ExactMergeKeepsThePerplexityAndBdaQkKeepsTheMlaOne) {
+TEST(MlaCli, ExactMergeKeepsThePerplexityAndBdaQkvoKeepsTheMlaOne) {
   if (!have_default()) GTEST_SKIP() << "default model not cached";
   const std::string base = "ppl --ctx 128 --chunks 2 --calib-tokens 512 --threads 2";
   const auto exact = json_row(base + " --mla-rank 0 --rope-heads 3");
   EXPECT_LE(std::abs(exact.at("ppl").get<double>() / exact.at("ppl_baseline").get<double>() - 1), 1e-4) << exact.dump();
   EXPECT_LE(exact.at("kld_mean").get<double>(), 1e-6) << exact.dump();
   EXPECT_EQ(exact.at("kv_ratio").get<double>(), 1.0);
-  // BD needs a basis of d_nope = 128 latent channels: r >= 128 (rope_heads 1).
-  const auto bda = json_row(base + " --mla-rank 192 --bda qk");
-  EXPECT_LE(std::abs(bda.at("ppl_rel_change").get<double>()), 1e-4) << bda.dump();
-  EXPECT_GT(bda.at("bda_params_saved").get<double>(), 0);
-  EXPECT_GT(bda.at("bda_macs_saved_per_token").get<double>(), 0);
+  // BD needs a basis of d_nope = 128 latent channels: r >= 128 (rope_heads 1). Both pairs, naive
+  // execution (the model tests cover qk and vo alone and the absorbed one): still the MLA
+  // model's perplexity; d_nope² = 128² (QK) and d_v² = 64² (VO) MACs and weights saved per head
+  // (9 heads, 30 layers), unless a head falls back.
+  const auto qkvo = json_row(base + " --mla-rank 192 --bda qkvo --mla-exec naive");
+  EXPECT_LE(std::abs(qkvo.at("ppl_rel_change").get<double>()), 1e-4) << qkvo.dump();
+  EXPECT_EQ(qkvo.at("bda_fallback_heads").get<int>(), 0) << qkvo.dump();
+  EXPECT_EQ(qkvo.at("bda_params_saved").get<std::int64_t>(), 30 * 9 * (128 * 128 + 64 * 64));
+  EXPECT_EQ(qkvo.at("bda_macs_saved_per_token").get<std::int64_t>(), 30 * 9 * (128 * 128 + 64 * 64));
+  EXPECT_EQ(qkvo.at("bda_up_macs_per_token_before").get<std::int64_t>(), 30 * 9 * (128 + 64) * 192);
+  EXPECT_NE(qkvo.at("bda_macs_unit").get<std::string>().find("naive"), std::string::npos);
 }
 
 TEST(MlaCli, ConvertedFileLoadsBackWithTheSamePerplexity) {
@@ -84,6 +90,10 @@ TEST(MlaCli, ConvertedFileLoadsBackWithTheSamePerplexity) {
   const auto file = json_row("ppl --ctx 128 --chunks 2 --threads 2 --model " + out);
   EXPECT_EQ(direct.at("ppl").get<double>(), file.at("ppl").get<double>());
   EXPECT_EQ(direct.at("kv_bytes_per_token"), file.at("kv_bytes_per_token"));
+  // The BDA file layout has no MLA form: convert --bda of an MLA file is refused by name.
+  const Result bda = cli("convert --model " + out + " --bda vo --out " + test::temp_path("mla_cli_bda.gguf"));
+  EXPECT_EQ(bda.rc, 1) << bda.out;
+  EXPECT_NE(bda.out.find("is an MLA model"), std::string::npos) << bda.out;
   const Result info = cli("gguf-info --no-tensors --model " + out);
   EXPECT_NE(info.out.find("numattn-mla"), std::string::npos);
   std::remove(out.c_str());

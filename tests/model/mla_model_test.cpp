@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "numattn/attention/registry.h"
 #include "numattn/core/error.h"
 #include "numattn/core/rng.h"
+#include "numattn/decomp/dense.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
@@ -135,8 +137,10 @@ LlamaModel tiny_f32(bool tied = false) {
   return LlamaModel::load(test::write_gguf(T, "mla_tiny.gguf"), ExecContext{1}, WeightStorage::kF32);
 }
 
-// Every layer of the tiny model replaced by a random MLA layer of shape s (W_o resized).
-LlamaModel random_mla_model(const MlaShape& s0) {
+// Every layer of the tiny model replaced by a random MLA layer of shape s (W_o resized);
+// `edit`, if given, changes each layer's float64 weights first.
+LlamaModel random_mla_model(const MlaShape& s0,
+                            const std::function<void(MlaLayerWeights&)>& edit = {}) {
   LlamaModel base = tiny_f32();
   LlamaHParams hp = base.hparams();
   LlamaWeights w = base.weights();
@@ -144,7 +148,9 @@ LlamaModel random_mla_model(const MlaShape& s0) {
   for (std::size_t l = 0; l < w.layers.size(); ++l) {
     LlamaLayer& L = w.layers[l];
     L.wqkv.clear();
-    L.mla = std::make_shared<const MlaLayer>(MlaLayer::from_weights(random_mla(s, 10 + l), hp.n_embd));
+    MlaLayerWeights mw = random_mla(s, 10 + l);
+    if (edit) edit(mw);
+    L.mla = std::make_shared<const MlaLayer>(MlaLayer::from_weights(mw, hp.n_embd));
     std::vector<float> wo(static_cast<std::size_t>(hp.n_embd * hp.n_head * s.dv));
     fill_normal(wo, 5, 100 + l);
     for (float& v : wo) v *= 0.3f;
@@ -255,20 +261,13 @@ TEST(MlaModel, ExactMergeReproducesTheGqaModel) {
 
 // BD Attention on the NoPE QK pair of every MLA layer: the same logits up to float32 rounding
 // amplified by κ (docs/bd.md: c·u·κ_max), in both executions and in decode; fewer weights and
-// MACs; the VO pair is refused by name.
+// MACs.
 TEST(MlaModel, BdaQkOnMlaLayersKeepsTheLogits) {
   // r > d_nope, and r == d_nope (every latent channel in the basis: W_uk'[h] = I, no coefficients).
   for (const MlaShape& s : {MlaShape{0, 0, 12, 6, 4, 8}, MlaShape{0, 0, 6, 6, 2, 8}}) {
   LlamaModel m = random_mla_model(s);
   const auto toks = tokens(12);
   LlamaModel dense = m;
-  LlamaModel refused = m;
-  try {
-    apply_bda(refused, "vo");
-    ADD_FAILURE() << "vo on MLA must be refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("VO pair"), std::string::npos) << e.what();
-  }
   const ModelBdaReport rep = apply_bda(m, "qk");
   EXPECT_EQ(rep.layers.size(), 2u);
   EXPECT_LT(rep.params_after, rep.params_before);
@@ -293,6 +292,246 @@ TEST(MlaModel, BdaQkOnMlaLayersKeepsTheLogits) {
     EXPECT_LE(rel_diff(dec, ref), tol) << to_string(e);
   }
   }
+}
+
+// ---- BD Attention's VO pair on MLA layers ------------------------------------------------
+
+// Float64 BD form of one head's [d, r] row-major block W of an up-projection (W_uk[h] or
+// W_uv[h]) for the basis S = perm[0..d): B = W[:,S] and W' = B⁻¹·W (I on S, C on S^c). Written
+// apart from transform/bda.cpp (LAPACK LU here).
+struct HeadBd {
+  Eigen::MatrixXd B, Wp;
+};
+HeadBd head_bd_f64(const double* w, std::int64_t d, std::int64_t r, const std::vector<index_t>& perm) {
+  Eigen::MatrixXd W(d, r), B(d, d);
+  for (std::int64_t i = 0; i < d; ++i)
+    for (std::int64_t j = 0; j < r; ++j) W(i, j) = w[i * r + j];
+  for (std::int64_t k = 0; k < d; ++k) B.col(k) = W.col(perm[static_cast<std::size_t>(k)]);
+  return {B, decomp::dense::lu_solve(B, W).x};
+}
+
+// y = att·W_oᵀ for att [n, K] and W_o [E, K] row-major, float64.
+std::vector<double> out_proj(const std::vector<double>& wo, const std::vector<double>& att, std::int64_t n,
+                             std::int64_t E, std::int64_t K) {
+  std::vector<double> y(static_cast<std::size_t>(n * E), 0.0);
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t e = 0; e < E; ++e)
+      for (std::int64_t k = 0; k < K; ++k)
+        y[static_cast<std::size_t>(t * E + e)] += wo[static_cast<std::size_t>(e * K + k)] * att[static_cast<std::size_t>(t * K + k)];
+  return y;
+}
+
+// A stored float32 value against its float64 definition: one rounding (u = 6e-8) plus the
+// float64 solves' own error (≤ 1e-11 of the matrix's largest entry for κ ≤ 1e4).
+void expect_rounded(float got, double want, double scale, const char* what) {
+  EXPECT_LE(std::abs(static_cast<double>(got) - want), 1e-7 * std::abs(want) + 1e-11 * scale) << what;
+}
+
+// W_uv of every head h > 0 replaced by that of head h − 1 when h is odd: query heads in pairs
+// share their value up-projection, as after a GQA→MLA conversion (Hq = 4 from Hkv = 2).
+void gqa_origin_values(MlaLayerWeights& w) {
+  const std::int64_t blk = w.d_v * w.rank;
+  for (std::int64_t h = 1; h < w.n_head; h += 2)
+    std::copy_n(w.w_uv.begin() + (h - 1) * blk, blk, w.w_uv.begin() + h * blk);
+}
+
+// Head 1's W_uv made rank one plus 1e-9 noise: every basis block has κ ≈ 1e9 > 1e4, so the head
+// keeps its dense form.
+void ill_conditioned_head(MlaLayerWeights& w) {
+  const std::int64_t dv = w.d_v, r = w.rank;
+  double* b = w.w_uv.data() + dv * r;
+  for (std::int64_t i = 0; i < dv; ++i)
+    for (std::int64_t j = 0; j < r; ++j)
+      b[i * r + j] = (1.0 + 0.1 * static_cast<double>(i)) * std::cos(0.7 * static_cast<double>(j)) +
+                     1e-9 * std::sin(static_cast<double>(13 * i + 7 * j));
+}
+
+struct VoCase {
+  MlaShape s;
+  const char* pairs;
+  std::function<void(MlaLayerWeights&)> edit;
+  const char* name;
+};
+
+const std::vector<VoCase>& vo_cases() {
+  static const std::vector<VoCase> c = {
+      {{0, 0, 12, 6, 4, 8}, "vo", {}, "even"},
+      {{0, 0, 12, 6, 4, 8}, "qkvo", {}, "even qkvo"},
+      {{0, 0, 5, 3, 2, 3}, "vo", {}, "odd"},
+      {{0, 0, 5, 3, 2, 3}, "qkvo", {}, "odd qkvo"},
+      {{0, 0, 8, 6, 2, 8}, "qkvo", {}, "r == d_v"},
+      {{0, 0, 12, 6, 4, 8}, "vo", gqa_origin_values, "GQA origin"},
+      {{0, 0, 12, 6, 4, 8}, "qkvo", ill_conditioned_head, "dense fallback"},
+  };
+  return c;
+}
+
+// The VO pair (and QK with it) of every MLA layer in float64: the BD form built from the
+// library's bases (S_h per head for VO, the shared S for QK) gives W_o'·att' = W_o·att to 1e-12
+// relative through both float64 executions (naive: v'_h = W_uv'[h]·c per token; absorbed:
+// W_uv'[h]·o_lat_h); the stored float32 coefficients and W_o' are that form rounded once; the
+// float32 layer (uv_bd in both executions) follows its float64 transcription within 2e-5.
+TEST(MlaModel, BdaVoOnMlaLayersIsExactInFloat64) {
+  const auto method = create_method("exact.flash");
+  for (const VoCase& vc : vo_cases()) {
+    SCOPED_TRACE(vc.name);
+    LlamaModel dense = random_mla_model(vc.s, vc.edit);
+    LlamaModel m = dense;
+    const ModelBdaReport rep = apply_bda(m, vc.pairs);
+    const std::int64_t E = m.hparams().n_embd;
+    for (std::size_t l = 0; l < m.weights().layers.size(); ++l) {
+      const MlaLayer& Md = *dense.weights().layers[l].mla;
+      const MlaLayer& Mb = *m.weights().layers[l].mla;
+      const std::int64_t H = Md.n_head, r = Md.rank, dn = Md.d_nope, dv = Md.d_v;
+      const MlaLayerWeights Wd = Md.to_weights(E), Wstored = Mb.to_weights(E);
+      const std::vector<double> WO(dense.weights().layers[l].wo.begin(), dense.weights().layers[l].wo.end());
+      const std::vector<float>& WOstored = m.weights().layers[l].wo;
+      MlaLayerWeights Wb = Wd;
+      std::vector<double> WOb = WO;
+      ASSERT_EQ(static_cast<std::int64_t>(Mb.uv_bd.size()), H);
+      for (std::int64_t h = 0; h < H; ++h) {
+        const transform::BdProjection& p = Mb.uv_bd[static_cast<std::size_t>(h)];
+        if (p.head_dense(0)) {
+          for (std::int64_t i = 0; i < dv * r; ++i)
+            EXPECT_EQ(Mb.w_uv[static_cast<std::size_t>(h * dv * r + i)], Md.w_uv[static_cast<std::size_t>(h * dv * r + i)]);
+          for (std::int64_t e = 0; e < E; ++e)
+            for (std::int64_t k = 0; k < dv; ++k)
+              EXPECT_EQ(WOstored[static_cast<std::size_t>(e * H * dv + h * dv + k)], WO[static_cast<std::size_t>(e * H * dv + h * dv + k)]);
+          continue;
+        }
+        const HeadBd bd = head_bd_f64(Wd.w_uv.data() + h * dv * r, dv, r, p.permutation());
+        const double cmax = bd.Wp.cwiseAbs().maxCoeff();
+        for (std::int64_t i = 0; i < dv; ++i)
+          for (std::int64_t j = 0; j < r; ++j) {
+            Wb.w_uv[static_cast<std::size_t>((h * dv + i) * r + j)] = bd.Wp(i, j);
+            expect_rounded(Mb.w_uv[static_cast<std::size_t>((h * dv + i) * r + j)], bd.Wp(i, j), cmax, "W_uv'");
+          }
+        for (std::int64_t e = 0; e < E; ++e) {
+          Eigen::RowVectorXd row(dv);
+          for (std::int64_t k = 0; k < dv; ++k) row(k) = WO[static_cast<std::size_t>(e * H * dv + h * dv + k)];
+          const Eigen::RowVectorXd nr = row * bd.B;
+          for (std::int64_t k = 0; k < dv; ++k) {
+            WOb[static_cast<std::size_t>(e * H * dv + h * dv + k)] = nr(k);
+            expect_rounded(WOstored[static_cast<std::size_t>(e * H * dv + h * dv + k)], nr(k), nr.cwiseAbs().maxCoeff(), "W_o'");
+          }
+        }
+        // GQA origin: heads that share W_uv share their basis and coefficients.
+        if (vc.edit && std::string(vc.name) == "GQA origin" && h % 2 == 1) {
+          EXPECT_EQ(p.permutation(), Mb.uv_bd[static_cast<std::size_t>(h - 1)].permutation());
+          EXPECT_TRUE(std::equal(Mb.w_uv.begin() + h * dv * r, Mb.w_uv.begin() + (h + 1) * dv * r,
+                                 Mb.w_uv.begin() + (h - 1) * dv * r));
+        }
+      }
+      if (std::string(vc.pairs) == "qkvo") {
+        ASSERT_TRUE(Mb.uk_bd != nullptr);
+        for (std::int64_t h = 0; h < H; ++h) {
+          if (Mb.uk_bd->head_dense(h)) continue;
+          const HeadBd bd = head_bd_f64(Wd.w_uk.data() + h * dn * r, dn, r, Mb.uk_bd->permutation());
+          for (std::int64_t i = 0; i < dn; ++i)
+            for (std::int64_t j = 0; j < r; ++j) Wb.w_uk[static_cast<std::size_t>((h * dn + i) * r + j)] = bd.Wp(i, j);
+          // W_q_nope'[h] = Bᵀ·W_q_nope[h]: q'·k' = q·B·B⁻¹·W_uk·c.
+          Eigen::MatrixXd Q(dn, E);
+          for (std::int64_t i = 0; i < dn; ++i)
+            for (std::int64_t e = 0; e < E; ++e) Q(i, e) = Wd.w_q_nope[static_cast<std::size_t>((h * dn + i) * E + e)];
+          const Eigen::MatrixXd Qp = bd.B.transpose() * Q;
+          for (std::int64_t i = 0; i < dn; ++i)
+            for (std::int64_t e = 0; e < E; ++e) {
+              Wb.w_q_nope[static_cast<std::size_t>((h * dn + i) * E + e)] = Qp(i, e);
+              expect_rounded(static_cast<float>(Wstored.w_q_nope[static_cast<std::size_t>((h * dn + i) * E + e)]),
+                             Qp(i, e), Qp.cwiseAbs().maxCoeff(), "W_q_nope'");
+            }
+        }
+      }
+      const std::int64_t n = 7, p0 = 301;
+      const std::vector<double> xd = randd(static_cast<std::size_t>(n * E), 40 + l, 1.0);
+      std::vector<float> xf(xd.begin(), xd.end());
+      const std::vector<double> xr(xf.begin(), xf.end());
+      for (MlaExec e : {MlaExec::kNaive, MlaExec::kAbsorbed}) {
+        const auto y = out_proj(WO, mla_attention_f64(Wd, xd, n, E, p0, e), n, E, H * dv);
+        const auto yb = out_proj(WOb, mla_attention_f64(Wb, xd, n, E, p0, e), n, E, H * dv);
+        double err = 0;
+        for (std::size_t i = 0; i < y.size(); ++i) err = std::max(err, std::abs(y[i] - yb[i]));
+        EXPECT_LE(err, 1e-12 * max_abs(y)) << to_string(e) << " layer " << l;
+        EXPECT_GT(max_abs(y), 0.1);
+        // The float32 layer with the BD forms against its own float64 transcription.
+        const auto ref = mla_attention_f64(Wstored, xr, n, E, p0, e);
+        const auto got = mla_attention_f32(Mb, xf, n, E, p0, e, *method, ExecContext{2});
+        double e32 = 0;
+        for (std::size_t i = 0; i < ref.size(); ++i) e32 = std::max(e32, std::abs(got[i] - ref[i]));
+        EXPECT_LE(e32, 2e-5 * max_abs(ref)) << to_string(e) << " layer " << l;
+      }
+    }
+    if (std::string(vc.name) == "dense fallback") {
+      EXPECT_GE(rep.fallback_heads, 2);  // head 1 of both layers (VO)
+      EXPECT_TRUE(m.weights().layers[0].mla->uv_bd[1].head_dense(0));
+    }
+  }
+}
+
+// The VO pair (alone and with QK) on the model: logits of a prefill, a chunked prefill and
+// token-by-token decode equal the dense MLA model's up to c·u·κ_max (docs/numerics.md), in both
+// executions; weights and MACs saved are exactly d_v² (and d_nope²) per BD head; r == d_v
+// leaves W_uv' a permutation (no coefficients at all); d_v > r is refused and leaves the model
+// untouched.
+TEST(MlaModel, BdaVoOnMlaModelKeepsTheLogits) {
+  for (const VoCase& vc : vo_cases()) {
+    SCOPED_TRACE(vc.name);
+    LlamaModel dense = random_mla_model(vc.s, vc.edit);
+    LlamaModel m = dense;
+    const ModelBdaReport rep = apply_bda(m, vc.pairs);
+    const bool qk = std::string(vc.pairs) == "qkvo";
+    const std::int64_t H = m.hparams().n_head, L = m.hparams().n_layer, E = m.hparams().n_embd;
+    const MlaShape& s = vc.s;
+    EXPECT_EQ(rep.up_macs_before, L * H * (s.dn + s.dv) * s.r);
+    // Only the fallback case has dense heads, all on the VO side (head 1 of each layer).
+    const std::int64_t want = (qk ? L * H * s.dn * s.dn : 0) + (L * H - rep.fallback_heads) * s.dv * s.dv;
+    EXPECT_EQ(rep.macs_saved_per_token, want);
+    EXPECT_EQ(rep.params_saved(), want);
+    EXPECT_EQ(rep.params_before, L * H * ((qk ? s.dn * (E + s.r) : 0) + s.dv * s.r + E * s.dv));
+    if (s.r == s.dv)
+      for (const auto& p : m.weights().layers[0].mla->uv_bd) EXPECT_EQ(p.weight_params(), 0);
+    EXPECT_THROW(apply_bda(m, "vo"), Error);  // already applied
+    const double tol = 64 * 6e-8 * std::max(1.0, rep.kappa_max);
+    const auto toks = tokens(12);
+    const std::int64_t V = m.hparams().n_vocab;
+    for (MlaExec e : {MlaExec::kNaive, MlaExec::kAbsorbed}) {
+      m.set_mla_exec(e);
+      dense.set_mla_exec(e);
+      KvCache c1 = m.make_cache(12), c2 = dense.make_cache(12);
+      const auto got = m.forward(toks, c1, ExecContext{2});
+      const auto ref = dense.forward(toks, c2, ExecContext{2});
+      EXPECT_LE(rel_diff(got, ref), tol) << to_string(e) << " kappa_max " << rep.kappa_max;
+      KvCache c3 = m.make_cache(12);
+      std::vector<float> dec;
+      for (std::int32_t t : toks) {
+        const auto lg = m.forward({t}, c3, ExecContext{1});
+        dec.insert(dec.end(), lg.begin(), lg.end());
+      }
+      EXPECT_LE(rel_diff(dec, ref), tol) << to_string(e);
+      KvCache c4 = m.make_cache(12);
+      m.forward(std::vector<std::int32_t>(toks.begin(), toks.begin() + 8), c4, ExecContext{1});
+      const auto tail = m.forward(std::vector<std::int32_t>(toks.begin() + 8, toks.end()), c4, ExecContext{2});
+      EXPECT_LE(rel_diff(tail, std::vector<float>(ref.begin() + 8 * V, ref.end())), tol) << to_string(e);
+    }
+  }
+  // d_v > r: no basis of d_v latent channels; refused by name, model untouched (QK too).
+  LlamaModel wide = random_mla_model(MlaShape{0, 0, 6, 4, 2, 8});
+  const std::vector<float> wo0 = wide.weights().layers[0].wo;
+  for (const char* pairs : {"vo", "qkvo"}) {
+    try {
+      apply_bda(wide, pairs);
+      ADD_FAILURE() << pairs << " with d_v > r must be refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("d_v = 8 exceeds the latent rank r = 6"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(wide.weights().layers[0].mla->uv_bd.empty());
+    EXPECT_TRUE(wide.weights().layers[0].mla->uk_bd == nullptr);
+    EXPECT_EQ(wide.weights().layers[0].wo, wo0);
+  }
+  EXPECT_NO_THROW(apply_bda(wide, "qk"));
+  // The BDA GGUF layout (write_bda_gguf) has no MLA form: refused, not written half right.
+  const GgufFile src = GgufFile::open(test::write_gguf(test::make_tiny(false), "mla_bda_src.gguf"));
+  EXPECT_THROW(write_bda_gguf(src, wide, test::temp_path("mla_bda_out.gguf")), Error);
 }
 
 // An MLA model written as a numattn-mla GGUF loads back (both storages) with identical weights

@@ -57,7 +57,7 @@ void add_convert(CLI::App& app) {
     if (o->mla.requested()) {
       NUMATTN_CHECK_OPTION(sub->count("--bda") == 0, "bda",
                            "cannot be combined with --mla-rank in one file (BDA on an MLA model "
-                           "runs at load: ppl --model X.gguf --bda qk)");
+                           "runs at load: ppl --model X.gguf --bda qk|vo|qkvo)");
       auto src = std::make_shared<const GgufFile>(GgufFile::open(path));
       check_mla_against_model(o->mla, LlamaModel::read_hparams(*src), src->architecture() == "numattn-mla");
       const Tokenizer tok = Tokenizer::from_gguf(*src);
@@ -86,6 +86,9 @@ void add_convert(CLI::App& app) {
       return;
     }
     GgufFile src = GgufFile::open(path);
+    NUMATTN_CHECK_OPTION(src.architecture() != "numattn-mla", "bda",
+                         "{} is an MLA model: its BDA form is not stored in a file (BDA on an MLA "
+                         "model runs at load: ppl --model X.gguf --bda qk|vo|qkvo)", path);
     LlamaModel model = LlamaModel::load(src, ctx);
     const auto t0 = std::chrono::steady_clock::now();
     transform::BdaOptions opt;

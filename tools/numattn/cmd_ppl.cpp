@@ -64,8 +64,8 @@ void add_ppl(CLI::App& app) {
   sub->add_option("--bda", o->bda,
                   "apply BD Attention at load: none | vo | qk | qkvo (qk needs position-free Q/K "
                   "dimensions and is refused for RoPE models; on an MLA model (--mla-rank or an "
-                  "MLA file) qk rewrites the NoPE QK pair and vo is refused); KL is then measured "
-                  "against the dense model")
+                  "MLA file) qk rewrites the NoPE QK pair and vo each head's W_uv[h] with its W_o "
+                  "block); KL is then measured against the dense model")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
   sub->add_option("--weights", o->weights,
@@ -206,7 +206,15 @@ void add_ppl(CLI::App& app) {
       row["bda_params_saved"] = bda.params_saved();
       row["bda_kappa_max"] = bda.kappa_max;
       row["bda_fallback_heads"] = bda.fallback_heads;
-      if (model.has_mla()) row["bda_macs_saved_per_token"] = bda.macs_saved_per_token;
+      if (model.has_mla()) {
+        // Latent up-projection MACs (W_uk, W_uv): per query token absorbed, per cached token
+        // and forward pass naive (model/bda_model.h).
+        row["bda_up_macs_per_token_before"] = bda.up_macs_before;
+        row["bda_up_macs_per_token_after"] = bda.up_macs_before - bda.macs_saved_per_token;
+        row["bda_macs_saved_per_token"] = bda.macs_saved_per_token;
+        row["bda_macs_unit"] = o->mla.exec == "naive" ? "per cached token and forward pass (naive)"
+                                                      : "per query token (absorbed)";
+      }
     }
     row["gemm_gflops"] = gemm;
     row["gemm_samples"] = gs.size();

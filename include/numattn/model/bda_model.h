@@ -40,9 +40,12 @@ struct ModelBdaReport {
   std::string pairs;
   std::vector<ModelBdaLayerReport> layers;
   std::int64_t params_before = 0, params_after = 0;  ///< summed over layers
-  /// MLA models: MACs per token saved by the BD form of W_uk over all layers (the identity
-  /// part: H·d_nope·d_nope per layer, less any dense-fallback heads); 0 otherwise.
-  std::int64_t macs_saved_per_token = 0;
+  /// MLA models: MACs per token of the latent up-projections (W_uk and W_uv, all layers,
+  /// Σ H·(d_nope + d_v)·r) before BDA, and those saved by their BD forms (the identity parts:
+  /// d_nope² per head for QK, d_v² per head for VO, none for dense-fallback heads); 0 otherwise.
+  /// The unit depends on the execution (model/mla_model.h): absorbed, per query token (q̃_h and
+  /// W_uv[h]·o_lat_h); naive, per cached token and forward pass (k_nope_h and v_h rebuilt).
+  std::int64_t up_macs_before = 0, macs_saved_per_token = 0;
   double kappa_max = 1;
   int fallback_heads = 0;
   std::int64_t params_saved() const { return params_before - params_after; }
@@ -51,13 +54,15 @@ struct ModelBdaReport {
 /// Rewrites every layer of `model` with BDA (`pairs`: "vo"; "qk"/"qkvo" refused for RoPE
 /// models). Cost: a few ms per layer in float64. Throws numattn::Error on refusal; the model
 /// is unchanged then.
-/// An MLA model (model/mla_model.h) takes "qk": the NoPE QK pair of each head (W_q_nope[h],
-/// W_uk[h]; the latent is the K side's input, d_kv = r) with one shared basis of d_nope latent
-/// channels (apply_bda_mla); "vo"/"qkvo" are refused on MLA models (W_uv[h]·W_o is not
-/// rewritten).
+/// An MLA model (model/mla_model.h, apply_bda_mla) takes "qk", "vo" and "qkvo". QK: the NoPE
+/// pair of each head (W_q_nope[h], W_uk[h]; the latent is the K side's input, d_kv = r) with one
+/// shared basis of d_nope latent channels. VO: the pair (W_uv[h], W_o,h) of each head with the
+/// latent as the V side's input and a basis S_h of d_v latent channels per head (W_o becomes
+/// float32 W_o'; refused when d_v > r). The KV cache (c, k_rope) is unchanged either way.
 ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
                          const transform::BdaOptions& options = {});
 /// The MLA part of apply_bda (`rep` carries the pairs; every layer must be MLA).
+/// Parameters counted per layer: QK W_q_nope + W_uk, VO W_uv + W_o (W_o' has W_o's size).
 ModelBdaReport apply_bda_mla(LlamaModel& model, const transform::BdaOptions& opt, ModelBdaReport rep);
 
 /// The layer ℓ of a per-layer GGUF tensor name "blk.ℓ<suffix>" (e.g. ".attn_v.weight"), or -1

@@ -32,7 +32,21 @@
 /// channels, so k'_h = c[S] + C_hᵀ·c[S^c] and q'_h·k'_h = q_nope_h·k_nope_h exactly. Naive
 /// execution up-projects through the fused BD projection ((r − d_nope)·d_nope MACs per head
 /// and token instead of r·d_nope); absorbed execution forms q̃_h = [q'_h on S | C_h·q'_h on
-/// S^c] (again (r − d_nope)·d_nope MACs). The VO pair (W_uv[h], W_o block) is refused.
+/// S^c] (again (r − d_nope)·d_nope MACs).
+///
+/// BD Attention on the VO pair (`apply_bda_mla` with "vo"/"qkvo"): head h's value path is
+/// W_o,h·W_uv[h]·o_lat_h (W_o,h the [E, d_v] block of W_o, W_uv[h] ∈ R^{d_v×r}), BD's VO form with
+/// the latent as the V side's input. Each head gets its own set S_h of d_v latent channels
+/// (pivoted QR on W_uv[h], κ-aware): the cache holds c itself and every head reads all of it
+/// in both executions (naive rebuilds v_h per head, absorbed has one o_lat_h per head), so a
+/// per-head basis costs nothing and keeps each κ_h = cond(W_uv[h][:,S_h]) at its own minimum.
+/// With B_h = W_uv[h][:,S_h] and C_h = B_h⁻¹·W_uv[h][:,S_h^c]: W_o,h' = W_o,h·B_h and
+/// W_uv'[h] = [I on S_h | C_h on S_h^c], so W_o,h'·W_uv'[h] = W_o,h·W_uv[h] exactly. Naive:
+/// v'_h = c[S_h] + C_h·c[S_h^c] per cached token; absorbed: att'_h = o_lat_h[S_h] +
+/// C_h·o_lat_h[S_h^c] per query token: (r − d_v)·d_v MACs per head instead of r·d_v (d_v² saved,
+/// as are d_v² weights). Heads with κ_h above the threshold keep W_uv[h] and W_o,h (float32
+/// error c·u·κ_h, docs/bd.md). r == d_v leaves W_uv'[h] a permutation (no coefficients);
+/// d_v > r is refused. BD: J. Zhao, arXiv 2510.01718; figures in docs/latent.md §4.
 #pragma once
 
 #include <cstdint>
@@ -71,17 +85,23 @@ struct MlaLayer {
   /// [Hq·d_nope, r]. With uk_bd set: the effective W_uk'[h] = [I on S | C_hᵀ on S^c] (what
   /// dense-fallback heads multiply by, and what to_weights returns).
   std::vector<float> w_uk;
-  std::vector<float> w_uv;  ///< [Hq·d_v, r]
+  /// [Hq·d_v, r]. With uv_bd set: the effective W_uv'[h] = [I on S_h | C_h on S_h^c] of BD heads
+  /// (W_uv[h] itself for dense-fallback heads), what to_weights returns.
+  std::vector<float> w_uv;
   /// BD form of W_uk (apply_bda_mla): projection latent → Hq·d_nope (k'_h = c[S] + C_hᵀ·c[S^c]).
   std::shared_ptr<const transform::BdProjection> uk_bd;
   std::vector<float> uk_bd_rest;  ///< uk_bd's C_stack, (r − d_nope) × Hq·d_nope (absorbed query side)
+  /// BD form of W_uv (apply_bda_mla, VO pair): empty, or one single-head projection latent → d_v
+  /// per head with that head's own basis S_h (v'_h = c[S_h] + C_h·c[S_h^c]); W_o then holds
+  /// W_o,h' = W_o,h·W_uv[h][:,S_h] for the BD heads.
+  std::vector<transform::BdProjection> uv_bd;
 
   /// Rows of w_in.
   std::int64_t in_rows() const { return rank + d_rope + n_head * (d_nope + d_rope); }
   /// Cached floats per token: r + d_rope.
   std::int64_t cache_width() const { return rank + d_rope; }
   /// Linear-layer weights a token multiplies through (w_in, W_uk, W_uv; not W_o), as counted by
-  /// the absorbed execution (the BD form of W_uk counted as its coefficients).
+  /// the absorbed execution (the BD forms of W_uk and W_uv counted as their coefficients).
   std::int64_t weights(std::int64_t E) const;
   /// Cast of `w` (validated first with model width E).
   static MlaLayer from_weights(const MlaLayerWeights& w, std::int64_t E);
@@ -120,11 +140,13 @@ void mla_project(const MlaLayer& L, MlaExec exec, const float* xn, std::int64_t 
 /// Step 2: attention of the `n` query rows of `q` (the last n of nk positions, causal
 /// bottom-right) over the first `nk` rows of `cache` (row stride cache_width()). Absorbed:
 /// writes the latent outputs `[n, Hq, r]` into `out`; naive: the head outputs `[n, Hq·d_v]`
-/// (rebuilding k_nope/v for all nk tokens first, in parallel over heads). Parallel over `ctx`.
+/// (rebuilding k_nope/v for all nk tokens first, in parallel over heads; v'_h through uv_bd
+/// when set). Parallel over `ctx`.
 void mla_attend(const MlaLayer& L, MlaExec exec, const float* q, std::int64_t n, const float* cache,
                 std::int64_t nk, const AttentionMethod& method, const ExecContext& ctx, float* out);
 
-/// Step 3, per token block, absorbed only: head outputs `att [n, Hq·d_v]` = W_uv[h]·o_lat_h.
+/// Step 3, per token block, absorbed only: head outputs `att [n, Hq·d_v]` = W_uv[h]·o_lat_h
+/// (with uv_bd: o_lat_h[S_h] + C_h·o_lat_h[S_h^c] for BD heads).
 void mla_up_values(const MlaLayer& L, const float* lat, std::int64_t n, float* att);
 
 /// Floats of `att`/`out` scratch per query token that mla_attend needs: absorbed Hq·r, naive Hq·d_v.
