@@ -5,6 +5,7 @@
                          [--ctx 512] [--chunks 4] [--ranks exact,256,192,128,96,64,56,32]
                          [--freqfold 1,2,4] [--rope-heads 1] [--calib default]
                          [--csv out.csv] [--md out.md] [--threads T]
+                         [--decode-ctx 4096 --decode-ranks full,256,...,32 [--decode-only]]
 
 One `numattn ppl --mla-rank r --freqfold M --rope-heads h --calib C --format json` per
 configuration; the CLI converts at load and measures PPL, KL and top-1 against the GQA model in
@@ -15,6 +16,13 @@ match the GQA model. KV bytes per token are the float32 cache of every layer, r 
 (`mla_latent` + `mla_d_rope`) that one is used and a mismatch is noted. Rows are printed as
 they finish (stderr) and the tables written at the end; a failing configuration is recorded
 with its error and the sweep goes on.
+
+With --decode-ctx L: one `numattn bench-model --ctx L --weights f32 --mla-rank r` per rank of
+--decode-ranks, which times the GQA model and the converted one in the same process (prefill of
+L tokens, then --decode-tokens tokens one at a time, --decode-reps interleaved repetitions,
+median): decode tokens/s of both and their ratio. A decode step's cost depends on r (and
+d_rope), not on FreqFold, so one FreqFold (the first of --freqfold) is timed per rank. Float32
+weights on both sides, so that the latent cache, not the weight encoding, is what differs.
 Only the standard library is used.
 """
 import argparse
@@ -72,6 +80,43 @@ def run_one(args, rank, freqfold, rope_heads):
     return row
 
 
+def decode_table(args, n_layer, hkv, d, n_rot):
+    """Markdown lines: GQA vs MLA decode tokens/s at --decode-ctx, one bench-model run per rank."""
+    m = int(args.freqfold.split(",")[0])
+    h = int(args.rope_heads.split(",")[0])
+    out = ["", f"Decode at context {args.decode_ctx} (`bench-model --weights f32`, FreqFold {m}, "
+               f"rope heads {h}, {args.decode_tokens} tokens, median of {args.decode_reps} "
+               "interleaved repetitions; GQA and MLA timed in the same process):", "",
+           "| r | KV bytes/token | % of GQA | GQA tok/s | MLA tok/s | MLA / GQA | bytes/token GQA | bytes/token MLA |",
+           "|---|---|---|---|---|---|---|---|"]
+    for label in filter(None, args.decode_ranks.split(",")):
+        rank = 0 if label == "full" else int(label)
+        cmd = [args.numattn, "bench-model", "--model", args.model, "--ctx", str(args.decode_ctx),
+               "--decode", str(args.decode_tokens), "--reps", str(args.decode_reps), "--weights", "f32",
+               "--mla-rank", str(rank), "--freqfold", str(m), "--rope-heads", str(h),
+               "--calib", args.calib, "--format", "json"]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        if args.calib_tokens:
+            cmd += ["--calib-tokens", str(args.calib_tokens)]
+        log(f"mla_sweep: decode r={label} ...")
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            err = res.stderr.strip().splitlines()
+            out.append(f"| {label} | error: {err[-1] if err else res.returncode} |||||||")
+            continue
+        rows = json.loads(res.stdout)
+        gqa = next(r for r in rows if not str(r["attention"]).startswith("mla"))
+        mla = next(r for r in rows if str(r["attention"]).startswith("mla"))
+        log("  " + json.dumps({"rank": label, "gqa": gqa, "mla": mla}))
+        mla_kv = n_layer * mla["kv_cache_bytes_per_token_layer"]
+        gqa_kv = n_layer * gqa["kv_cache_bytes_per_token_layer"]
+        g, t = gqa["decode_tokens_per_s"], mla["decode_tokens_per_s"]
+        out.append(f"| {label} | {mla_kv:.0f} | {100.0 * mla_kv / gqa_kv:.2f}% | {g:.2f} | {t:.2f} | {t / g:.2f}× | "
+                   f"{gqa['bytes_per_token'] / 1e6:.1f} MB | {mla['bytes_per_token'] / 1e6:.1f} MB |")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--numattn", default="build/bin/numattn")
@@ -94,6 +139,11 @@ def main():
                     help="do not run: build the tables from the rows a sweep logged on stderr "
                          "(lines '  {...}'), e.g. of a sweep stopped early")
     ap.add_argument("--calib-tokens", type=int, default=0, help="0: the CLI's default")
+    ap.add_argument("--decode-ctx", type=int, default=0, help="context of the decode timing (0 = none)")
+    ap.add_argument("--decode-ranks", default="full,256,192,128,96,64,32")
+    ap.add_argument("--decode-tokens", type=int, default=16)
+    ap.add_argument("--decode-reps", type=int, default=3)
+    ap.add_argument("--decode-only", action="store_true", help="skip the PPL sweep")
     ap.add_argument("--csv", default="")
     ap.add_argument("--md", default="")
     args = ap.parse_args()
@@ -142,7 +192,9 @@ def main():
         log("  " + json.dumps(row))
         return row
 
-    if args.rows_from:
+    if args.decode_only:
+        rows = []
+    elif args.rows_from:
         with open(args.rows_from) as f:
             rows = [json.loads(line) for line in f if line.startswith("  {")]
     else:
@@ -198,6 +250,10 @@ def main():
         lines.append(f"| {r['kv_bytes_per_token']} | {r['kv_pct_of_gqa']:.2f}% | {r['rank']} | {r['freqfold']} | "
                      f"{r['kld_mean']:.4f} | "
                      f"{fmt(None if r['ppl_rel_change'] is None else 100 * r['ppl_rel_change'], '+.2f')}% |")
+    if args.decode_only:
+        lines = []
+    if args.decode_ctx > 0:
+        lines += decode_table(args, n_layer, hkv, d, n_rot)
     md = "\n".join(lines) + "\n"
     if args.md:
         with open(args.md, "w") as f:
