@@ -66,9 +66,6 @@ LlamaModel compress_cp(const LlamaModel& model, const transform::TensorSpec& spe
   const char* name = transform::to_string(spec.scheme);
   const LlamaHParams& hp = model.hparams();
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, L = hp.n_layer;
-  NUMATTN_CHECK_OPTION(spec.rank <= Hq * D, "tensor",
-                       "{} rank {} exceeds the exact block form's H·D = {}·{} = {} (use rank=0 for it)",
-                       name, spec.rank, Hq, D, Hq * D);
   const std::int64_t R = spec.rank == 0 ? Hq * D : spec.rank;
   const std::int64_t Dp = std::max(D, R);
   std::vector<transform::CollabHeads> heads(static_cast<std::size_t>(L));
@@ -168,12 +165,6 @@ LlamaModel compress_tucker(const LlamaModel& model, const transform::TensorSpec&
   } else {
     kinds = {{"ffn_gate", 2, 0, F, E}, {"ffn_up", 2, F, F, E}, {"ffn_down", 3, 0, E, F}};
   }
-  std::int64_t maxdim = 0;
-  for (const Kind& k : kinds) maxdim = std::max({maxdim, k.rows, k.cols});
-  NUMATTN_CHECK_OPTION(spec.rank <= maxdim && spec.rank2 <= maxdim, "tensor",
-                       "{} ranks {}x{} exceed the largest matrix dimension {} of the scheme",
-                       transform::to_string(spec.scheme), spec.rank, spec.rank2, maxdim);
-  NUMATTN_CHECK_OPTION(spec.layers <= L, "tensor", "layers={} exceeds the model's {} layers", spec.layers, L);
   std::uint64_t bytes = 0;
   for (const Kind& k : kinds) bytes += static_cast<std::uint64_t>(L * k.rows * k.cols) * 8 * 3;
   check_memory(bytes, fmt::format("the float64 stacks of {}", transform::to_string(spec.scheme)));
@@ -240,6 +231,32 @@ LlamaModel compress_tucker(const LlamaModel& model, const transform::TensorSpec&
 
 }  // namespace
 
+void check_tensor_spec(const transform::TensorSpec& spec, const LlamaHParams& hp) {
+  const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, F = hp.n_ff;
+  const char* name = transform::to_string(spec.scheme);
+  if (spec.scheme == transform::TensorScheme::kQkCp)
+    NUMATTN_CHECK_OPTION(hp.n_rot == 0, "tensor",
+                         "qk-cp (collaborative QK heads) needs position-free Q/K dimensions: this model "
+                         "applies RoPE to {} of its {} Q/K dimensions per head (rope.dimension_count), and "
+                         "q·R(p_j − p_i)·k is not a bilinear form with a shared position-free matrix; "
+                         "use vo-cp (the VO side carries no RoPE)",
+                         hp.n_rot, hp.head_dim);
+  if (spec.is_cp()) {
+    NUMATTN_CHECK_OPTION(spec.rank <= Hq * D, "tensor",
+                         "{} rank {} exceeds the exact block form's H·D = {}·{} = {} (use rank=0 for it)",
+                         name, spec.rank, Hq, D, Hq * D);
+    return;
+  }
+  const std::int64_t maxdim = spec.scheme == transform::TensorScheme::kTuckerQkvo
+                                  ? std::max({Hq * D, Hkv * D, E})
+                                  : std::max(F, E);
+  NUMATTN_CHECK_OPTION(spec.rank <= maxdim && spec.rank2 <= maxdim, "tensor",
+                       "{} ranks {}x{} exceed the largest matrix dimension {} of the scheme", name,
+                       spec.rank, spec.rank2, maxdim);
+  NUMATTN_CHECK_OPTION(spec.layers <= hp.n_layer, "tensor", "layers={} exceeds the model's {} layers",
+                       spec.layers, hp.n_layer);
+}
+
 LlamaModel compress_model_tensor(const LlamaModel& model, const transform::TensorSpec& spec,
                                  const ExecContext& ctx, TensorModelReport* report) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -251,14 +268,7 @@ LlamaModel compress_model_tensor(const LlamaModel& model, const transform::Tenso
                          spec.scheme == transform::TensorScheme::kQkCp && Ly.mla
                              ? " (collaborative QK on the MLA NoPE part W_q_nope[h]·W_uk[h] is not implemented)"
                              : "");
-  if (spec.scheme == transform::TensorScheme::kQkCp) {
-    NUMATTN_CHECK_OPTION(hp.n_rot == 0, "tensor",
-                         "qk-cp (collaborative QK heads) needs position-free Q/K dimensions: this model "
-                         "applies RoPE to {} of its {} Q/K dimensions per head (rope.dimension_count), and "
-                         "q·R(p_j − p_i)·k is not a bilinear form with a shared position-free matrix; "
-                         "use vo-cp (the VO side carries no RoPE)",
-                         hp.n_rot, hp.head_dim);
-  }
+  check_tensor_spec(spec, hp);
   TensorModelReport rep;
   rep.spec = spec;
   LlamaModel out = spec.is_cp() ? compress_cp(model, spec, ctx, rep)

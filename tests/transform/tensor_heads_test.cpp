@@ -287,7 +287,11 @@ TEST(TensorModel, Refusals) {
                            "tucker-ffn:rank=8,layers=3"}) {
     EXPECT_THROW(compress_model_tensor(tiny(), transform::parse_tensor_spec(spec), ExecContext{1}), OptionError)
         << spec;
+    // The same refusals from the hyper-parameters alone (what ppl checks before the weights load).
+    EXPECT_THROW(check_tensor_spec(transform::parse_tensor_spec(spec), tiny().hparams()), OptionError) << spec;
   }
+  for (const char* spec : {"vo-cp:rank=32", "tucker-qkvo:rank=32", "tucker-ffn:rank=64,layers=2"})
+    EXPECT_NO_THROW(check_tensor_spec(transform::parse_tensor_spec(spec), tiny().hparams())) << spec;
   LlamaModel bda = tiny();
   apply_bda(bda, "vo");
   try {

@@ -108,6 +108,7 @@ void add_ppl(CLI::App& app) {
     const LlamaHParams hp = LlamaModel::read_hparams(file);
     check_ppl_options(po, &hp);
     check_mla_against_model(o->mla, hp, file.architecture() == "numattn-mla");
+    if (tspec) check_tensor_spec(*tspec, hp);
     // Each method must be able to run the model's problem (a chunk: ctx causal queries, GQA),
     // asked of its own can_run before the weights load.
     check_model_attention("attn", po.attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,

@@ -59,6 +59,11 @@ struct TensorModelReport {
   double seconds = 0;
 };
 
+/// The refusals that depend only on the spec and the hyper-parameters (qk-cp on RoPE dimensions,
+/// CP rank above Hq·D, Tucker ranks above the scheme's largest matrix dimension, layers above L):
+/// callable before the weights are read. Throws numattn::OptionError("tensor", ...).
+void check_tensor_spec(const transform::TensorSpec& spec, const LlamaHParams& hp);
+
 /// The compressed model (see the file comment); `model` is not changed. Throws numattn::Error for
 /// a refusal (qk-cp on RoPE dimensions, BDA/MLA models, ranks out of range).
 LlamaModel compress_model_tensor(const LlamaModel& model, const transform::TensorSpec& spec,
