@@ -91,8 +91,10 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   const LlamaModel& base_model = opt.baseline_model ? *opt.baseline_model : model;
   if (opt.baseline_model) {
     const LlamaHParams &a = model.hparams(), &b = opt.baseline_model->hparams();
+    // The head dim may differ (a tensor-compressed model embedded with wider heads,
+    // model/tensor_model.h): the baseline runs with a cache of its own shape.
     NUMATTN_CHECK(a.n_vocab == b.n_vocab && a.n_layer == b.n_layer && a.n_embd == b.n_embd &&
-                      a.n_head == b.n_head && a.n_head_kv == b.n_head_kv && a.head_dim == b.head_dim,
+                      a.n_head == b.n_head && a.n_head_kv == b.n_head_kv,
                   "the baseline model has other hyper-parameters than the evaluated one");
   }
   ForwardOptions fo;

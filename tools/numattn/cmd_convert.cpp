@@ -20,7 +20,7 @@ namespace numattn::cli {
 
 namespace {
 struct ConvertOptions {
-  std::string model = "default", bda = "vo", out, format = "md";
+  std::string model = "default", bda = "vo", out, format = "md", tensor;
   double kappa_threshold = 1e4;
   int threads = 0;
   bool no_progress = false;
@@ -48,9 +48,16 @@ void add_convert(CLI::App& app) {
       ->required();
   sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
   add_mla_options(*sub, o->mla);
+  sub->add_option("--tensor", o->tensor,
+                  "tensor-compressed weights (as `ppl --tensor`): not storable as GGUF yet, so "
+                  "refused; evaluate them with `numattn ppl --tensor SPEC`");
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
     ExecContext ctx{o->threads};
+    NUMATTN_CHECK_OPTION(o->tensor.empty(), "tensor",
+                         "convert cannot write tensor-compressed models yet (no GGUF layout for the "
+                         "factors, and the dense rebuild would not be smaller); run `numattn ppl "
+                         "--tensor {}` to evaluate the compression", o->tensor);
     check_mla_options(*sub, o->mla);
     const std::string path = resolve_model_path(o->model);
     check_outputs_distinct({{"--out", o->out}}, {{"--model", path}});

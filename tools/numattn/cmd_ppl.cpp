@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "cli_common.h"
 #include "commands.h"
 #include "dist_cli.h"
 #include "mla_cli.h"
+#include "tensor_cli.h"
 #include "numattn/dist/ppl.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/file_io.h"
@@ -29,7 +31,7 @@ namespace numattn::cli {
 namespace {
 struct PplCliOptions {
   std::string model = "default", text = "default", attn = "exact.flash", baseline, format = "md",
-              bos = "auto", bda = "none", weights = "gguf";
+              bos = "auto", bda = "none", weights = "gguf", tensor;
   std::int64_t ctx = 512, chunks = -1;
   int threads = 0;
   bool no_progress = false, allow_long_ctx = false;
@@ -75,6 +77,7 @@ void add_ppl(CLI::App& app) {
       ->check(CLI::IsMember({"gguf", "f32"}));
   sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
   add_mla_options(*sub, o->mla);
+  add_tensor_option(*sub, o->tensor);
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
     ExecContext ctx{o->threads};
@@ -92,6 +95,12 @@ void add_ppl(CLI::App& app) {
     // header before its weights are read, then against the text's length.
     check_ppl_options(po);
     check_mla_options(*sub, o->mla);
+    std::optional<transform::TensorSpec> tspec;
+    if (!o->tensor.empty()) {
+      tspec = transform::parse_tensor_spec(o->tensor);
+      NUMATTN_CHECK_OPTION(o->bda == "none" && !o->mla.requested(), "tensor",
+                           "cannot be combined with --bda or --mla-rank (it compresses the GQA model's weights)");
+    }
     const std::string mpath = resolve_model_path(o->model);
     const std::string tpath = resolve_text_path(o->text);
     const std::string text = read_file(tpath, "--text file");  // before the slow model load
@@ -99,6 +108,7 @@ void add_ppl(CLI::App& app) {
     const LlamaHParams hp = LlamaModel::read_hparams(file);
     check_ppl_options(po, &hp);
     check_mla_against_model(o->mla, hp, file.architecture() == "numattn-mla");
+    if (tspec) check_tensor_spec(*tspec, hp);
     // Each method must be able to run the model's problem (a chunk: ctx causal queries, GQA),
     // asked of its own can_run before the weights load.
     check_model_attention("attn", po.attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,
@@ -139,6 +149,15 @@ void add_ppl(CLI::App& app) {
                      "a dense copy of the model (the KL baseline of --bda)");
       dense = std::make_unique<LlamaModel>(model);
       bda = apply_bda(model, o->bda);
+    }
+    // --tensor: the compressed model replaces the loaded one, which stays as the KL baseline.
+    TensorModelReport tensor;
+    if (tspec) {
+      if (!model.weights().in_place())
+        check_memory(4 * static_cast<std::uint64_t>(hp.weight_count(model.weights().output.empty())),
+                     "a dense copy of the model (the KL baseline of --tensor)");
+      dense = std::make_unique<LlamaModel>(model);
+      model = compress_model_tensor(*dense, *tspec, ctx, &tensor);
     }
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     po.baseline_model = dense ? dense.get() : gqa.get();
@@ -215,6 +234,11 @@ void add_ppl(CLI::App& app) {
         row["bda_macs_unit"] = o->mla.exec == "naive" ? "per cached token and forward pass (naive)"
                                                       : "per query token (absorbed)";
       }
+    }
+    if (tspec) {
+      row["baseline"] = "uncompressed model, " + r.baseline_spec;
+      row["ppl_rel_change"] = (r.ppl - r.ppl_baseline) / r.ppl_baseline;
+      add_tensor_columns(row, tensor, o->format == "json");
     }
     row["gemm_gflops"] = gemm;
     row["gemm_samples"] = gs.size();

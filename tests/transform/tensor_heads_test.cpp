@@ -1,0 +1,342 @@
+// Tensor compression of heads and weights (transform/tensor_heads.h, model/tensor_model.h):
+// exactness at full rank in float64 and through the model, fit monotone in rank, parameter
+// counts by hand, and refusals (collaborative QK on RoPE, ranks out of range, bad specs, BDA
+// models, convert --tensor).
+#include "numattn/transform/tensor_heads.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "numattn/core/error.h"
+#include "numattn/core/rng.h"
+#include "numattn/model/bda_model.h"
+#include "numattn/model/tensor_model.h"
+#include "support/test_util.h"
+#include "support/tiny_llama.h"
+
+namespace numattn {
+namespace {
+
+using decomp::dense::Matrix;
+
+Matrix gaussian(std::int64_t r, std::int64_t c, std::uint64_t stream) {
+  const auto v = test::randn(static_cast<std::size_t>(r * c), stream, 1.0f);
+  Matrix m(r, c);
+  for (std::int64_t i = 0; i < r * c; ++i) m.data()[i] = v[static_cast<std::size_t>(i)];
+  return m;
+}
+
+struct Heads {
+  std::vector<Matrix> left, right;
+};
+
+// H heads over G groups: left[h] n×D, right[g] D×m.
+Heads random_heads(std::int64_t H, std::int64_t G, std::int64_t n, std::int64_t D, std::int64_t m,
+                   std::uint64_t stream) {
+  Heads x;
+  for (std::int64_t h = 0; h < H; ++h) x.left.push_back(gaussian(n, D, stream * 100 + static_cast<std::uint64_t>(h)));
+  for (std::int64_t g = 0; g < G; ++g) x.right.push_back(gaussian(D, m, stream * 100 + 50 + static_cast<std::uint64_t>(g)));
+  return x;
+}
+
+double head_error(const transform::CollabHeads& c, const Heads& x) {
+  const auto H = static_cast<std::int64_t>(x.left.size()), per = H / static_cast<std::int64_t>(x.right.size());
+  double num = 0, den = 0;
+  for (std::int64_t h = 0; h < H; ++h) {
+    const Matrix t = x.left[static_cast<std::size_t>(h)] * x.right[static_cast<std::size_t>(h / per)];
+    num += (c.head(h) - t).squaredNorm();
+    den += t.squaredNorm();
+  }
+  return std::sqrt(num / den);
+}
+
+TEST(TensorHeads, BlockFormIsExactInFloat64) {
+  // GQA 6 heads over 2 groups, odd sizes, n ≠ m.
+  const Heads x = random_heads(6, 2, 13, 3, 11, 1);
+  transform::CollabOptions o;
+  o.rank = 0;
+  const auto c = transform::collaborative_heads(x.left, x.right, o);
+  EXPECT_TRUE(c.block_form);
+  EXPECT_EQ(c.rank(), 18);
+  EXPECT_LE(head_error(c, x), 1e-14);
+  // Parameters by hand: before 6·13·3 + 2·3·11 = 300; after R·(n + m + H) = 18·30 = 540.
+  EXPECT_EQ(c.params_before, 300);
+  EXPECT_EQ(c.params_after, 540);
+}
+
+TEST(TensorHeads, CpRecoversExactRankAndFitGrowsWithRank) {
+  // D = 1: T_h = l_h·r_g(h)ᵀ has CP rank ≤ H = 4 (heads orthogonal in mode 0), so CP-ALS at rank 4
+  // reproduces it; the projection on the factor spans is active on both sides (H·D < n, G·D < m).
+  const Heads x = random_heads(4, 2, 9, 1, 7, 2);
+  transform::CollabOptions o;
+  o.rank = 4;
+  o.max_iterations = 500;
+  o.tolerance = 1e-15;
+  const auto c = transform::collaborative_heads(x.left, x.right, o);
+  EXPECT_LE(head_error(c, x), 1e-10) << c.message;
+  EXPECT_NEAR(c.fit, 1 - head_error(c, x), 1e-12);
+  EXPECT_EQ(c.params_before, 4 * 9 + 2 * 7);
+  EXPECT_EQ(c.params_after, 4 * (9 + 7 + 4));
+  // Fit over ranks on a generic GQA layer: non-decreasing up to ALS's local optima (slack 1e-3),
+  // and the reported fit is the measured one.
+  const Heads y = random_heads(4, 2, 10, 3, 12, 3);
+  double prev = -1;
+  for (std::int64_t r : {1, 3, 6, 12}) {
+    o.rank = r;
+    o.max_iterations = 300;
+    const auto cr = transform::collaborative_heads(y.left, y.right, o);
+    EXPECT_NEAR(cr.fit, 1 - head_error(cr, y), 1e-10) << r;
+    EXPECT_GE(cr.fit, prev - 1e-3) << r;
+    prev = cr.fit;
+  }
+}
+
+TEST(TensorHeads, CollaborativeRefusals) {
+  const Heads x = random_heads(3, 2, 5, 2, 5, 4);
+  transform::CollabOptions o;
+  o.rank = 2;
+  EXPECT_THROW(transform::collaborative_heads(x.left, x.right, o), Error);  // 3 heads, 2 groups
+  Heads y = random_heads(4, 2, 5, 2, 5, 4);
+  o.rank = -1;
+  EXPECT_THROW(transform::collaborative_heads(y.left, y.right, o), Error);
+  o.rank = 2;
+  y.right[1](0, 0) = NAN;
+  try {
+    transform::collaborative_heads(y.left, y.right, o);
+    FAIL() << "a NaN factor was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("group 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TensorHeads, StackFullRankIsExactAndParamsByHand) {
+  std::vector<Matrix> mats;
+  for (std::uint64_t s = 0; s < 3; ++s) mats.push_back(gaussian(6, 5, 20 + s));
+  transform::StackOptions o;
+  o.rank_rows = 6;
+  o.rank_cols = 5;
+  auto full = transform::compress_stack(mats, o);
+  for (std::size_t s = 0; s < 3; ++s) EXPECT_LE((full.approx[s] - mats[s]).norm() / mats[s].norm(), 1e-12);
+  // Shared factors 2×3: 3·2·3 + 6·2 + 5·3 = 45 of 90.
+  o.rank_rows = 2;
+  o.rank_cols = 3;
+  auto sf = transform::compress_stack(mats, o);
+  EXPECT_EQ(sf.params_before, 90);
+  EXPECT_EQ(sf.params_after, 45);
+  // Tucker with a bank of 2 core slices: 2·2·3 + 3·2 + 6·2 + 5·3 = 45.
+  o.stack_rank = 2;
+  auto tk = transform::compress_stack(mats, o);
+  EXPECT_EQ(tk.params_after, 45);
+  EXPECT_LE(tk.fit, sf.fit + 1e-12);  // fewer cores cannot fit better
+  for (std::size_t s = 0; s < 3; ++s) {
+    const double f = 1 - (sf.approx[s] - mats[s]).norm() / mats[s].norm();
+    EXPECT_NEAR(sf.slice_fit[s], f, 1e-12);
+  }
+  // Fit non-decreasing in the ranks (HOOI from HOSVD; slack for rounding).
+  double prev = -1;
+  for (std::int64_t r : {1, 2, 3, 4, 5}) {
+    o.stack_rank = 0;
+    o.rank_rows = o.rank_cols = r;
+    o.max_iterations = 50;
+    const auto c = transform::compress_stack(mats, o);
+    EXPECT_GE(c.fit, prev - 1e-9) << r;
+    prev = c.fit;
+  }
+}
+
+TEST(TensorHeads, StackRefusals) {
+  std::vector<Matrix> mats{gaussian(4, 3, 30), gaussian(4, 3, 31)};
+  transform::StackOptions o;
+  o.rank_rows = 5;
+  o.rank_cols = 2;
+  EXPECT_THROW(transform::compress_stack(mats, o), Error);
+  o.rank_rows = 0;
+  EXPECT_THROW(transform::compress_stack(mats, o), Error);
+  o.rank_rows = 2;
+  o.stack_rank = 3;
+  EXPECT_THROW(transform::compress_stack(mats, o), Error);
+  o.stack_rank = 0;
+  mats.push_back(gaussian(3, 3, 32));
+  EXPECT_THROW(transform::compress_stack(mats, o), Error);
+  EXPECT_THROW(transform::compress_stack({}, o), Error);
+}
+
+TEST(TensorHeads, SpecGrammar) {
+  auto s = transform::parse_tensor_spec("vo-cp:rank=256");
+  EXPECT_EQ(s.scheme, transform::TensorScheme::kVoCp);
+  EXPECT_EQ(s.rank, 256);
+  EXPECT_EQ(s.iterations(), 25);
+  EXPECT_EQ(s.canonical(), "vo-cp:rank=256,iters=25");
+  s = transform::parse_tensor_spec("tucker-qkvo:rank=128x256,layers=8,iters=3");
+  EXPECT_EQ(s.rank, 128);
+  EXPECT_EQ(s.rank2, 256);
+  EXPECT_EQ(s.layers, 8);
+  EXPECT_EQ(s.canonical(), "tucker-qkvo:rank=128x256,layers=8,iters=3");
+  EXPECT_EQ(transform::parse_tensor_spec(s.canonical()).canonical(), s.canonical());
+  s = transform::parse_tensor_spec("tucker-ffn:rank=64");
+  EXPECT_EQ(s.rank2, 64);
+  EXPECT_EQ(s.iterations(), 10);
+  for (const char* bad : {"", "foo:rank=1", "vo-cp", "vo-cp:rank=-1", "vo-cp:rank=2x3", "vo-cp:rank=abc",
+                          "vo-cp:rank=4,layers=2", "vo-cp:rank=4,iters=0", "vo-cp:rank=4,rank=5",
+                          "tucker-qkvo:rank=0", "tucker-qkvo:rank=4x0", "tucker-qkvo:rank=4,seed=2",
+                          "tucker-ffn:rank=4,bogus=1", "tucker-ffn:rank=4,", "tucker-ffn:rank=4,layers=0"}) {
+    try {
+      transform::parse_tensor_spec(bad);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const OptionError& e) {
+      EXPECT_EQ(e.option(), "tensor") << bad;
+    }
+  }
+}
+
+// --- whole model (tiny Llama: E = 32, Hq = 4, Hkv = 2, D = 8, F = 64, 2 layers, RoPE on all 8) ---
+
+std::vector<std::int32_t> tokens(std::size_t n) {
+  std::vector<std::int32_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<std::int32_t>((i * 29 + 5) % 64);
+  return t;
+}
+
+std::vector<float> logits(const LlamaModel& m, const std::vector<std::int32_t>& t) {
+  KvCache c = m.make_cache(static_cast<std::int64_t>(t.size()));
+  return m.forward(t, c, ExecContext{2});
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::abs(double(a[i]) - double(b[i])));
+  return d;
+}
+
+const LlamaModel& tiny() {
+  static const LlamaModel m = LlamaModel::load(test::write_gguf(test::make_tiny(false), "tensor_tiny.gguf"));
+  return m;
+}
+
+// Logits of magnitude ~10 through 2 layers: float32 summation-order differences only.
+constexpr double kModelTol = 2e-4;
+
+TEST(TensorModel, FullRankSchemesReproduceTheModel) {
+  const auto t = tokens(24);
+  const auto ref = logits(tiny(), t);
+  for (const char* spec : {"vo-cp:rank=0", "tucker-qkvo:rank=32", "tucker-ffn:rank=64", "tucker-ffn:rank=64,layers=2"}) {
+    TensorModelReport rep;
+    const LlamaModel c = compress_model_tensor(tiny(), transform::parse_tensor_spec(spec), ExecContext{2}, &rep);
+    EXPECT_LE(max_diff(logits(c, t), ref), kModelTol) << spec;
+    EXPECT_GE(rep.fit_min, 1 - 1e-10) << spec;
+  }
+  // Parameters by hand. vo-cp block form, per layer: before Hq·E·D + Hkv·D·E = 1024 + 512,
+  // after R·(E + E + Hq) = 32·68; executed with head dim max(D, R) = 32.
+  TensorModelReport rep;
+  compress_model_tensor(tiny(), transform::parse_tensor_spec("vo-cp:rank=0"), ExecContext{1}, &rep);
+  EXPECT_EQ(rep.params_before, 2 * 1536);
+  EXPECT_EQ(rep.params_after, 2 * 32 * 68);
+  EXPECT_EQ(rep.exec_head_dim, 32);
+  // tucker-qkvo rank 16x8: q (32×32) 2·16·8 + 32·16 + 32·8 = 1024; k, v (16×32): 2·16·8 + 16·16 +
+  // 32·8 = 768 each; o (32×32): 1024. Before: 2·(1024 + 512 + 512 + 1024).
+  compress_model_tensor(tiny(), transform::parse_tensor_spec("tucker-qkvo:rank=16x8"), ExecContext{1}, &rep);
+  EXPECT_EQ(rep.params_before, 2 * 3072);
+  EXPECT_EQ(rep.params_after, 1024 + 768 + 768 + 1024);
+  ASSERT_EQ(rep.parts.size(), 4u);
+  EXPECT_EQ(rep.parts[1].name, "attn_k");
+  EXPECT_EQ(rep.parts[1].rank_rows, 16);
+}
+
+TEST(TensorModel, CompressionLosesAccuracyGradually) {
+  // Truncated ranks change the logits, less at the larger rank (fit and logit error both).
+  const auto t = tokens(24);
+  const auto ref = logits(tiny(), t);
+  double prev_err = INFINITY, prev_fit = -1;
+  for (const char* spec : {"vo-cp:rank=4,iters=100", "vo-cp:rank=16,iters=100"}) {
+    TensorModelReport rep;
+    const LlamaModel c = compress_model_tensor(tiny(), transform::parse_tensor_spec(spec), ExecContext{2}, &rep);
+    const double err = max_diff(logits(c, t), ref);
+    EXPECT_GT(err, kModelTol) << spec;
+    EXPECT_LT(err, prev_err) << spec;
+    EXPECT_GT(rep.fit_mean, prev_fit) << spec;
+    prev_err = err;
+    prev_fit = rep.fit_mean;
+  }
+}
+
+TEST(TensorModel, CollaborativeQkNeedsNoPe) {
+  try {
+    compress_model_tensor(tiny(), transform::parse_tensor_spec("qk-cp:rank=8"), ExecContext{1});
+    FAIL() << "qk-cp accepted on a RoPE model";
+  } catch (const OptionError& e) {
+    EXPECT_NE(std::string(e.what()).find("RoPE"), std::string::npos) << e.what();
+  }
+  // The same weights without RoPE: the block form reproduces the NoPE model.
+  LlamaHParams hp = tiny().hparams();
+  hp.n_rot = 0;
+  const LlamaModel nope(hp, tiny().weights());
+  const auto t = tokens(24);
+  const LlamaModel c = compress_model_tensor(nope, transform::parse_tensor_spec("qk-cp:rank=0"), ExecContext{2});
+  EXPECT_LE(max_diff(logits(c, t), logits(nope, t)), kModelTol);
+}
+
+TEST(TensorModel, Refusals) {
+  for (const char* spec : {"vo-cp:rank=33", "qk-cp:rank=33", "tucker-qkvo:rank=33", "tucker-ffn:rank=65",
+                           "tucker-ffn:rank=8,layers=3"}) {
+    EXPECT_THROW(compress_model_tensor(tiny(), transform::parse_tensor_spec(spec), ExecContext{1}), OptionError)
+        << spec;
+    // The same refusals from the hyper-parameters alone (what ppl checks before the weights load).
+    EXPECT_THROW(check_tensor_spec(transform::parse_tensor_spec(spec), tiny().hparams()), OptionError) << spec;
+  }
+  for (const char* spec : {"vo-cp:rank=32", "tucker-qkvo:rank=32", "tucker-ffn:rank=64,layers=2"})
+    EXPECT_NO_THROW(check_tensor_spec(transform::parse_tensor_spec(spec), tiny().hparams())) << spec;
+  LlamaModel bda = tiny();
+  apply_bda(bda, "vo");
+  try {
+    compress_model_tensor(bda, transform::parse_tensor_spec("vo-cp:rank=8"), ExecContext{1});
+    FAIL() << "a BDA model was accepted";
+  } catch (const OptionError& e) {
+    EXPECT_NE(std::string(e.what()).find("BDA"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TensorModel, CliFlags) {
+  std::string out;
+  const std::string none = " --model /nonexistent/model.gguf --text /nonexistent/text.txt 2>&1";
+  int rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " ppl --tensor vo-cp:rank=x" + none, &out);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("error: --tensor: "), std::string::npos) << out;
+  EXPECT_EQ(out.find("nonexistent"), std::string::npos) << out;
+  rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " ppl --tensor vo-cp:rank=8 --bda vo" + none, &out);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("--bda"), std::string::npos) << out;
+  rc = test::run_command(std::string(NUMATTN_CLI_PATH) +
+                             " convert --tensor vo-cp:rank=8 --out /tmp/numattn_never.gguf --model /nonexistent/m.gguf 2>&1",
+                         &out);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("error: --tensor: convert cannot write"), std::string::npos) << out;
+  // End to end on the tiny model with a vocabulary: the exact block form keeps the perplexity.
+  const std::string tm = test::tiny_model_with_vocab();
+  test::ScratchDir dir;
+  const std::string text = dir.file("t.txt");
+  {
+    std::FILE* f = std::fopen(text.c_str(), "wb");
+    const std::string s = test::tiny_text(600);
+    std::fwrite(s.data(), 1, s.size(), f);
+    std::fclose(f);
+  }
+  rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " ppl --ctx 64 --threads 2 --no-progress --model " + tm +
+                             " --text " + text + " --tensor vo-cp:rank=0 --format json 2>/dev/null",
+                         &out);
+  ASSERT_EQ(rc, 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  const auto& row = j.is_array() ? j.at(0) : j;
+  EXPECT_LE(std::abs(row.at("ppl_rel_change").get<double>()), 1e-4) << out;
+  EXPECT_EQ(row.at("tensor").get<std::string>(), "vo-cp:rank=0,iters=25");
+  EXPECT_EQ(row.at("tensor_parts").size(), 2u);
+}
+
+}  // namespace
+}  // namespace numattn
