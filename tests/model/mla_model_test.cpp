@@ -174,6 +174,35 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m / s;
 }
 
+// A BD-rewritten MLA model `m` against its dense twin, in both executions: prefill, decode one
+// token at a time and, when `split` > 0, a prefill of `split` tokens followed by the rest.
+void expect_matches_dense(LlamaModel& m, LlamaModel& dense, const std::vector<std::int32_t>& toks,
+                          double tol, std::size_t split) {
+  const std::int64_t n = static_cast<std::int64_t>(toks.size()), V = m.hparams().n_vocab;
+  for (MlaExec e : {MlaExec::kNaive, MlaExec::kAbsorbed}) {
+    m.set_mla_exec(e);
+    dense.set_mla_exec(e);
+    KvCache c1 = m.make_cache(n), c2 = dense.make_cache(n);
+    const auto got = m.forward(toks, c1, ExecContext{2});
+    const auto ref = dense.forward(toks, c2, ExecContext{2});
+    EXPECT_LE(rel_diff(got, ref), tol) << to_string(e);
+    KvCache c3 = m.make_cache(n);
+    std::vector<float> dec;
+    for (std::int32_t t : toks) {
+      const auto lg = m.forward({t}, c3, ExecContext{1});
+      dec.insert(dec.end(), lg.begin(), lg.end());
+    }
+    EXPECT_LE(rel_diff(dec, ref), tol) << to_string(e);
+    if (split == 0) continue;
+    const auto mid = toks.begin() + static_cast<std::ptrdiff_t>(split);
+    KvCache c4 = m.make_cache(n);
+    m.forward(std::vector<std::int32_t>(toks.begin(), mid), c4, ExecContext{1});
+    const auto tail = m.forward(std::vector<std::int32_t>(mid, toks.end()), c4, ExecContext{2});
+    EXPECT_LE(rel_diff(tail, std::vector<float>(ref.begin() + static_cast<std::ptrdiff_t>(split) * V, ref.end())), tol)
+        << to_string(e);
+  }
+}
+
 // Token-by-token decoding (Nq = 1 over a growing latent cache) and a chunked prefill
 // (Nq = 4 ≠ Nk = 9) give the one-prefill logits, in both executions; naive == absorbed.
 TEST(MlaModel, DecodeEqualsPrefillAndExecutionsAgree) {
@@ -275,22 +304,8 @@ TEST(MlaModel, BdaQkOnMlaLayersKeepsTheLogits) {
   EXPECT_TRUE(m.weights().layers[0].mla->uk_bd != nullptr);
   EXPECT_THROW(apply_bda(m, "qk"), Error);  // already applied
   const double tol = 64 * 6e-8 * std::max(1.0, rep.kappa_max);
-  for (MlaExec e : {MlaExec::kNaive, MlaExec::kAbsorbed}) {
-    m.set_mla_exec(e);
-    dense.set_mla_exec(e);
-    KvCache c1 = m.make_cache(12), c2 = dense.make_cache(12);
-    const auto got = m.forward(toks, c1, ExecContext{2});
-    const auto ref = dense.forward(toks, c2, ExecContext{2});
-    EXPECT_LE(rel_diff(got, ref), tol) << to_string(e) << " kappa_max " << rep.kappa_max;
-    // Decode through the BD form (absorbed: q̃ = [q' | C·q'] over the latent cache).
-    KvCache c3 = m.make_cache(12);
-    std::vector<float> dec;
-    for (std::int32_t t : toks) {
-      const auto lg = m.forward({t}, c3, ExecContext{1});
-      dec.insert(dec.end(), lg.begin(), lg.end());
-    }
-    EXPECT_LE(rel_diff(dec, ref), tol) << to_string(e);
-  }
+  // Decode through the BD form too (absorbed: q̃ = [q' | C·q'] over the latent cache).
+  expect_matches_dense(m, dense, toks, tol, 0);
   }
 }
 
@@ -493,26 +508,7 @@ TEST(MlaModel, BdaVoOnMlaModelKeepsTheLogits) {
     EXPECT_THROW(apply_bda(m, "vo"), Error);  // already applied
     const double tol = 64 * 6e-8 * std::max(1.0, rep.kappa_max);
     const auto toks = tokens(12);
-    const std::int64_t V = m.hparams().n_vocab;
-    for (MlaExec e : {MlaExec::kNaive, MlaExec::kAbsorbed}) {
-      m.set_mla_exec(e);
-      dense.set_mla_exec(e);
-      KvCache c1 = m.make_cache(12), c2 = dense.make_cache(12);
-      const auto got = m.forward(toks, c1, ExecContext{2});
-      const auto ref = dense.forward(toks, c2, ExecContext{2});
-      EXPECT_LE(rel_diff(got, ref), tol) << to_string(e) << " kappa_max " << rep.kappa_max;
-      KvCache c3 = m.make_cache(12);
-      std::vector<float> dec;
-      for (std::int32_t t : toks) {
-        const auto lg = m.forward({t}, c3, ExecContext{1});
-        dec.insert(dec.end(), lg.begin(), lg.end());
-      }
-      EXPECT_LE(rel_diff(dec, ref), tol) << to_string(e);
-      KvCache c4 = m.make_cache(12);
-      m.forward(std::vector<std::int32_t>(toks.begin(), toks.begin() + 8), c4, ExecContext{1});
-      const auto tail = m.forward(std::vector<std::int32_t>(toks.begin() + 8, toks.end()), c4, ExecContext{2});
-      EXPECT_LE(rel_diff(tail, std::vector<float>(ref.begin() + 8 * V, ref.end())), tol) << to_string(e);
-    }
+    expect_matches_dense(m, dense, toks, tol, 8);
   }
   // d_v > r: no basis of d_v latent channels; refused by name, model untouched (QK too).
   LlamaModel wide = random_mla_model(MlaShape{0, 0, 6, 4, 2, 8});
