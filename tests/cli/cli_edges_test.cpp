@@ -24,6 +24,20 @@ std::string run(const std::string& args, int* rc, bool stdout_only = false) {
   return test::strip_notes(out);
 }
 
+TEST(CliEdges, AHugeArgumentIsQuotedByItsEndsInTheError) {
+  // Errors quote what they refuse; a 100k-character argument must not come back whole.
+  const std::string huge(100000, 'x');
+  for (const std::string& args : {"run --n 8 --d 8 --heads 1 --method " + huge,
+                                  "run --n 8 --d 8 --heads 1 --causal " + huge,
+                                  "bench --n 8 --d 8 --heads 1 --methods exact.flash," + huge}) {
+    const test::CliResult r = test::cli(args);
+    EXPECT_EQ(r.rc == 0, false) << r.out.substr(0, 300);
+    EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << r.out.substr(0, 300);
+    EXPECT_LT(r.out.size(), 2000u) << r.out.substr(0, 300);
+    EXPECT_NE(r.out.find("characters]"), std::string::npos) << r.out.substr(0, 300);
+  }
+}
+
 TEST(CliEdges, LogitsBeyondFloat32EndInAnErrorNamingTheLse) {
   for (const char* m : {"exact.naive", "exact.flash", "exact.reference"}) {
     int rc = 0;

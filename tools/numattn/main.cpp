@@ -34,6 +34,25 @@ std::string flags_in(const std::string& detail) {
   }
   return out + detail.substr(pos);
 }
+// Errors quote what the user gave; a 100k-character argument would be printed whole (and
+// more than once). Any run of more than kLongRun non-blank characters is cut to its ends.
+std::string elide_long_runs(const std::string& msg) {
+  constexpr std::size_t kLongRun = 256, kHead = 96, kTail = 32;
+  std::string out;
+  std::size_t i = 0;
+  while (i < msg.size()) {
+    std::size_t j = i;
+    while (j < msg.size() && msg[j] != ' ' && msg[j] != '\n' && msg[j] != '\t') ++j;
+    if (j - i > kLongRun)
+      out += msg.substr(i, kHead) + "…[" + std::to_string(j - i - kHead - kTail) + " characters]…" +
+             msg.substr(j - kTail, kTail);
+    else
+      out.append(msg, i, j - i);
+    if (j < msg.size()) out += msg[j];
+    i = j + 1;
+  }
+  return out;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,14 +67,14 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "error: %s\nRun with --help for more information.\n", e.what());
+    std::fprintf(stderr, "error: %s\nRun with --help for more information.\n", elide_long_runs(e.what()).c_str());
     return e.get_exit_code();
   } catch (const numattn::OptionError& e) {
     std::fprintf(stderr, "error: %s: %s\n", flag_name(e.option()).c_str(),
-                 flags_in(e.detail()).c_str());
+                 elide_long_runs(flags_in(e.detail())).c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", elide_long_runs(e.what()).c_str());
     return 1;
   }
   return 0;
