@@ -131,6 +131,17 @@ Matrix CollabHeads::head(std::int64_t h) const {
 
 namespace {
 
+// What a decomposition object (CpAls, SharedFactor, Tucker) says of its run, copied into a
+// compression result; bad input (not a numerical outcome) is an error.
+template <class Result, class Decomposition>
+void take_outcome(Result& out, const Decomposition& d, const char* what) {
+  NUMATTN_CHECK(d.info() != decomp::dense::Info::kInvalidInput, "{}: {}", what, d.message());
+  out.info = d.info();
+  out.message = d.message();
+  out.iterations = d.iterations();
+  out.fit = d.fit();
+}
+
 /// Orthonormal basis (thin QR) of the columns of `a` when it has fewer columns than rows, else
 /// an empty matrix (no projection).
 Matrix span_basis(const Matrix& a) {
@@ -195,11 +206,7 @@ CollabHeads collaborative_heads(std::span<const Matrix> left, std::span<const Ma
       .set_init(decomp::CpInit::kHosvd)
       .set_line_search(true)
       .compute(t);
-  NUMATTN_CHECK(cp.info() != decomp::dense::Info::kInvalidInput, "collaborative heads: {}", cp.message());
-  out.info = cp.info();
-  out.message = cp.message();
-  out.iterations = cp.iterations();
-  out.fit = cp.fit();
+  take_outcome(out, cp, "collaborative heads");
   const Matrix& b = cp.factor(1);
   const Matrix& c = cp.factor(2);
   out.left = ql.size() ? decomp::matmul(ql, b) : b;
@@ -225,15 +232,10 @@ StackCompression compress_stack(std::span<const Matrix> mats, const StackOptions
   StackCompression out;
   out.params_before = S * rows * cols;
   const std::int64_t r1 = opt.rank_rows, r2 = opt.rank_cols;
-  decomp::Tensor3 rec;
   if (opt.stack_rank == 0 || opt.stack_rank == S) {
     decomp::SharedFactor sf;
     sf.set_ranks(r1, r2).set_max_iterations(opt.max_iterations).set_tolerance(opt.tolerance).compute(x);
-    NUMATTN_CHECK(sf.info() != decomp::dense::Info::kInvalidInput, "stacked compression: {}", sf.message());
-    out.info = sf.info();
-    out.message = sf.message();
-    out.iterations = sf.iterations();
-    out.fit = sf.fit();
+    take_outcome(out, sf, "stacked compression");
     out.params_after = sf.parameters();
     for (std::int64_t s = 0; s < S; ++s) out.approx.push_back(sf.reconstruct(s));
   } else {
@@ -243,11 +245,7 @@ StackCompression compress_stack(std::span<const Matrix> mats, const StackOptions
         .set_max_iterations(opt.max_iterations)
         .set_tolerance(opt.tolerance)
         .compute(x);
-    NUMATTN_CHECK(tk.info() != decomp::dense::Info::kInvalidInput, "stacked compression: {}", tk.message());
-    out.info = tk.info();
-    out.message = tk.message();
-    out.iterations = tk.iterations();
-    out.fit = tk.fit();
+    take_outcome(out, tk, "stacked compression");
     out.params_after = tk.parameters();
     const decomp::Tensor3 r = tk.reconstruct();
     for (std::int64_t s = 0; s < S; ++s) out.approx.push_back(r.slice(s));
