@@ -32,14 +32,8 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
     // Weights held in place are dequantized for the transform only (one layer at a time); what
     // it writes (W_o', the BD value projection) is float32, the rest stays in place.
     std::vector<float> qkv_f, wo_f;
-    if (!L.wqkv_q.empty()) {
-      qkv_f.resize(static_cast<std::size_t>(L.wqkv_q.rows() * E));
-      L.wqkv_q.dequantize_rows(0, L.wqkv_q.rows(), qkv_f.data());
-    }
-    if (!L.wo_q.empty()) {
-      wo_f.resize(static_cast<std::size_t>(L.wo_q.rows() * L.wo_q.cols));
-      L.wo_q.dequantize_rows(0, L.wo_q.rows(), wo_f.data());
-    }
+    if (!L.wqkv_q.empty()) qkv_f = L.wqkv_q.dequantize();
+    if (!L.wo_q.empty()) wo_f = L.wo_q.dequantize();
     transform::AttentionLayerWeights aw;
     aw.d_model = E;
     aw.heads = Hq;
@@ -216,12 +210,7 @@ ModelBdaReport apply_bda_mla(LlamaModel& model, const transform::BdaOptions& opt
     if (transform::has_vo(opt.pairs)) {
       // W_o in float32 (dequantized when held in place); the rewritten W_o' replaces it.
       std::vector<float>& wo = new_wo[l];
-      if (!Ly.wo_q.empty()) {
-        wo.resize(static_cast<std::size_t>(Ly.wo_q.rows() * Ly.wo_q.cols));
-        Ly.wo_q.dequantize_rows(0, Ly.wo_q.rows(), wo.data());
-      } else {
-        wo = Ly.wo;
-      }
+      wo = Ly.wo_q.empty() ? Ly.wo : Ly.wo_q.dequantize();
       rep.macs_saved_per_token += mla_bda_vo(M, N, wo, E, opt, what, lr);
     }
     rep.up_macs_before += M.n_head * (M.d_nope + M.d_v) * M.rank;

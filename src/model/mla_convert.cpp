@@ -75,8 +75,7 @@ MlaModelReport convert_model_to_mla(LlamaModel& model,
     std::vector<float> f;
     const float* p = L.wqkv.data();
     if (!L.wqkv_q.empty()) {
-      f.resize(static_cast<std::size_t>(L.wqkv_q.rows() * E));
-      L.wqkv_q.dequantize_rows(0, L.wqkv_q.rows(), f.data());
+      f = L.wqkv_q.dequantize();
       p = f.data();
     }
     const std::vector<double> wq(p, p + Hq * D * E), wk(p + Hq * D * E, p + (Hq + Hkv) * D * E),

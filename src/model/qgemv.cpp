@@ -190,6 +190,12 @@ std::uint64_t QuantMatrix::bytes() const {
   return b;
 }
 
+std::vector<float> QuantMatrix::dequantize() const {
+  std::vector<float> out(static_cast<std::size_t>(rows() * cols));
+  dequantize_rows(0, rows(), out.data());
+  return out;
+}
+
 void QuantMatrix::dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst) const {
   NUMATTN_CHECK(r0 >= 0 && r0 <= r1 && r1 <= rows(), "rows [{}, {}) outside a matrix of {} rows",
                 r0, r1, rows());

@@ -38,10 +38,7 @@ void store_rows(const Matrix& m, float* dst, std::int64_t ld) {
 }
 
 std::vector<float> dense_copy(const std::vector<float>& f, const QuantMatrix& q) {
-  if (q.empty()) return f;
-  std::vector<float> out(static_cast<std::size_t>(q.rows() * q.cols));
-  q.dequantize_rows(0, q.rows(), out.data());
-  return out;
+  return q.empty() ? f : q.dequantize();
 }
 
 void finish_report(TensorModelReport& rep) {

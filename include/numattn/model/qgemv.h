@@ -72,6 +72,8 @@ struct QuantMatrix {
   std::uint64_t bytes() const;
   /// Dequantizes rows [r0, r1) into `dst` ((r1 − r0)·cols floats, row-major).
   void dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst) const;
+  /// Every row dequantized: rows()·cols floats, row-major (a transform's float32 copy).
+  std::vector<float> dequantize() const;
   /// The first `r` rows (0 <= r <= rows()), same bytes: parts past them dropped, the last one
   /// shortened (rows are independent, so any row is a valid boundary).
   QuantMatrix first_rows(std::int64_t r) const;
