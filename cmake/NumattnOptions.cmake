@@ -21,6 +21,17 @@ set(NUMATTN_SANITIZE "" CACHE STRING "Sanitizers to enable, e.g. address;undefin
 option(NUMATTN_FUZZ "Build libFuzzer targets in fuzz/ (needs clang: CXX=clang++)" OFF)
 # ccache, when installed, for every C++ compile (rebuilds of worktrees and sanitizer trees hit the
 # same cache with CCACHE_BASEDIR set); a launcher given on the command line wins.
+# Unity builds of the CLI and the test programs (batches of their .cpp files compiled as one):
+# their files each instantiate the same CLI11 / GoogleTest / nlohmann-json templates, so a
+# clean build compiles about a third as much; scripts/test.sh (CI) turns it on. The library is
+# never unity-built (per-file target pragmas, file-local helpers of the same name). Off by
+# default: an edit recompiles a whole batch, and a file's missing #include can hide in a batch.
+option(NUMATTN_UNITY "Unity-build the CLI and the test programs (clean builds: CI)" OFF)
+function(numattn_unity target batch)
+  if(NUMATTN_UNITY)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${batch})
+  endif()
+endfunction()
 option(NUMATTN_CCACHE "Compile through ccache when it is installed" ON)
 if(NUMATTN_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
   find_program(NUMATTN_CCACHE_PROGRAM ccache)

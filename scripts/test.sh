@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/fetch_data.sh || echo "test: scripts/fetch_data.sh failed; tests that need the "\
   "default model/text will skip" >&2
-scripts/build.sh
+# NUMATTN_UNITY: the CLI and the tests compile in batches (a clean build of them costs a third;
+# cmake/NumattnOptions.cmake). Both passes build from scratch on CI.
+scripts/build.sh -DNUMATTN_UNITY=ON
 # Includes the pytest suite (python_pytest, when scripts/setup.sh's .venv has nanobind) and the
 # CMake package test (install_find_package); the sanitizer pass builds neither.
 ctest --test-dir build --output-on-failure -j 2
@@ -16,7 +18,7 @@ if [ "${NUMATTN_SKIP_SANITIZERS:-0}" != 1 ]; then
   BUILD_DIR=build-asan scripts/build.sh -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
     -DNUMATTN_SANITIZE="address;undefined" -DNUMATTN_BUILD_BENCHMARKS=OFF \
-    -DNUMATTN_BUILD_PYTHON=OFF
+    -DNUMATTN_BUILD_PYTHON=OFF -DNUMATTN_UNITY=ON
   # report.browser (a whole quick report, then headless Chromium on it: ~4 min under ASan) ran in
   # the Release pass; the report's own code runs under the sanitizers in the ReportCli tests.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 NUMATTN_TEST_QUICK=1 \

@@ -22,6 +22,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 bool quick() { return std::getenv("NUMATTN_TEST_QUICK") != nullptr; }
 
@@ -309,5 +310,6 @@ TEST(AutoSelect, InAModelEveryLayerHasItsOwnInstanceAndToleranceZeroIsExact) {
   for (std::size_t v = 0; v < la.size(); ++v) ASSERT_EQ(la[v], le[v]) << v;
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

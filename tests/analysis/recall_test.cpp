@@ -13,6 +13,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 ProblemConfig config(Causal causal, index_t n, index_t nk) {
   ProblemConfig c;
@@ -72,5 +73,6 @@ TEST(TopkRecall, RefusesBadArguments) {
   EXPECT_THROW(topk_recall(*create_method("exact.flash"), big.problem(), 4, 2, 1, ExecContext{1}), Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

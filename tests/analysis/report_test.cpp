@@ -11,6 +11,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 std::string print(const std::vector<Row>& rows, Format f, bool single = false) {
   std::ostringstream os;
@@ -44,5 +45,6 @@ TEST(Report, NonFiniteNumbersAreMissingValuesInEveryFormat) {
   EXPECT_EQ(cell_text(Row(inf)), cell_text(Row()));
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -8,6 +8,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 TEST(Report, InvalidUtf8NeverAbortsAnyFormat) {
   Row r;
@@ -29,5 +30,6 @@ TEST(Report, InvalidUtf8NeverAbortsAnyFormat) {
             "b\"");
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -14,6 +14,7 @@
 
 namespace numattn::analysis {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 // Tolerances (docs/numerics.md, "Analysis"): float64 identities to 1e-12 relative; LAPACK's
 // singular values to 1e-12·σ₁; bounds vs methods run in float32 to 1e-5.
@@ -244,5 +245,6 @@ TEST(Predict, MeasuredErrorsRespectTheLowerBounds) {
   EXPECT_THROW(predict_head(q, k, v, 0.3, {"exact.flash"}, ExecContext{1}), Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::analysis

@@ -17,6 +17,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -335,5 +336,6 @@ TEST(ConformanceHarness, ParameterSetsReachEveryRangeEnd) {
   EXPECT_EQ(test::spec_with(*find_method("exact.flash"), {{"block_k", "7"}}), "exact.flash(block_k=7)");
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

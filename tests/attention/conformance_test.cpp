@@ -15,6 +15,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 std::vector<std::string> all_names() {
   std::vector<std::string> v;
@@ -210,5 +211,6 @@ TEST(Problem, KeyRangesFollowTheConventions) {
   EXPECT_EQ(p.key_range(1).end, 2);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -14,6 +14,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 bool quick() { return std::getenv("NUMATTN_TEST_QUICK") != nullptr; }
 
@@ -244,5 +245,6 @@ TEST(ExactFlash, ThreadCountChangesResultsOnlyWithinTolerance) {
     ASSERT_NEAR(a.out_data()[i], b.out_data()[i], 1e-6);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

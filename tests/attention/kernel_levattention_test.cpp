@@ -18,6 +18,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
@@ -171,5 +172,6 @@ TEST(LevAttention, RefusesMasksAndWindows) {
   EXPECT_FALSE(create_method("kernel.levattention")->can_run(prob.problem()).is_ok());
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -12,6 +12,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 double phi(bool relu, double u) { return relu ? std::max(u, 0.0) : (u > 0 ? u + 1 : std::exp(u)); }
 
@@ -72,5 +73,6 @@ TEST(KernelLinear, ReluRowWithNoWeightIsZero) {
   EXPECT_NE(prob.problem().out(0, 0, 1, 0), 0.f);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

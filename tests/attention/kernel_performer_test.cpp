@@ -18,6 +18,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using test::base_seed;
 
@@ -115,11 +116,13 @@ TEST(KernelPerformer, MatchesDenseTranscription) {
     }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 /// Mean over draws of φ(q)·φ(k) for the float64 features of each kernel, against exp(q·k).
 TEST(KernelPerformer, FeatureEstimatesAreUnbiased) {
@@ -159,11 +162,13 @@ TEST(KernelPerformer, FeatureEstimatesAreUnbiased) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 /// rel_fro_error of `spec` against softmax on a problem where the PRF variance is moderate
 /// (scale 0.05, D = 16: ‖√s·q‖² ≈ ‖√s·k‖² ≈ 0.8; with unit-variance entries and the default scale
@@ -222,5 +227,6 @@ TEST(KernelPerformer, InfiniteFeaturesIsSoftmax) {
   EXPECT_LT(median_error("kernel.performer(features=0)", 1), 1e-5);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

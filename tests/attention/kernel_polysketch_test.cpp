@@ -17,6 +17,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 ProblemConfig config(index_t hq, index_t hk, index_t n, index_t nk, index_t d, Causal c, std::uint64_t seed) {
   return test::method_problem(hq, hk, n, nk, d, d, c, seed);
@@ -101,5 +102,6 @@ TEST(KernelPolySketch, ErrorFallsAsTheSketchGrows) {
   EXPECT_LT(med[2], med[1]);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -17,6 +17,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 ProblemConfig config(index_t hq, index_t hk, index_t n, index_t nk, index_t d, Causal c, std::uint64_t seed) {
   return test::method_problem(hq, hk, n, nk, d, d, c, seed);
@@ -95,5 +96,6 @@ TEST(KernelTensorSketch, ErrorFallsAsTheSketchGrows) {
   EXPECT_LT(med[2], 0.6 * med[1]);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

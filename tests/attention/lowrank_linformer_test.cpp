@@ -9,6 +9,7 @@
 
 namespace numattn::test {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 const LinformerAttention& as_linformer(const AttentionMethod& m) { return dynamic_cast<const LinformerAttention&>(m); }
 
@@ -122,5 +123,6 @@ TEST(LowrankLinformer, DeterministicAcrossThreadCounts) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::test

@@ -19,6 +19,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using Mat = Eigen::MatrixXd;
 
@@ -152,5 +153,6 @@ TEST(Loki, ErrorFallsAsTopkGrows) {
   for (std::size_t i = 1; i < med.size(); ++i) EXPECT_LT(med[i], med[i - 1]) << "step " << i;
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

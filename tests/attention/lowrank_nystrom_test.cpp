@@ -8,6 +8,7 @@
 
 namespace numattn::test {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 /// Segment means of the rows of x into m near-equal contiguous segments [⌊t·n/m⌋, ⌊(t+1)·n/m⌋).
 Mat segment_means(const Mat& x, Eigen::Index m) {
@@ -107,5 +108,6 @@ TEST(LowrankNystrom, DeterministicAcrossThreadCounts) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::test

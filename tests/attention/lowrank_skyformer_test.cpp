@@ -12,6 +12,7 @@
 
 namespace numattn::test {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 /// Gaussian kernel matrix exp(−‖x_i − y_j‖²/2) of the rows of x and y (already scaled by sqrt(s)).
 Mat gauss(const Mat& x, const Mat& y) {
@@ -162,5 +163,6 @@ TEST(LowrankSkyformer, Refusals) {
   EXPECT_NE(st.reason().find("1e+06"), std::string::npos) << st.reason();
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::test

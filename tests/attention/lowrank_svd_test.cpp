@@ -9,6 +9,7 @@
 
 namespace numattn::test {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 /// The masked softmax matrix of head (b, h): rows that see no key are 0 (problem.h).
 Mat softmax_matrix(const AttentionProblem& p, index_t b, index_t h) {
@@ -100,5 +101,6 @@ TEST(LowrankSvd, RefusesWhatDoesNotFitWithTheSize) {
   EXPECT_NE(s.reason().find("67240000 entries"), std::string::npos) << s.reason();
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::test

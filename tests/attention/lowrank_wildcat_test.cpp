@@ -19,6 +19,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using Mat = Eigen::MatrixXd;
 
@@ -156,5 +157,6 @@ TEST(Wildcat, RefusesCausalAndMasks) {
   EXPECT_FALSE(create_method("lowrank.wildcat")->can_run(prob.problem()).is_ok());
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -9,6 +9,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using namespace cluster_test;
 
@@ -107,5 +108,6 @@ TEST(Clustered, CentroidTopkHoldsMostOfEachQuerysTopK) {
   EXPECT_GT(recall, 0.2);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

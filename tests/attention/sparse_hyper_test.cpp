@@ -18,6 +18,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using test::median;
 using test::run_error;
@@ -214,5 +215,6 @@ TEST(SparseHyper, CausalNeverReadsFutureKeys) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -22,6 +22,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 ProblemConfig config(index_t h, index_t hk, index_t n, index_t nk, index_t d, std::uint64_t seed) {
   return test::method_problem(h, hk, n, nk, d, d / 2, Causal::kNone, seed, Dist::kGaussian, true);
@@ -297,5 +298,6 @@ TEST(Kdeformer, ResultDoesNotDependOnTheThreadCount) {
   EXPECT_EQ(one, prob.out_data());
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -12,6 +12,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using namespace cluster_test;
 
@@ -194,5 +195,6 @@ TEST(Multipole, CausalRowsNeverReadFutureKeys) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -17,6 +17,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using test::median;
 using test::run_error;
@@ -210,5 +211,6 @@ TEST(SparseReformer, CausalNeverReadsFutureKeys) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

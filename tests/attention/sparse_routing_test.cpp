@@ -13,6 +13,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using namespace cluster_test;
 
@@ -114,5 +115,6 @@ TEST(Routing, RefusesCausalProblemsWithTheReason) {
   EXPECT_NE(s.reason().find("causal"), std::string::npos) << s.reason();
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

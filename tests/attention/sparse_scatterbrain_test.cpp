@@ -18,6 +18,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using test::median;
 using test::run_error;
@@ -129,5 +130,6 @@ TEST(SparseScatterbrain, HugeLogitsStayFinite) {
   EXPECT_LT(e, 1.5);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

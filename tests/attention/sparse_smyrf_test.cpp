@@ -19,6 +19,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 ProblemConfig config(index_t h, index_t hk, index_t n, index_t nk, index_t d, std::uint64_t seed) {
   return test::method_problem(h, hk, n, nk, d, d - 3, Causal::kNone, seed, Dist::kGaussian, false);
@@ -295,5 +296,6 @@ TEST(Smyrf, ResultDoesNotDependOnTheThreadCount) {
   EXPECT_EQ(one, prob.out_data());
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -19,6 +19,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
@@ -181,5 +182,6 @@ TEST(SparseTopk, KvCacheDecodeEqualsPrefill) {
   EXPECT_GT(test::max_abs_diff(t.prefill, e.prefill), 1e-3);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

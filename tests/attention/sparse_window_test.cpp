@@ -19,6 +19,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
@@ -232,5 +233,6 @@ TEST(SparseWindow, KvCacheDecodeEqualsPrefillAndReadsOnlyTheVisibleSpan) {
   for (std::size_t v = 0; v < clean.size(); ++v) ASSERT_EQ(clean[v], poisoned[v]) << v;
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -7,6 +7,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 MethodInfo float_schema() {
   MethodInfo m;
@@ -30,5 +31,6 @@ TEST(SpecParser, FloatValuesAreBoundExactly) {
   EXPECT_THROW(bind_params(info, {{"x", "1"}}), Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

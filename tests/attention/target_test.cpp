@@ -14,6 +14,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using Kernel = std::function<double(const std::vector<double>& q, const std::vector<double>& k)>;
 
@@ -167,5 +168,6 @@ TEST(TargetRef, NamesAreCanonical) {
   EXPECT_EQ(Target::polynomial(4, 1).name(), "polynomial(p=4,c=1)");
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -16,6 +16,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 std::vector<float> randf(std::size_t n, std::uint64_t stream, float scale = 1.0f) {
   std::vector<float> x(n);
@@ -140,5 +141,6 @@ TEST(TensorForms, MultilinearContractionEqualsTheMaterialisedTensor) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

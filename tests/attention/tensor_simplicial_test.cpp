@@ -15,6 +15,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 struct Shape {
   const char* name;
@@ -170,5 +171,6 @@ TEST(TensorSimplicial, ReadsOnlyItsWindowsAndRefusesBadValuesInside) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

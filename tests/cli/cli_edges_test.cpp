@@ -14,6 +14,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 std::string cli() { return NUMATTN_CLI_PATH; }
 
@@ -147,5 +148,6 @@ TEST(CliEdges, ABenchRowThatFailsKeepsTheSweepAndHoldsNullNotStrings) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -13,6 +13,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using nlohmann::json;
 
@@ -149,5 +150,6 @@ TEST(Cli, NpyInterfaceMatchesAnIndependentComputation) {
     }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

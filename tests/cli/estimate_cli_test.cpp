@@ -8,6 +8,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using nlohmann::json;
 
@@ -91,5 +92,6 @@ TEST(EstimateCli, SmallValidationOfTheStatistic) {
   EXPECT_NE(out.find("coverage"), std::string::npos) << out;
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

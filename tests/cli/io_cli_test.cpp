@@ -19,6 +19,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 namespace fs = std::filesystem;
 
@@ -243,5 +244,6 @@ TEST(CliTokenize, PiecesAreEscapedInEveryFormat) {
       << out;
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -16,6 +16,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using Result = test::CliResult;
 using test::cli;
@@ -182,5 +183,6 @@ TEST(QkvCli, SweepGivesOneRowPerValue) {
   expect_cli_error("bench --method exact.flash --sweep block_q", {"error: --sweep: ", "PARAM=v1,v2"});
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

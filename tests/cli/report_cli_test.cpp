@@ -14,6 +14,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 std::string cli() { return NUMATTN_CLI_PATH; }
 
@@ -135,5 +136,6 @@ TEST(ReportCli, AFailingChildIsReportedWithItsCommandAndStderrAndFailsTheReport)
   EXPECT_FALSE(std::filesystem::exists(dir.file("r/data/.bench_gaussian.json.part")));
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

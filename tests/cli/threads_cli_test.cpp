@@ -8,6 +8,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 std::string cli() { return NUMATTN_CLI_PATH; }
 
@@ -41,5 +42,6 @@ TEST(CliThreads, HelpDoesNotRestartAndNamesTheRange) {
   EXPECT_EQ(out.find("restarting"), std::string::npos) << out;
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -15,6 +15,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 TEST(Rng, SameNumbersForAnyThreadCount) {
   std::vector<float> serial(10007);
@@ -133,5 +134,6 @@ TEST_F(NpyTest, RejectsBadFiles) {
   EXPECT_THROW(npy::read((dir / "missing.npy").string()), Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -15,6 +15,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 TEST(ExecContext, RejectsNegativeAndHugeThreadCounts) {
   EXPECT_THROW(ExecContext{-1}.num_threads(), Error);
@@ -105,5 +106,6 @@ TEST(Blas, RefusesSizesBeyondThirtyTwoBits) {
                Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

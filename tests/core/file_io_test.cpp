@@ -20,6 +20,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 namespace fs = std::filesystem;
 
@@ -228,5 +229,6 @@ TEST(InputFiles, DirectoriesAndMissingFilesAreNamed) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -15,6 +15,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using test::MemoryCap;
 
@@ -103,5 +104,6 @@ TEST(Memory, RandomProblemsAreCheckedAgainstAvailableMemory) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -15,6 +15,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 // A .npy file: magic, version, little-endian header length (2 bytes for 1.0, else 4), header.
 std::string npy_bytes(const std::string& header,
@@ -231,5 +232,6 @@ TEST_F(NpyReader, WriterRoundTripsScalarsAndRefusesNegativeShapes) {
   EXPECT_THROW(npy::write(scratch.file("n.npy"), {-1, 2}, &x), Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

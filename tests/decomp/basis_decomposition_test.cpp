@@ -13,6 +13,7 @@
 
 namespace numattn::decomp {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 MatrixXd randn(index_t rows, index_t cols, std::uint64_t seed, std::uint64_t stream) {
   std::vector<double> v(static_cast<std::size_t>(rows * cols));
@@ -230,5 +231,6 @@ TEST(BasisDecomposition, ReportsInvalidInputAndNumericalIssues) {
   EXPECT_THROW(parse_form("diag"), Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::decomp

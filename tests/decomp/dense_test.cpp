@@ -18,6 +18,7 @@
 
 namespace numattn::decomp::dense {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -393,5 +394,6 @@ TEST(DenseApi, NoOtherFileUsesEigenDecompositions) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::decomp::dense

@@ -16,6 +16,7 @@
 
 namespace numattn::decomp {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 /// `per` points around each of `centres` far-apart means (unit noise), rows interleaved.
 std::vector<float> blobs(index_t centres, index_t per, index_t d, double spread, std::uint64_t seed) {
@@ -165,5 +166,6 @@ TEST(KMeans, TopWMembersMatchASort) {
   EXPECT_EQ(static_cast<index_t>(top_w_members(s.data(), n, k, n + 3)[2].size()), n);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::decomp

@@ -15,6 +15,7 @@
 
 namespace numattn::decomp {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> random_rows(index_t n, index_t d,
                                                                                    std::uint64_t seed) {
@@ -99,5 +100,6 @@ TEST(LeverageScores, OnlineScoresMatchTheirDefinitionAndBoundTheOfflineOnes) {
   EXPECT_THROW(leverage_scores(bad.data(), 60, 6, 6), Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::decomp

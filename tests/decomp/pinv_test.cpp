@@ -13,6 +13,7 @@
 
 namespace numattn::decomp {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using Md = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Mf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -156,5 +157,6 @@ TEST(PinvSvd, IsMoorePenrose) {
   EXPECT_LT((z * c - (z * c).transpose()).norm(), 1e-12);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::decomp

@@ -11,6 +11,7 @@
 
 namespace numattn::decomp {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 double dot(const std::vector<double>& w, index_t d, index_t a, index_t b) {
   double s = 0;
@@ -60,5 +61,6 @@ TEST(RandomFeatures, ChiScaledRowsAreMarginallyStandardNormal) {
   EXPECT_NEAR(var, 1.0, 0.07);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::decomp

@@ -15,6 +15,7 @@
 
 namespace numattn::decomp {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 Eigen::MatrixXd random_matrix(index_t rows, index_t cols, std::uint64_t seed) {
   std::vector<double> x(static_cast<std::size_t>(rows * cols));
@@ -131,5 +132,6 @@ TEST(RpCholesky, RejectsBadInput) {
   EXPECT_THROW(rp_cholesky(2, diag, col, opt), Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::decomp

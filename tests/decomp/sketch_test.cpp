@@ -13,6 +13,7 @@
 
 namespace numattn::decomp {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 std::vector<double> vec(index_t d, std::uint64_t stream, double scale = 1) {
   std::vector<double> x(static_cast<std::size_t>(d));
@@ -132,5 +133,6 @@ TEST(Sketch, GaussianDegree2SketchIsUnbiased) {
   for (index_t b = 0; b < r; ++b) EXPECT_NEAR(out[static_cast<std::size_t>(b)], ref[static_cast<std::size_t>(b)], 1e-4 * (1 + std::abs(ref[static_cast<std::size_t>(b)])));
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::decomp

@@ -13,6 +13,7 @@
 
 namespace numattn::decomp {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using dense::Info;
 using dense::Matrix;
@@ -231,5 +232,6 @@ TEST(SharedFactor, RecoversMatricesWithSharedRowAndColumnSpaces) {
   EXPECT_GT(sf.fit(), 0.0);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::decomp

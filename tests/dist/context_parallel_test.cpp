@@ -16,6 +16,7 @@
 
 namespace numattn::dist {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 TEST(DistPartition, EveryRowOnceAndZigzagBalancesCausalWork) {
   for (Partition part : {Partition::kContiguous, Partition::kZigzag})
@@ -211,5 +212,6 @@ TEST(DistMethods, RegisteredAndRefusingWhatTheyCannotDo) {
             std::string::npos);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::dist

@@ -19,6 +19,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using Result = test::CliResult;
 using test::cli;
@@ -208,5 +209,6 @@ TEST(AnalyzeCli, BadRequestsAreRefusedByName) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("o")));
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

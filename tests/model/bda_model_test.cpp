@@ -14,6 +14,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 std::vector<std::int32_t> tokens(std::size_t n) {
   std::vector<std::int32_t> t(n);
@@ -138,5 +139,6 @@ TEST(ModelBda, CorruptBdaTensorsAreRejected) {
   EXPECT_THROW(LlamaModel::load(bad), Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

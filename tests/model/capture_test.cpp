@@ -20,6 +20,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using Result = test::CliResult;
 using test::cli;
@@ -295,5 +296,6 @@ TEST(CaptureCli, DefaultModelShapesAndRun) {
   EXPECT_LT(json::parse(run.out.substr(run.out.find('{')))["rel_fro_error"].get<double>(), 1e-5);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

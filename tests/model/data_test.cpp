@@ -13,6 +13,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 // Sets an environment variable for the scope of the object, restoring it afterwards.
 class ScopedEnv {
@@ -84,5 +85,6 @@ TEST(DefaultData, CachedTextLooksRight) {
   EXPECT_EQ(first, "SENSE AND SENSIBILITY");
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -20,6 +20,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 // ---- a raw little-endian byte builder for hand-made (often broken) files ----------------------
 
@@ -511,6 +512,7 @@ TEST(GgufDefaultModel, RewriteIsByteIdentical) {
   EXPECT_EQ(std::memcmp(bytes.data(), orig.data(), bytes.size()), 0);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn
 
@@ -518,6 +520,7 @@ TEST(GgufDefaultModel, RewriteIsByteIdentical) {
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 TEST(GgufInfoCli, JsonAndErrors) {
   GgufWriter w = writer_with_every_type();
@@ -553,5 +556,6 @@ TEST(GgufInfoCli, JsonAndErrors) {
   EXPECT_NE(out.find("corrupt GGUF"), std::string::npos) << out;
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

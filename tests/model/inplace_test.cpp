@@ -19,6 +19,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 bool quick() { return std::getenv("NUMATTN_TEST_QUICK") != nullptr; }
 
@@ -159,5 +160,6 @@ TEST(InPlace, DefaultModelLogProbsEqualFloat32Storage) {
   EXPECT_GT(inp.weight_bytes_per_token(), file->file_size() / 2);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -19,6 +19,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using test::make_tiny;
 using test::randn;
@@ -320,5 +321,6 @@ TEST(LlamaDefaultModel, GreedyGenerationIsCoherent) {
   EXPECT_NE(tok.decode(out).find("Paris"), std::string::npos) << tok.decode(out);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

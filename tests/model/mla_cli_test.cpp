@@ -17,6 +17,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using Result = test::CliResult;
 using test::cli;
@@ -99,5 +100,6 @@ TEST(MlaCli, ConvertedFileLoadsBackWithTheSamePerplexity) {
   std::remove(out.c_str());
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

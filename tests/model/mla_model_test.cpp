@@ -24,6 +24,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 struct MlaShape {
   std::int64_t E, H, r, dn, dr, dv;
@@ -593,5 +594,6 @@ TEST(MlaModel, GgufRoundTripAndHostileFiles) {
   expect_refused({{}, {}, {"blk.1.attn_kv_b.weight"}}, "attn_kv_b.weight");
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

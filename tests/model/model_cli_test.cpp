@@ -16,6 +16,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using Result = test::CliResult;
 using test::cli;
@@ -110,5 +111,6 @@ TEST(ModelCli, BenchModelRowsAndWeightsFlag) {
   expect_cli_error("bench-model --model " + q + " --ctx 250 --decode 10", {"error: --ctx: ", "256"});
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

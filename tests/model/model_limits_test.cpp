@@ -19,6 +19,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using test::GgufEdit;
 using test::MemoryCap;
@@ -263,5 +264,6 @@ TEST(ModelLimits, KvCacheAndForwardBuffersAreCheckedAgainstMemory) {
   EXPECT_NO_THROW(m.forward(toks, c, ExecContext{1}));
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

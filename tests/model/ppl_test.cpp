@@ -12,6 +12,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 // A small random model built in memory; `zero_output` makes every logit 0 (uniform softmax).
 LlamaModel small_model(bool zero_output) {
@@ -268,6 +269,7 @@ TEST(Generation, RequestsAreBoundedByTheTrainedContext) {
   EXPECT_EQ(generate_greedy(m, {1, 2, 3, 4}, 3, -1, ExecContext{1}).size(), 3u);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn
 
@@ -275,6 +277,7 @@ TEST(Generation, RequestsAreBoundedByTheTrainedContext) {
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 bool default_data_cached() {
   try {
@@ -323,5 +326,6 @@ TEST(PerplexityCli, TokenizeAndGenerate) {
   EXPECT_NE(nlohmann::json::parse(out)["text"].get<std::string>().find("Paris"), std::string::npos);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -16,6 +16,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 void put_half(std::uint8_t* p, float v) {
   const std::uint16_t h = fp32_to_fp16(v);
@@ -276,5 +277,6 @@ TEST(QGemv, PanelDequantizationEqualsDequantizeRow) {
     }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -11,6 +11,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 float bits_to_float(std::uint32_t u) {
   float f;
@@ -334,5 +335,6 @@ TEST(Dequant, TensorParallelEqualsSerial) {
   EXPECT_THROW(dequantize_rows(t, -1, 1, rows.data()), Error);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

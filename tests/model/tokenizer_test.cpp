@@ -13,6 +13,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 // A vocabulary small enough to reason about by hand: the 256 byte symbols, a few merges, and
 // two control tokens. Byte symbols use GPT-2's alphabet: ' ' is "Ġ" (U+0120), '\n' is "Ċ".
@@ -324,5 +325,6 @@ TEST(TokenizerDefaultModel, WholeDefaultTextMatchesHuggingFace) {
   EXPECT_EQ(t.decode(ids), text);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

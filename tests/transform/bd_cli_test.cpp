@@ -14,6 +14,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 std::string cli() { return std::string(NUMATTN_CLI_PATH); }
 
@@ -100,5 +101,6 @@ TEST(BdCli, StudyRuns) {
   EXPECT_LT(j[1]["out_err_bda"].get<double>(), j[0]["out_err_bda"].get<double>());
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

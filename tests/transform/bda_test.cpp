@@ -19,6 +19,7 @@
 
 namespace numattn::transform {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using decomp::BasisStrategy;
 using decomp::MatrixXd;
@@ -326,11 +327,13 @@ TEST(Bda, BitExactIntegerLayerInFloat32) {
   }
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::transform
 
 namespace numattn::transform {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 // The [out, in] layout (GGUF / PyTorch, what model/llama.h stores) gives the same rewrite.
 TEST(Bda, OutInLayoutMatchesInOut) {
@@ -362,11 +365,13 @@ TEST(Bda, OutInLayoutMatchesInOut) {
   EXPECT_EQ(a.qk.basis, b.qk.basis);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::transform
 
 namespace numattn::transform {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 // The default model's shape (SmolLM2-135M: d 576, 9 query heads, 3 KV heads, dh 64, full RoPE):
 // only "vo" is allowed, and it is accurate to the κ tolerance.
@@ -388,5 +393,6 @@ TEST(Bda, SmolLmShapeVoOnly) {
   EXPECT_NEAR(a.logit_err_bda, a.logit_err_plain, 1e-6);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::transform

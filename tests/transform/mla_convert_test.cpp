@@ -20,6 +20,7 @@
 
 namespace numattn::transform {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using Vec = std::vector<double>;
 
@@ -421,5 +422,6 @@ TEST(MlaConvert, RefusesBadOptionsByName) {
   EXPECT_NO_THROW(convert_layer_to_mla(L.hp, L.wq, L.wk, L.wv, MlaCalibration{}, opt));
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn::transform

@@ -22,6 +22,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using decomp::dense::Matrix;
 
@@ -338,5 +339,6 @@ TEST(TensorModel, CliFlags) {
   EXPECT_EQ(row.at("tensor_parts").size(), 2u);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

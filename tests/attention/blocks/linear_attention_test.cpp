@@ -16,6 +16,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using test::base_seed;
 
@@ -152,5 +153,6 @@ TEST(LinearAttentionBlock, NonFiniteValueReachesOnlyTheRowsThatSeeIt) {
     EXPECT_EQ(std::isnan(p.out(0, 0, i, 1)), i >= 21) << i;
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -18,6 +18,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 using namespace blocks;
 
@@ -209,5 +210,6 @@ TEST(LseMerge, EmptyAndNonFinitePartials) {
   EXPECT_FLOAT_EQ(out[1], 1.5f);
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

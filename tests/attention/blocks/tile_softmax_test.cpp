@@ -14,6 +14,7 @@
 
 namespace numattn {
 namespace {
+namespace NUMATTN_UNITY_ID {
 
 TEST(TileSoftmax, MatchesFloat64WithAdjustedLogits) {
   const index_t rows = 7, keys = 37, dk = 5, dv = 3, ldq = 9, ldk = 6, ldv = 4, ldo = 5;
@@ -69,5 +70,6 @@ TEST(TileSoftmax, MatchesFloat64WithAdjustedLogits) {
   EXPECT_TRUE(std::isfinite(o[1 * ldo]));
 }
 
+}  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn
