@@ -265,14 +265,22 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
     if (a < b) {
       const GgmlTypeInfo& ti = ggml_type_info(p.type);
       const qkern::DotFn fn = special(kt, p.type);
-      for (std::int64_t o = a; o < b; ++o) {
-        const std::uint8_t* row = p.data + (o - base) * p.row_bytes;
+      // Chunks of rows small enough to stay in L1/L2 while each of the n vectors reads them.
+      const std::int64_t chunk = n == 1 ? b - a : std::max<std::int64_t>(4, (16 << 10) / p.row_bytes / 4 * 4);
+      for (std::int64_t c0 = a; c0 < b; c0 += chunk) {
+        const std::int64_t c1 = std::min(b, c0 + chunk);
+        const std::uint8_t* rows = p.data + (c0 - base) * p.row_bytes;
         for (std::int64_t r = 0; r < n; ++r) {
           const float* xr = x + r * ldx;
-          const float s = fn ? fn(row, xr, nullptr, cols)
-                             : dot_generic(ti, p.type, row, xr, cols, kt.dot_f32);
-          float& out = y[r * ldy + o];
-          out = accumulate ? out + s : s;
+          float* yr = y + r * ldy + c0;
+          if (fn != nullptr) {
+            fn(rows, p.row_bytes, c1 - c0, xr, cols, yr, accumulate);
+            continue;
+          }
+          for (std::int64_t o = 0; o < c1 - c0; ++o) {
+            const float s = dot_generic(ti, p.type, rows + o * p.row_bytes, xr, cols, kt.dot_f32);
+            yr[o] = accumulate ? yr[o] + s : s;
+          }
         }
       }
     }
