@@ -327,9 +327,17 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
   // re-packs all n rows of x, so few, wide tiles are faster: measured on SmolLM2's FFN
   // (K = 576 and 1536), 256 KiB tiles ran prefill about 25% slower than the float32 path, 4 MiB
   // tiles (the whole 1536×576 matrix of a part) at its speed.
+  //
+  // A split product has at least one tile per thread, in equal shares: with tiles only as
+  // large as 4 MiB allowed, SmolLM2's Wq|Wk|Wv, Wo and W_down were one tile each and ran on one
+  // thread of two (prefill about 10% below the float32 path, which splits every product).
   constexpr std::int64_t kTileFloats = std::int64_t{1} << 20;
-  const std::int64_t tile_rows = std::clamp<std::int64_t>(kTileFloats / in / 16 * 16, 16, 4096);
-  const std::int64_t tiles = (out + tile_rows - 1) / tile_rows;
+  const std::int64_t cap_rows = std::clamp<std::int64_t>(kTileFloats / in / 16 * 16, 16, 4096);
+  const bool split = nt > 1 && out > 16 && n * in * out >= (std::int64_t{1} << 23);
+  std::int64_t tiles = (out + cap_rows - 1) / cap_rows;
+  if (split) tiles = (tiles + nt - 1) / nt * nt;
+  const std::int64_t tile_rows = ((out + tiles - 1) / tiles + 15) / 16 * 16;
+  tiles = (out + tile_rows - 1) / tile_rows;
   const float beta = accumulate ? 1.f : 0.f;
   auto run = [&](std::int64_t t0, std::int64_t t1) {
     thread_local std::vector<float> tile;
@@ -341,8 +349,7 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
                   beta, y + a, ldy);
     }
   };
-  const bool split = nt > 1 && tiles > 1 && n * in * out >= (std::int64_t{1} << 23);
-  if (!split) {
+  if (!split || tiles == 1) {
     run(0, tiles);
     return;
   }
