@@ -13,8 +13,8 @@
 // Why several rows at a time: one row of SmolLM2's matrices has only 18–48 blocks, and one
 // row's sum is a chain of dependent FMAs (4 cycles each), so a one-row kernel waits on FMA
 // latency and pays a horizontal sum every 576 values. Four rows share each load of x and keep
-// eight independent accumulators in flight; measured on the AVX2 machine of
-// docs/model-runner.md, decode ran 1.6× faster at one thread (Q4_1 + Q8_0).
+// eight independent accumulators in flight (docs/model-runner.md has the measurements: about
+// 1.2× one-thread decode on SmolLM2 Q4_1, with the prefetch below).
 #pragma once
 
 namespace numattn::qkern::simd {
