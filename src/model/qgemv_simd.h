@@ -1,7 +1,7 @@
 // Internal: the vector kernels of quant_gemv written once, instantiated per instruction set.
 //
-// qgemv_avx2.cpp and qgemv_avx512.cpp each define, after their target pragma and inside an
-// unnamed namespace, a lane traits struct V (8 or 16 float lanes) and include this file. Every
+// qgemv_avx2.cpp and qgemv_avx512.cpp each include this file after their target pragma and
+// define a lane traits struct V (8 or 16 float lanes) in an unnamed namespace. Every
 // instantiation takes that V, a type with internal linkage, so it has internal linkage too:
 // the linker can never hand an AVX-512 instantiation to a caller of the AVX2 table (see
 // qgemv_kernels.h). This file includes nothing; it relies on <cstdint> and on V:
@@ -21,7 +21,8 @@ namespace numattn::qkern::simd {
 
 // One encoding: kElems values in kBytes bytes per block, and `block(p, x, acc)` adding the
 // block's Σ w_j·x_j into acc[0] and acc[1] (two chains per row). Float encodings treat
-// 2·kLanes values as a block and finish a row's last cols % kElems values in `tail`.
+// 2·kLanes values as a block and finish a row's last cols % kElems values in scalar code
+// (their `value(row, j)`).
 
 // Q8_0: fp16 d, int8 q[32]; d·Σ q·x (d·q is exact in float32, so factoring d out of a block
 // only rescales the block's rounded sum).
