@@ -265,14 +265,22 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
     if (a < b) {
       const GgmlTypeInfo& ti = ggml_type_info(p.type);
       const qkern::DotFn fn = special(kt, p.type);
-      for (std::int64_t o = a; o < b; ++o) {
-        const std::uint8_t* row = p.data + (o - base) * p.row_bytes;
+      // Chunks of rows small enough to stay in L1/L2 while each of the n vectors reads them.
+      const std::int64_t chunk = n == 1 ? b - a : std::max<std::int64_t>(4, (16 << 10) / p.row_bytes / 4 * 4);
+      for (std::int64_t c0 = a; c0 < b; c0 += chunk) {
+        const std::int64_t c1 = std::min(b, c0 + chunk);
+        const std::uint8_t* rows = p.data + (c0 - base) * p.row_bytes;
         for (std::int64_t r = 0; r < n; ++r) {
           const float* xr = x + r * ldx;
-          const float s = fn ? fn(row, xr, nullptr, cols)
-                             : dot_generic(ti, p.type, row, xr, cols, kt.dot_f32);
-          float& out = y[r * ldy + o];
-          out = accumulate ? out + s : s;
+          float* yr = y + r * ldy + c0;
+          if (fn != nullptr) {
+            fn(rows, p.row_bytes, c1 - c0, xr, cols, yr, accumulate);
+            continue;
+          }
+          for (std::int64_t o = 0; o < c1 - c0; ++o) {
+            const float s = dot_generic(ti, p.type, rows + o * p.row_bytes, xr, cols, kt.dot_f32);
+            yr[o] = accumulate ? yr[o] + s : s;
+          }
         }
       }
     }
@@ -319,9 +327,17 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
   // re-packs all n rows of x, so few, wide tiles are faster: measured on SmolLM2's FFN
   // (K = 576 and 1536), 256 KiB tiles ran prefill about 25% slower than the float32 path, 4 MiB
   // tiles (the whole 1536×576 matrix of a part) at its speed.
+  //
+  // A split product has at least one tile per thread, in equal shares: with tiles only as
+  // large as 4 MiB allowed, SmolLM2's Wq|Wk|Wv, Wo and W_down were one tile each and ran on one
+  // thread of two (prefill about 10% below the float32 path, which splits every product).
   constexpr std::int64_t kTileFloats = std::int64_t{1} << 20;
-  const std::int64_t tile_rows = std::clamp<std::int64_t>(kTileFloats / in / 16 * 16, 16, 4096);
-  const std::int64_t tiles = (out + tile_rows - 1) / tile_rows;
+  const std::int64_t cap_rows = std::clamp<std::int64_t>(kTileFloats / in / 16 * 16, 16, 4096);
+  const bool split = nt > 1 && out > 16 && n * in * out >= (std::int64_t{1} << 23);
+  std::int64_t tiles = (out + cap_rows - 1) / cap_rows;
+  if (split) tiles = (tiles + nt - 1) / nt * nt;
+  const std::int64_t tile_rows = ((out + tiles - 1) / tiles + 15) / 16 * 16;
+  tiles = (out + tile_rows - 1) / tile_rows;
   const float beta = accumulate ? 1.f : 0.f;
   auto run = [&](std::int64_t t0, std::int64_t t1) {
     thread_local std::vector<float> tile;
@@ -333,8 +349,7 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
                   beta, y + a, ldy);
     }
   };
-  const bool split = nt > 1 && tiles > 1 && n * in * out >= (std::int64_t{1} << 23);
-  if (!split) {
+  if (!split || tiles == 1) {
     run(0, tiles);
     return;
   }

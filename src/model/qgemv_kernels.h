@@ -12,11 +12,10 @@
 
 namespace numattn::qkern {
 
-// Σ_j w_j·x_j over one row of `cols` elements in its block encoding. `xsum32` is reserved for
-// kernels that factor a block's offset out (Σ of x over each 32-block); none does today (see
-// dot_q4 for why), and callers pass nullptr.
-using DotFn = float (*)(const std::uint8_t* row, const float* x, const float* xsum32,
-                        std::int64_t cols);
+// out[i] = (out[i] if accumulate, else 0) + Σ_j w_ij·x_j for `rows` consecutive rows of
+// `row_bytes` bytes each, starting at `row`, every row `cols` elements in its block encoding.
+using DotFn = void (*)(const std::uint8_t* row, std::int64_t row_bytes, std::int64_t rows,
+                       const float* x, std::int64_t cols, float* out, bool accumulate);
 using DotF32Fn = float (*)(const float* a, const float* b, std::int64_t n);
 // Dequantizes `cols` values (whole blocks) of one row into dst, as dequantize_row does.
 using DeqFn = void (*)(const std::uint8_t* row, float* dst, std::int64_t cols);

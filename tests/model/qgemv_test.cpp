@@ -220,7 +220,9 @@ TEST(QGemv, StackedPartsAndQuantLinearBothRegimes) {
   EXPECT_EQ(head.rows(), 47);
   EXPECT_EQ(head.parts.size(), 2u);
   EXPECT_EQ(head.parts[1].rows, 2);
-  for (std::int64_t n : {1, 2, 4, 5, 37}) {
+  // n = 64 is large enough (n·cols·rows >= 2^23) for the dequantized-panel regime to split its
+  // tiles over two threads.
+  for (std::int64_t n : {1, 2, 4, 5, 37, 64}) {
     std::vector<float> x(static_cast<std::size_t>(n * cols));
     for (auto& v : x) v = nd(g);
     for (CpuPath path : available_cpu_paths())

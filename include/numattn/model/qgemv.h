@@ -21,8 +21,12 @@
 /// specialised kernel on a vector path use it too. `NUMATTN_CPU_PATH=portable|avx2|avx512` in
 /// the environment lowers the default path (tests, benchmarks); a path the CPU lacks is refused.
 ///
-/// Cost: one read of the selected weight bytes per call (each row is reused from L1 for the n
-/// vectors); about 2 flops per weight per vector.
+/// The vector paths share one kernel template (src/model/qgemv_simd.h) instantiated for 8 and
+/// 16 lanes: four rows per pass share each load of x and keep eight independent FMA chains,
+/// and each group of four prefetches the rows two groups ahead.
+///
+/// Cost: one read of the selected weight bytes per call (rows go in chunks of about 16 KiB,
+/// each reused from L1/L2 by the n vectors); about 2 flops per weight per vector.
 #pragma once
 
 #include <cstdint>
@@ -91,10 +95,11 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
 /// y = x·Wᵀ (+ y when accumulate) for x `[n, cols]` (leading dimension cols) and y `[n, rows]`
 /// (leading dimension ldy, 0 = rows). Few vectors (n <= kQuantGemvMaxBatch): quant_gemv, split
 /// over `ctx`'s threads by rows when the matrix has at least 8 MiB (NUMATTN_GEMV_SPLIT=<bytes>
-/// in the environment changes that; each split is a fork/join, costly on a busy machine). More: W is dequantized in panels of rows into a float32 tile
-/// of up to 4 MiB (one per thread, kept between calls) and each panel is one single-threaded
-/// sgemm against all n rows of x; the panels are split over the threads. Throws numattn::Error when
-/// the matrix is empty.
+/// in the environment changes that; each split is a fork/join, costly on a busy machine).
+/// More: W is dequantized in panels of rows into a float32 tile of up to 4 MiB (one per
+/// thread, kept between calls) and each panel is one single-threaded sgemm against all n rows
+/// of x; a product large enough to split has at least one equal panel per thread. Throws
+/// numattn::Error when the matrix is empty.
 void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, std::int64_t n,
                   float* y, bool accumulate, std::int64_t ldy = 0,
                   CpuPath path = default_cpu_path());

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Decode tokens/s of numattn against llama.cpp's llama-bench on the same GGUF file.
+
+Runs, interleaved and repeated, `numattn bench-model --ctx 0 --decode N` (one token of
+context, then N decoded one at a time: llama-bench's tg test) and `llama-bench -n N -p 0 -r 1`
+for each thread count, so both see the same machine load minute by minute; prints each pair,
+then the medians and their ratio, and numattn's same-run roofline fraction (bytes per token
+over the measured streaming-read bandwidth).
+
+It builds and downloads nothing: pass the llama-bench binary (docs/model-runner.md says how to
+build it from the llama-cpp-python source distribution).
+
+  scripts/bench_vs_llamacpp.py /tmp/llb/bin/llama-bench --threads 1,2 --reps 5
+"""
+import argparse
+import csv
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
+    return p.stdout
+
+
+def numattn_decode(args, threads):
+    out = run([args.numattn, "bench-model", "--model", args.model, "--ctx", "0", "--decode",
+               str(args.tokens), "--threads", str(threads), "--reps", "1", "--format", "csv"])
+    rows = list(csv.DictReader(io.StringIO(out)))
+    if not rows:
+        sys.exit(f"numattn bench-model printed no row:\n{out}")
+    r = rows[-1]
+    return float(r["decode_tokens_per_s"]), float(r["roofline_fraction"]), float(r["read_bandwidth_gbs"])
+
+
+def llama_decode(args, threads):
+    out = run([args.llama_bench, "-m", args.model, "-n", str(args.tokens), "-p", "0", "-t",
+               str(threads), "-r", "1", "-o", "json"])
+    rows = [r for r in json.loads(out) if r.get("n_gen", 0) > 0]
+    if not rows:
+        sys.exit(f"llama-bench printed no generation row:\n{out}")
+    return float(rows[0]["avg_ts"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("llama_bench", help="path of a built llama-bench binary")
+    ap.add_argument("--model", default=os.path.expanduser("~/.cache/numattn/SmolLM2-135M-Instruct.Q4_1.gguf"),
+                    help="GGUF file both run (default: numattn's default model)")
+    ap.add_argument("--numattn", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "numattn"),
+                    help="numattn CLI binary (default: build/bin/numattn)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default 64)")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
+    args = ap.parse_args()
+    for path, what in ((args.llama_bench, "llama-bench"), (args.numattn, "numattn"), (args.model, "model")):
+        if not os.path.exists(path):
+            sys.exit(f"{what} not found: {path}")
+    if args.reps < 1 or args.tokens < 1:
+        sys.exit("--reps and --tokens must be at least 1")
+    threads = [int(t) for t in args.threads.split(",") if t]
+    res = {t: {"numattn": [], "llama": [], "roof": [], "bw": []} for t in threads}
+    print(f"model {args.model}, {args.tokens} tokens decoded after 1, {args.reps} interleaved repetitions")
+    for rep in range(args.reps):
+        for t in threads:
+            # Alternate which one goes first so neither always follows the other.
+            order = ("numattn", "llama") if rep % 2 == 0 else ("llama", "numattn")
+            for who in order:
+                if who == "numattn":
+                    tps, roof, bw = numattn_decode(args, t)
+                    res[t]["numattn"].append(tps)
+                    res[t]["roof"].append(roof)
+                    res[t]["bw"].append(bw)
+                else:
+                    res[t]["llama"].append(llama_decode(args, t))
+            r = res[t]
+            print(f"rep {rep + 1} threads {t}: numattn {r['numattn'][-1]:.1f} tok/s, "
+                  f"llama.cpp {r['llama'][-1]:.1f} tok/s, roofline fraction {r['roof'][-1]:.3f}", flush=True)
+    print("\n| threads | numattn tok/s (median) | llama-bench tok/s (median) | ratio | roofline fraction (median) | read GB/s (median) |")
+    print("|---|---|---|---|---|---|")
+    for t in threads:
+        r = res[t]
+        a, b = statistics.median(r["numattn"]), statistics.median(r["llama"])
+        print(f"| {t} | {a:.1f} | {b:.1f} | {a / b:.2f} | {statistics.median(r['roof']):.3f} | "
+              f"{statistics.median(r['bw']):.1f} |")
+
+
+if __name__ == "__main__":
+    main()

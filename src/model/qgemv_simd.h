@@ -1,0 +1,238 @@
+// Internal: the vector kernels of quant_gemv written once, instantiated per instruction set.
+//
+// qgemv_avx2.cpp and qgemv_avx512.cpp each include this file after their target pragma and
+// define a lane traits struct V (8 or 16 float lanes) in an unnamed namespace. Every
+// instantiation takes that V, a type with internal linkage, so it has internal linkage too:
+// the linker can never hand an AVX-512 instantiation to a caller of the AVX2 table (see
+// qgemv_kernels.h). This file includes nothing; it relies on <cstdint> and on V:
+//   kLanes; F (float vector), I (int32 vector); zero(), load(const float*), store, add, mul,
+//   fmadd(a, b, c) = a·b + c, set1(float), hsum(F); cvt(I) -> F; u8(p) / s8(p): kLanes bytes
+//   zero- / sign-extended to int32 lanes; band(I, int), bor, srl<n>, sll<n>, isub(I, int);
+//   f16(p) / bf16(p): kLanes halves -> F; half(p): one fp16 -> float.
+//
+// Why several rows at a time: one row of SmolLM2's matrices has only 18–48 blocks, and one
+// row's sum is a chain of dependent FMAs (4 cycles each), so a one-row kernel waits on FMA
+// latency and pays a horizontal sum every 576 values. Four rows share each load of x and keep
+// eight independent accumulators in flight (docs/model-runner.md has the measurements: about
+// 1.2× one-thread decode on SmolLM2 Q4_1, with the prefetch below).
+#pragma once
+
+namespace numattn::qkern::simd {
+
+// One encoding: kElems values in kBytes bytes per block, and `block(p, x, acc)` adding the
+// block's Σ w_j·x_j into acc[0] and acc[1] (two chains per row). Float encodings treat
+// 2·kLanes values as a block and finish a row's last cols % kElems values in scalar code
+// (their `value(row, j)`).
+
+// Q8_0: fp16 d, int8 q[32]; d·Σ q·x (d·q is exact in float32, so factoring d out of a block
+// only rescales the block's rounded sum).
+template <class V>
+struct Q8_0 {
+  static constexpr std::int64_t kElems = 32, kBytes = 34;
+  static void block(const std::uint8_t* p, const float* x, typename V::F* acc) {
+    constexpr int kVec = 32 / V::kLanes;
+    typename V::F t[2] = {V::zero(), V::zero()};
+    for (int k = 0; k < kVec; ++k)
+      t[k & 1] = V::fmadd(V::cvt(V::s8(p + 2 + k * V::kLanes)), V::load(x + k * V::kLanes), t[k & 1]);
+    const typename V::F d = V::set1(V::half(p));
+    acc[0] = V::fmadd(d, t[0], acc[0]);
+    acc[1] = V::fmadd(d, t[1], acc[1]);
+  }
+};
+
+// Q4_0 (fp16 d, 16 bytes of nibbles: w = (q − 8)·d) and Q4_1 (fp16 d, fp16 m: w = q·d + m in
+// one FMA), low nibbles = elements 0..15, high = 16..31. Each value is rebuilt as
+// dequantize_row does and then multiplied by x. Factoring d and m out of the block
+// (d·Σqx + m·Σx) would save an operation but lets the two sums cancel, giving errors relative
+// to |m|·Σ|x| instead of Σ|w·x|.
+template <class V, bool kMin>
+struct Q4 {
+  static constexpr std::int64_t kElems = 32, kBytes = kMin ? 20 : 18;
+  static void block(const std::uint8_t* p, const float* x, typename V::F* acc) {
+    constexpr int kQs = kMin ? 4 : 2, kVec = 16 / V::kLanes;
+    const typename V::F d = V::set1(V::half(p));
+    const typename V::F m = V::set1(kMin ? V::half(p + 2) : 0.f);
+    for (int k = 0; k < kVec; ++k) {
+      const typename V::I v = V::u8(p + kQs + k * V::kLanes);
+      typename V::I lo = V::band(v, 15), hi = V::template srl<4>(v);
+      if constexpr (!kMin) {
+        lo = V::isub(lo, 8);
+        hi = V::isub(hi, 8);
+      }
+      const typename V::F wl = kMin ? V::fmadd(V::cvt(lo), d, m) : V::mul(V::cvt(lo), d);
+      const typename V::F wh = kMin ? V::fmadd(V::cvt(hi), d, m) : V::mul(V::cvt(hi), d);
+      acc[0] = V::fmadd(wl, V::load(x + k * V::kLanes), acc[0]);
+      acc[1] = V::fmadd(wh, V::load(x + 16 + k * V::kLanes), acc[1]);
+    }
+  }
+};
+
+// Q6_K: super-blocks of 256 (ql[128], qh[64], int8 scales[16], fp16 d). In each half of 128
+// values, element l (0..31) of the four 32-runs takes its low 4 bits from ql[l] / ql[l+32]
+// (low, low, high, high nibble) and its top 2 bits from qh[l] bits 0-1, 2-3, 4-5, 6-7; every
+// 16 values share one scale. Lanes are consecutive l (8 or 16 of them), so each vector has
+// one scale.
+template <class V>
+struct Q6_K {
+  static constexpr std::int64_t kElems = 256, kBytes = 210;
+  static void block(const std::uint8_t* p, const float* x, typename V::F* acc) {
+    const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192);
+    const float d = V::half(p + 208);
+    for (int h = 0; h < 2; ++h) {
+      const std::uint8_t* ql = p + 64 * h;
+      const std::uint8_t* qh = p + 128 + 32 * h;
+      const std::int8_t* s = sc + 8 * h;
+      const float* xh = x + 128 * h;
+      for (int l0 = 0; l0 < 32; l0 += V::kLanes) {
+        const typename V::I a = V::u8(ql + l0), e = V::u8(ql + 32 + l0), hb = V::u8(qh + l0);
+        const typename V::I q[4] = {
+            V::bor(V::band(a, 15), V::template sll<4>(V::band(hb, 3))),
+            V::bor(V::band(e, 15), V::template sll<4>(V::band(V::template srl<2>(hb), 3))),
+            V::bor(V::template srl<4>(a), V::template sll<4>(V::band(V::template srl<4>(hb), 3))),
+            V::bor(V::template srl<4>(e), V::template sll<4>(V::template srl<6>(hb)))};
+        for (int k = 0; k < 4; ++k) {
+          const typename V::F t = V::mul(V::cvt(V::isub(q[k], 32)), V::load(xh + 32 * k + l0));
+          acc[k & 1] = V::fmadd(V::set1(d * static_cast<float>(s[2 * k + l0 / 16])), t, acc[k & 1]);
+        }
+      }
+    }
+  }
+};
+
+// Float encodings: blocks of 2·kLanes values, the rest of the row in `tail`.
+template <class V>
+struct F32 {
+  static constexpr std::int64_t kElems = 2 * V::kLanes, kBytes = 4 * kElems;
+  static void block(const std::uint8_t* p, const float* x, typename V::F* acc) {
+    const auto* w = reinterpret_cast<const float*>(p);
+    acc[0] = V::fmadd(V::load(w), V::load(x), acc[0]);
+    acc[1] = V::fmadd(V::load(w + V::kLanes), V::load(x + V::kLanes), acc[1]);
+  }
+  static float value(const std::uint8_t* row, std::int64_t j) {
+    return reinterpret_cast<const float*>(row)[j];
+  }
+};
+
+template <class V>
+struct F16 {
+  static constexpr std::int64_t kElems = 2 * V::kLanes, kBytes = 2 * kElems;
+  static void block(const std::uint8_t* p, const float* x, typename V::F* acc) {
+    acc[0] = V::fmadd(V::f16(p), V::load(x), acc[0]);
+    acc[1] = V::fmadd(V::f16(p + 2 * V::kLanes), V::load(x + V::kLanes), acc[1]);
+  }
+  static float value(const std::uint8_t* row, std::int64_t j) { return V::half(row + 2 * j); }
+};
+
+template <class V>
+struct BF16 {
+  static constexpr std::int64_t kElems = 2 * V::kLanes, kBytes = 2 * kElems;
+  static void block(const std::uint8_t* p, const float* x, typename V::F* acc) {
+    acc[0] = V::fmadd(V::bf16(p), V::load(x), acc[0]);
+    acc[1] = V::fmadd(V::bf16(p + 2 * V::kLanes), V::load(x + V::kLanes), acc[1]);
+  }
+  static float value(const std::uint8_t* row, std::int64_t j) {
+    const std::uint32_t u = static_cast<std::uint32_t>(row[2 * j] | (row[2 * j + 1] << 8)) << 16;
+    float w;
+    __builtin_memcpy(&w, &u, 4);
+    return w;
+  }
+};
+
+template <class K>
+concept HasTail = requires(const std::uint8_t* r) { K::value(r, 0); };
+
+// kR rows (row, row + row_bytes, ...) times x: out[i] = (out[i] if accumulate) + Σ. While it
+// reads them, it prefetches the `pf_bytes` bytes at `pf` (the rows after them), spread over
+// its blocks: four rows are four interleaved streams, which the hardware prefetcher follows
+// worse than one (measured: the 30 MB Q8_0 output matrix read at half the one-row kernel's
+// speed without this).
+template <class V, class K, int kR>
+void rows_kernel(const std::uint8_t* row, std::int64_t row_bytes, const float* x, std::int64_t cols,
+                 float* out, bool accumulate, const std::uint8_t* pf = nullptr,
+                 std::int64_t pf_bytes = 0) {
+  typename V::F acc[kR][2];
+  for (auto& a : acc) a[0] = a[1] = V::zero();
+  const std::int64_t nb = cols / K::kElems;
+  const std::int64_t pf_step = nb > 0 ? (pf_bytes / nb + 63) / 64 * 64 : 0;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * K::kElems;
+    for (std::int64_t o = b * pf_step; o < (b + 1) * pf_step && o < pf_bytes; o += 64)
+      __builtin_prefetch(pf + o, 0, 0);
+    for (int r = 0; r < kR; ++r) K::block(row + r * row_bytes + b * K::kBytes, xb, acc[r]);
+  }
+  for (int r = 0; r < kR; ++r) {
+    float s = V::hsum(V::add(acc[r][0], acc[r][1]));
+    if constexpr (HasTail<K>) {
+      for (std::int64_t j = nb * K::kElems; j < cols; ++j) s += K::value(row + r * row_bytes, j) * x[j];
+    }
+    out[r] = accumulate ? out[r] + s : s;
+  }
+}
+
+// `rows` consecutive rows in groups of four (each prefetching the group kPfGroups ahead), the
+// rest one at a time.
+template <class V, class K>
+void rows_dot(const std::uint8_t* row, std::int64_t row_bytes, std::int64_t rows, const float* x,
+              std::int64_t cols, float* out, bool accumulate) {
+  constexpr std::int64_t kPfGroups = 2;
+  std::int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const std::int64_t left = rows - r - 4 * kPfGroups, ahead = left < 4 ? left : 4;
+    rows_kernel<V, K, 4>(row + r * row_bytes, row_bytes, x, cols, out + r, accumulate,
+                         ahead > 0 ? row + (r + 4 * kPfGroups) * row_bytes : nullptr,
+                         ahead > 0 ? ahead * row_bytes : 0);
+  }
+  for (; r < rows; ++r) rows_kernel<V, K, 1>(row + r * row_bytes, row_bytes, x, cols, out + r, accumulate);
+}
+
+// Σ a·b with two chains, the rest scalar (the generic kernel's dot product).
+template <class V>
+float dot_f32(const float* a, const float* b, std::int64_t n) {
+  float s = 0;
+  rows_kernel<V, F32<V>, 1>(reinterpret_cast<const std::uint8_t*>(a), 0, b, n, &s, false);
+  return s;
+}
+
+// Prefill panels: values as dequantize_row gives them (q·d + m in one rounding for Q4_1).
+template <class V>
+void deq_q8_0(const std::uint8_t* row, float* dst, std::int64_t cols) {
+  for (std::int64_t b = 0; b < cols / 32; ++b) {
+    const std::uint8_t* p = row + b * 34;
+    const typename V::F d = V::set1(V::half(p));
+    for (int k = 0; k < 32; k += V::kLanes) V::store(dst + 32 * b + k, V::mul(V::cvt(V::s8(p + 2 + k)), d));
+  }
+}
+
+template <class V>
+void deq_q4_1(const std::uint8_t* row, float* dst, std::int64_t cols) {
+  for (std::int64_t b = 0; b < cols / 32; ++b) {
+    const std::uint8_t* p = row + b * 20;
+    const typename V::F d = V::set1(V::half(p)), m = V::set1(V::half(p + 2));
+    for (int k = 0; k < 16; k += V::kLanes) {
+      const typename V::I v = V::u8(p + 4 + k);
+      V::store(dst + 32 * b + k, V::fmadd(V::cvt(V::band(v, 15)), d, m));
+      V::store(dst + 32 * b + 16 + k, V::fmadd(V::cvt(V::template srl<4>(v)), d, m));
+    }
+  }
+}
+
+// The table of one path.
+// constexpr: the getter outside the target pragma returns a constant-initialised table, so no
+// code compiled for the path runs before the CPU was checked.
+template <class V>
+constexpr KernelTable make_table() {
+  KernelTable t;
+  t.dot_f32 = dot_f32<V>;
+  t.f32 = rows_dot<V, F32<V>>;
+  t.f16 = rows_dot<V, F16<V>>;
+  t.bf16 = rows_dot<V, BF16<V>>;
+  t.q8_0 = rows_dot<V, Q8_0<V>>;
+  t.q4_0 = rows_dot<V, Q4<V, false>>;
+  t.q4_1 = rows_dot<V, Q4<V, true>>;
+  t.q6_k = rows_dot<V, Q6_K<V>>;
+  t.deq_q8_0 = deq_q8_0<V>;
+  t.deq_q4_1 = deq_q4_1<V>;
+  return t;
+}
+
+}  // namespace numattn::qkern::simd
