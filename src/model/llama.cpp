@@ -11,6 +11,7 @@
 #include "numattn/core/simd.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/mla_model.h"
+#include "numattn/model/tensor_convert.h"
 #include "numattn/model/quant.h"
 
 namespace numattn {
@@ -469,6 +470,10 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hkv = hp.n_head_kv;
   const bool mla = f.architecture() == "numattn-mla";
   const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
+  // A numattn-tensor file (model/tensor_convert.h): the kinds it rebuilds are left to it.
+  const bool tens = f.architecture() == "numattn-tensor";
+  const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
+  auto keep = [&](const char* kind) { return !tens || !tl.rebuilds(kind); };
   LlamaWeights w;
   auto q = [&](QuantMatrix& m, const std::string& name) { m.append(f.tensor(name)); };
   q(w.token_embd_q, "token_embd.weight");
@@ -483,7 +488,7 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
     if (mla) {
       // MLA projections are float32 arithmetic of their own (model/mla_model.h).
       L.mla = load_mla_layer(f, l, hp, md, ctx);
-    } else {
+    } else if (keep("attn_q")) {
       q(L.wqkv_q, p + "attn_q.weight");
       q(L.wqkv_q, p + "attn_k.weight");
       if (f.find_tensor(p + "attn_v_bd.coef")) {
@@ -493,24 +498,28 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
         q(L.wqkv_q, p + "attn_v.weight");
       }
     }
-    q(L.wo_q, p + "attn_output.weight");
-    q(L.w_gate_up_q, p + "ffn_gate.weight");
-    q(L.w_gate_up_q, p + "ffn_up.weight");
-    q(L.w_down_q, p + "ffn_down.weight");
+    if (keep("attn_output")) q(L.wo_q, p + "attn_output.weight");
+    if (keep("ffn_gate")) {
+      q(L.w_gate_up_q, p + "ffn_gate.weight");
+      q(L.w_gate_up_q, p + "ffn_up.weight");
+      q(L.w_down_q, p + "ffn_down.weight");
+    }
   }
-  w.file = std::move(file);
+  w.file = file;
+  if (tens) return finish_tensor_model(*file, hp, std::move(w), ctx);
   return LlamaModel(hp, std::move(w));
 }
 
 LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
   const std::string arch = f.architecture();
-  NUMATTN_CHECK(arch == "llama" || arch == "numattn-mla",
+  NUMATTN_CHECK(arch == "llama" || arch == "numattn-mla" || arch == "numattn-tensor",
                 "{}: architecture '{}' is not supported; the forward pass implements 'llama' (and "
-                "numattn's own 'numattn-mla', model/mla_convert.h)",
+                "numattn's own 'numattn-mla', model/mla_convert.h, and 'numattn-tensor', "
+                "model/tensor_convert.h)",
                 f.path(), arch);
-  // A numattn-mla file keeps the llama keys under its own prefix.
+  // numattn-mla and numattn-tensor files keep the llama keys under their own prefix.
   auto K = [&](const char* llama_key) {
-    return arch == "llama" ? std::string(llama_key) : "numattn-mla." + std::string(llama_key + 6);
+    return arch == "llama" ? std::string(llama_key) : arch + "." + std::string(llama_key + 6);
   };
   NUMATTN_CHECK(!f.has(K("llama.rope.scaling.type")) ||
                     f.get_string(K("llama.rope.scaling.type")) == "none",
@@ -553,9 +562,15 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
                   f.path(), toks->array_size(), V);
   // Each layer needs its own tensors: a cheap bound before looking for them one by one.
   const auto n_tensors = static_cast<std::int64_t>(f.tensors().size());
-  NUMATTN_CHECK(hp.n_layer <= (n_tensors - 2) / kTensorsPerLayer,
+  const bool tens = arch == "numattn-tensor";
+  // A numattn-tensor file keeps at least the two norms and three matrices of a layer.
+  const std::int64_t per_layer = tens ? 5 : kTensorsPerLayer;
+  NUMATTN_CHECK(hp.n_layer <= (n_tensors - 2) / per_layer,
                 "{}: {} = {}, but the file has only {} tensors ({} per layer are needed)", f.path(),
-                K(kKeyBlocks), hp.n_layer, n_tensors, kTensorsPerLayer);
+                K(kKeyBlocks), hp.n_layer, n_tensors, per_layer);
+  // Its own keys and factor tensors (validated there); the per-layer tensors it drops are not checked.
+  const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
+  auto stored = [&](const char* kind) { return !tens || !tl.drops(kind); };
 
   const bool mla = arch == "numattn-mla";
   const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
@@ -590,9 +605,9 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
       check_tensor(f, p + "ffn_down.weight", F, E, f_why);
       continue;
     }
-    check_tensor(f, p + "attn_q.weight", E, Hq * D, q_why);
-    check_tensor(f, p + "attn_k.weight", E, Hkv * D, kv_why);
-    if (f.find_tensor(p + "attn_v_bd.coef")) {
+    if (stored("attn_q")) check_tensor(f, p + "attn_q.weight", E, Hq * D, q_why);
+    if (stored("attn_k")) check_tensor(f, p + "attn_k.weight", E, Hkv * D, kv_why);
+    if (!tens && f.find_tensor(p + "attn_v_bd.coef")) {
       // A BDA file (model/bda_model.h); the values of perm/dense are checked by from_parts.
       NUMATTN_CHECK(E > D, "{}: BDA layer {} needs {} > head dim ({} <= {})", f.path(), l, K(kKeyEmbd), E, D);
       check_tensor(f, p + "attn_v_bd.coef", Hkv * D, E - D, kv_why + " (BD coefficients)");
@@ -603,13 +618,15 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
       NUMATTN_CHECK(nd <= Hkv, "{}: {}attn_v_bd.dense lists {} heads, but {} = {}", f.path(), p,
                     nd, K(kKeyHeadsKv), Hkv);
       if (nd > 0) check_tensor(f, p + "attn_v_bd.top", nd * D, D, kv_why + " (BD dense heads)");
-    } else {
+    } else if (stored("attn_v")) {
       check_tensor(f, p + "attn_v.weight", E, Hkv * D, kv_why);
     }
-    check_tensor(f, p + "attn_output.weight", Hq * D, E, q_why);
-    check_tensor(f, p + "ffn_gate.weight", E, F, f_why);
-    check_tensor(f, p + "ffn_up.weight", E, F, f_why);
-    check_tensor(f, p + "ffn_down.weight", F, E, f_why);
+    if (stored("attn_output")) check_tensor(f, p + "attn_output.weight", Hq * D, E, q_why);
+    if (stored("ffn_gate")) {
+      check_tensor(f, p + "ffn_gate.weight", E, F, f_why);
+      check_tensor(f, p + "ffn_up.weight", E, F, f_why);
+      check_tensor(f, p + "ffn_down.weight", F, E, f_why);
+    }
   }
   return hp;
 }
@@ -625,6 +642,9 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
   const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff, Hq = hp.n_head, Hkv = hp.n_head_kv;
   const bool mla = f.architecture() == "numattn-mla";
   const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
+  const bool tens = f.architecture() == "numattn-tensor";
+  const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
+  auto keep = [&](const char* kind) { return !tens || !tl.rebuilds(kind); };
   load_tensor(f, "token_embd.weight", w.token_embd, hp.n_vocab * E, ctx);
   load_tensor(f, "output_norm.weight", w.output_norm, E, ctx);
   if (!tied) load_tensor(f, "output.weight", w.output, hp.n_vocab * E, ctx);
@@ -643,24 +663,29 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
       load_tensor(f, p + "ffn_down.weight", L.w_down, E * F, ctx);
       continue;
     }
-    // A BDA file (model/bda_model.h) stores the VO pair's fused projection instead of attn_v.
-    const bool bd = f.find_tensor(p + "attn_v_bd.coef") != nullptr;
-    L.wqkv.resize(static_cast<std::size_t>((bd ? Hq + Hkv : Hq + 2 * Hkv) * D * E));
-    float* q = L.wqkv.data();
-    float* k = q + Hq * D * E;
-    load_tensor(f, p + "attn_q.weight", q, Hq * D * E, ctx);
-    load_tensor(f, p + "attn_k.weight", k, Hkv * D * E, ctx);
-    if (bd) {
-      L.v_bd = load_v_bd(f, p, E, Hkv, D, ctx);
-    } else {
-      load_tensor(f, p + "attn_v.weight", k + Hkv * D * E, Hkv * D * E, ctx);
+    if (keep("attn_q")) {
+      // A BDA file (model/bda_model.h) stores the VO pair's fused projection instead of attn_v.
+      const bool bd = f.find_tensor(p + "attn_v_bd.coef") != nullptr;
+      L.wqkv.resize(static_cast<std::size_t>((bd ? Hq + Hkv : Hq + 2 * Hkv) * D * E));
+      float* q = L.wqkv.data();
+      float* k = q + Hq * D * E;
+      load_tensor(f, p + "attn_q.weight", q, Hq * D * E, ctx);
+      load_tensor(f, p + "attn_k.weight", k, Hkv * D * E, ctx);
+      if (bd) {
+        L.v_bd = load_v_bd(f, p, E, Hkv, D, ctx);
+      } else {
+        load_tensor(f, p + "attn_v.weight", k + Hkv * D * E, Hkv * D * E, ctx);
+      }
+      load_tensor(f, p + "attn_output.weight", L.wo, E * Hq * D, ctx);
     }
-    load_tensor(f, p + "attn_output.weight", L.wo, E * Hq * D, ctx);
-    L.w_gate_up.resize(static_cast<std::size_t>(2 * F * E));
-    load_tensor(f, p + "ffn_gate.weight", L.w_gate_up.data(), F * E, ctx);
-    load_tensor(f, p + "ffn_up.weight", L.w_gate_up.data() + F * E, F * E, ctx);
-    load_tensor(f, p + "ffn_down.weight", L.w_down, E * F, ctx);
+    if (keep("ffn_gate")) {
+      L.w_gate_up.resize(static_cast<std::size_t>(2 * F * E));
+      load_tensor(f, p + "ffn_gate.weight", L.w_gate_up.data(), F * E, ctx);
+      load_tensor(f, p + "ffn_up.weight", L.w_gate_up.data() + F * E, F * E, ctx);
+      load_tensor(f, p + "ffn_down.weight", L.w_down, E * F, ctx);
+    }
   }
+  if (tens) return finish_tensor_model(f, hp, std::move(w), ctx);
   return LlamaModel(hp, std::move(w));
 }
 

@@ -216,6 +216,36 @@ CollabHeads collaborative_heads(std::span<const Matrix> left, std::span<const Ma
   return out;
 }
 
+MlaLayerWeights collaborative_qk_mla(const MlaLayerWeights& w, std::int64_t E, const CollabOptions& opt,
+                                     CollabHeads* heads) {
+  using RowMajorD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const std::int64_t H = w.n_head, dn = w.d_nope, r = w.rank;
+  NUMATTN_CHECK(dn >= 1, "collaborative QK on MLA: the layer has no NoPE dimensions (d_nope = 0)");
+  NUMATTN_CHECK(H >= 1 && r >= 1 && E >= 1 && static_cast<std::int64_t>(w.w_q_nope.size()) == H * dn * E &&
+                    static_cast<std::int64_t>(w.w_uk.size()) == H * dn * r,
+                "collaborative QK on MLA: W_q_nope has {} values and W_uk {}, expected {}·{}·{} and {}·{}·{}",
+                w.w_q_nope.size(), w.w_uk.size(), H, dn, E, H, dn, r);
+  NUMATTN_CHECK(opt.rank <= H * dn, "collaborative QK on MLA: rank {} exceeds the block form's Hq·d_nope = {}·{} = {}",
+                opt.rank, H, dn, H * dn);
+  std::vector<Matrix> left, right;
+  for (std::int64_t h = 0; h < H; ++h) {
+    left.push_back(Eigen::Map<const RowMajorD>(w.w_q_nope.data() + h * dn * E, dn, E).transpose());
+    right.push_back(Eigen::Map<const RowMajorD>(w.w_uk.data() + h * dn * r, dn, r));
+  }
+  CollabHeads c = collaborative_heads(left, right, opt);
+  const std::int64_t R = c.rank();
+  MlaLayerWeights out = w;
+  out.d_nope = R;
+  out.w_q_nope.resize(static_cast<std::size_t>(H * R * E));
+  out.w_uk.resize(static_cast<std::size_t>(H * R * r));
+  for (std::int64_t h = 0; h < H; ++h) {
+    Eigen::Map<RowMajorD>(out.w_q_nope.data() + h * R * E, R, E) = c.mix.row(h).transpose().asDiagonal() * c.left.transpose();
+    Eigen::Map<RowMajorD>(out.w_uk.data() + h * R * r, R, r) = c.right.transpose();
+  }
+  if (heads) *heads = std::move(c);
+  return out;
+}
+
 StackCompression compress_stack(std::span<const Matrix> mats, const StackOptions& opt) {
   const auto S = static_cast<std::int64_t>(mats.size());
   NUMATTN_CHECK(S >= 1, "stacked compression: no matrices");
@@ -237,7 +267,12 @@ StackCompression compress_stack(std::span<const Matrix> mats, const StackOptions
     sf.set_ranks(r1, r2).set_max_iterations(opt.max_iterations).set_tolerance(opt.tolerance).compute(x);
     take_outcome(out, sf, "stacked compression");
     out.params_after = sf.parameters();
-    for (std::int64_t s = 0; s < S; ++s) out.approx.push_back(sf.reconstruct(s));
+    out.left = sf.left();
+    out.right = sf.right();
+    for (std::int64_t s = 0; s < S; ++s) {
+      out.approx.push_back(sf.reconstruct(s));
+      out.cores.push_back(sf.core(s));
+    }
   } else {
     decomp::Tucker tk;
     tk.set_ranks(opt.stack_rank, r1, r2)
@@ -247,6 +282,10 @@ StackCompression compress_stack(std::span<const Matrix> mats, const StackOptions
         .compute(x);
     take_outcome(out, tk, "stacked compression");
     out.params_after = tk.parameters();
+    out.coef = tk.factor(0);
+    out.left = tk.factor(1);
+    out.right = tk.factor(2);
+    for (std::int64_t k = 0; k < opt.stack_rank; ++k) out.cores.push_back(tk.core().slice(k));
     const decomp::Tensor3 r = tk.reconstruct();
     for (std::int64_t s = 0; s < S; ++s) out.approx.push_back(r.slice(s));
   }

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "numattn/decomp/dense.h"
+#include "numattn/model/mla.h"
 
 namespace numattn::transform {
 
@@ -111,6 +112,19 @@ struct CollabHeads {
 CollabHeads collaborative_heads(std::span<const decomp::dense::Matrix> left,
                                 std::span<const decomp::dense::Matrix> right, const CollabOptions& opt);
 
+/// Collaborative QK heads on the NoPE part of an MLA layer (model/mla.h): head h scores
+/// q_nope_h·k_nope_h = xnᵀ·T_h·c with T_h = W_q_nope[h]ᵀ·W_uk[h] (E × r, no RoPE on these
+/// dimensions, so the bilinear form is position-free and the CP rewrite is legal). With the CP
+/// T_h ≈ L'·diag(μ_h)·R'ᵀ (collaborative_heads with H groups of one head) the layer keeps its
+/// shape except d_nope → R: W_q_nope'[h] = diag(μ_h)·L'ᵀ (R × E) and every W_uk'[h] = R'ᵀ (R × r)
+/// (one shared key up-projection); the RoPE part, W_dkv, W_uv and the softmax scale are kept.
+/// `rank = 0`: the exact block form R = Hq·d_nope. `E` is the model width. Cost as
+/// collaborative_heads with n = E, m = r. Throws numattn::Error when d_nope = 0 (nothing to
+/// compress), the weights do not have their shapes, or rank > Hq·d_nope; `heads` receives the
+/// decomposition's report.
+MlaLayerWeights collaborative_qk_mla(const MlaLayerWeights& w, std::int64_t E, const CollabOptions& opt,
+                                     CollabHeads* heads = nullptr);
+
 struct StackOptions {
   std::int64_t rank_rows = 1, rank_cols = 1;  ///< R1 ∈ [1, rows], R2 ∈ [1, cols]
   std::int64_t stack_rank = 0;                 ///< 0 or S: shared factors; else ℓ ∈ [1, S)
@@ -120,6 +134,12 @@ struct StackOptions {
 
 struct StackCompression {
   std::vector<decomp::dense::Matrix> approx;  ///< the rebuilt W_s (rows × cols), one per slice
+  /// The factors: W_s ≈ left·C_s·rightᵀ with C_s = cores[s] (shared factors: `coef` empty, one
+  /// core per slice) or C_s = Σ_k coef(s, k)·cores[k] (Tucker: `coef` S × ℓ, ℓ cores).
+  decomp::dense::Matrix left;                ///< rows × R1, orthonormal columns (B)
+  decomp::dense::Matrix right;               ///< cols × R2, orthonormal columns (C)
+  std::vector<decomp::dense::Matrix> cores;  ///< R1 × R2 each (S of them, or ℓ)
+  decomp::dense::Matrix coef;                ///< S × ℓ (A), or empty
   double fit = 1;                              ///< over the whole stack
   std::vector<double> slice_fit;               ///< 1 − ‖W_s − Ŵ_s‖/‖W_s‖ per slice
   int iterations = 0;
