@@ -563,10 +563,21 @@ TEST(TensorFile, CliConvertThenPplEqualsPplTensor) {
                               &msg),
             1);
   EXPECT_NE(msg.find("error: --tensor: cannot be combined"), std::string::npos) << msg;
+  // ppl --mla-rank with qk-cp on the NoPE part: the block form keeps the MLA model's perplexity
+  // (the KL baseline); the GQA schemes are refused with --mla-rank.
+  const std::string mla = "ppl --ctx 64 --threads 2 --calib-tokens 128 --mla-rank 0 --model " + tm + " --text " + text +
+                          " --calib " + text;
+  const auto qk = cli_row(mla + " --tensor qk-cp:rank=0");
+  EXPECT_LE(std::abs(qk.at("ppl_rel_change").get<double>()), 1e-4) << qk.dump();
+  EXPECT_EQ(qk.at("mla_latent").get<std::int64_t>(), 24) << qk.dump();
+  const auto qk4 = cli_row(mla + " --tensor qk-cp:rank=4");
+  EXPECT_GT(std::abs(qk4.at("ppl_rel_change").get<double>()), 1e-4) << qk4.dump();
+  EXPECT_EQ(qk4.at("tensor_exec_head_dim").get<std::int64_t>(), 4) << qk4.dump();
+  test::expect_cli_error(mla + " --tensor vo-cp:rank=4", {"--tensor", "qk-cp"});
 }
 
 // Acceptance (issue 14 item 2): on the default model the written factors give the perplexity of
-// `ppl --tensor`. A cheap spec (rank 64, 3 sweeps) keeps this test short; docs/tensor.md has the
+// `ppl --tensor`. A cheap spec (rank 16, 1 sweep) keeps this test short; docs/tensor.md has the
 // rank-256 figure.
 TEST(TensorFile, DefaultModelFileGivesThePplTensorPerplexity) {
   if (std::getenv("NUMATTN_TEST_QUICK") != nullptr) GTEST_SKIP() << "quick pass";
@@ -577,9 +588,9 @@ TEST(TensorFile, DefaultModelFileGivesThePplTensorPerplexity) {
     GTEST_SKIP() << "default model not cached";
   }
   const std::string out = test::temp_path("tc_default.gguf");
-  const std::string spec = " --tensor vo-cp:rank=64,iters=3";
+  const std::string spec = " --tensor vo-cp:rank=16,iters=1";
   const auto conv = cli_row("convert --threads 2 --out " + out + spec);
-  const std::string ppl = "ppl --ctx 128 --chunks 2 --threads 2";
+  const std::string ppl = "ppl --ctx 64 --chunks 1 --threads 2";
   const auto direct = cli_row(ppl + spec);
   const auto file = cli_row(ppl + " --model " + out);
   EXPECT_EQ(direct.at("ppl").get<double>(), file.at("ppl").get<double>());
