@@ -24,7 +24,28 @@ const char* cp_prefix(transform::TensorScheme s) {
 std::string cp_name(transform::TensorScheme s, std::int64_t l, const char* part) {
   return "blk." + std::to_string(l) + "." + cp_prefix(s) + "." + part;
 }
-std::string stack_name(const std::string& kind, const char* part) { return "tucker." + kind + "." + part; }
+
+/// One Tucker stack of a file: its tensor name prefix and shapes.
+struct FileStack {
+  std::string prefix;  ///< "tucker.K." or "blk.ℓ.tucker_heads.K."
+  TensorStackKind kind;
+  std::int64_t r1, r2, bank;
+  bool shared;  ///< one core per slice (no coef tensor)
+};
+
+/// The stacks of a Tucker scheme, in TensorFactors::stacks order.
+std::vector<FileStack> file_stacks(const transform::TensorSpec& sp, const LlamaHParams& hp) {
+  const bool heads = sp.scheme == transform::TensorScheme::kTuckerHeads;
+  const std::vector<TensorStackKind> kinds = tensor_stack_kinds(sp.scheme, hp);
+  std::vector<FileStack> out;
+  for (std::int64_t l = 0; l < (heads ? hp.n_layer : 1); ++l)
+    for (const TensorStackKind& k : kinds) {
+      const bool shared = sp.layers == 0 || sp.layers >= k.slices;
+      out.push_back({heads ? "blk." + std::to_string(l) + ".tucker_heads." + k.name + "." : "tucker." + std::string(k.name) + ".",
+                     k, std::min(sp.rank, k.rows), std::min(sp.rank2, k.cols), shared ? k.slices : sp.layers, shared});
+    }
+  return out;
+}
 
 /// The shape (GGUF ne order) of every factor tensor of a file of this layout, in writing order.
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> factor_shapes(const TensorFileLayout& lay,
@@ -40,15 +61,11 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> factor_shapes(con
     }
     return out;
   }
-  const std::int64_t L = hp.n_layer;
-  const bool shared = sp.layers == 0 || sp.layers == L;
-  for (const TensorStackKind& k : tensor_stack_kinds(sp.scheme, hp)) {
-    const std::int64_t r1 = std::min(sp.rank, k.rows), r2 = std::min(sp.rank2, k.cols);
-    const std::int64_t bank = shared ? L : sp.layers;
-    out.push_back({stack_name(k.name, "left"), {r1, k.rows}});
-    out.push_back({stack_name(k.name, "right"), {r2, k.cols}});
-    out.push_back({stack_name(k.name, "cores"), {r2, r1, bank}});
-    if (!shared) out.push_back({stack_name(k.name, "coef"), {bank, L}});
+  for (const FileStack& st : file_stacks(sp, hp)) {
+    out.push_back({st.prefix + "left", {st.r1, st.kind.rows}});
+    out.push_back({st.prefix + "right", {st.r2, st.kind.cols}});
+    out.push_back({st.prefix + "cores", {st.r2, st.r1, st.bank}});
+    if (!st.shared) out.push_back({st.prefix + "coef", {st.bank, st.kind.slices}});
   }
   return out;
 }
@@ -89,10 +106,10 @@ TensorFileLayout read_tensor_file_layout(const GgufFile& f, const LlamaHParams& 
   transform::TensorSpec& sp = lay.spec_only.spec;
   const std::string scheme = f.get_string(key("scheme"));
   bool known = false;
-  for (auto s : {transform::TensorScheme::kVoCp, transform::TensorScheme::kQkCp,
-                 transform::TensorScheme::kTuckerQkvo, transform::TensorScheme::kTuckerFfn})
+  for (auto s : {transform::TensorScheme::kVoCp, transform::TensorScheme::kQkCp, transform::TensorScheme::kTuckerQkvo,
+                 transform::TensorScheme::kTuckerFfn, transform::TensorScheme::kTuckerHeads})
     if (scheme == transform::to_string(s)) sp.scheme = s, known = true;
-  NUMATTN_CHECK(known, "{}: {} = '{}' is not one of vo-cp, qk-cp, tucker-qkvo, tucker-ffn", f.path(), key("scheme"),
+  NUMATTN_CHECK(known, "{}: {} = '{}' is not one of vo-cp, qk-cp, tucker-qkvo, tucker-ffn, tucker-heads", f.path(), key("scheme"),
                 scheme);
   auto ranged = [&](const char* k, std::int64_t lo, std::int64_t hi, const std::string& why) {
     const std::int64_t v = f.get_int(key(k));
@@ -107,12 +124,16 @@ TensorFileLayout read_tensor_file_layout(const GgufFile& f, const LlamaHParams& 
                   "{}: {} = qk-cp, but the model applies RoPE to {} Q/K dimensions per head (qk-cp needs "
                   "position-free Q/K)", f.path(), key("scheme"), hp.n_rot);
   } else {
-    const std::int64_t maxdim = sp.scheme == transform::TensorScheme::kTuckerQkvo ? std::max({Hq * D, Hkv * D, E})
-                                                                                 : std::max(F, E);
+    const std::int64_t maxdim = sp.scheme == transform::TensorScheme::kTuckerQkvo    ? std::max({Hq * D, Hkv * D, E})
+                                : sp.scheme == transform::TensorScheme::kTuckerHeads ? std::max(E, D)
+                                                                                     : std::max(F, E);
     const std::string why = fmt::format("a Tucker rank, at most the largest matrix dimension {}", maxdim);
     sp.rank = ranged("rank", 1, maxdim, why);
     sp.rank2 = ranged("rank2", 1, maxdim, why);
-    sp.layers = ranged("layers", 0, hp.n_layer, fmt::format("the stack rank, 0 = shared, at most {} layers", hp.n_layer));
+    const bool heads = sp.scheme == transform::TensorScheme::kTuckerHeads;
+    sp.layers = ranged("layers", 0, heads ? hp.n_head : hp.n_layer,
+                       heads ? fmt::format("the head-mode rank, 0 = one core per head, at most {} heads", hp.n_head)
+                             : fmt::format("the stack rank, 0 = shared, at most {} layers", hp.n_layer));
   }
   const std::string why = fmt::format("{} = {}, {} = {}, E = {}, Hq = {}, {} layers", key("scheme"), scheme, key("rank"),
                                       sp.rank, E, Hq, hp.n_layer);
@@ -140,19 +161,18 @@ LlamaModel finish_tensor_model(const GgufFile& f, const LlamaHParams& hp, LlamaW
                         read_f32(f, cp_name(fac.spec.scheme, l, "right"), ctx),
                         read_f32(f, cp_name(fac.spec.scheme, l, "mix"), ctx)});
   } else {
-    const bool shared = fac.spec.layers == 0 || fac.spec.layers == L;
-    for (const TensorStackKind& k : tensor_stack_kinds(fac.spec.scheme, hp)) {
+    for (const FileStack& fs : file_stacks(fac.spec, hp)) {
       TensorFactors::Stack st;
-      st.name = k.name;
-      st.rows = k.rows;
-      st.cols = k.cols;
-      st.rank_rows = std::min(fac.spec.rank, k.rows);
-      st.rank_cols = std::min(fac.spec.rank2, k.cols);
-      st.bank = shared ? L : fac.spec.layers;
-      st.left = read_f32(f, stack_name(k.name, "left"), ctx);
-      st.right = read_f32(f, stack_name(k.name, "right"), ctx);
-      st.cores = read_f32(f, stack_name(k.name, "cores"), ctx);
-      if (!shared) st.coef = read_f32(f, stack_name(k.name, "coef"), ctx);
+      st.name = fs.kind.name;
+      st.rows = fs.kind.rows;
+      st.cols = fs.kind.cols;
+      st.rank_rows = fs.r1;
+      st.rank_cols = fs.r2;
+      st.bank = fs.bank;
+      st.left = read_f32(f, fs.prefix + "left", ctx);
+      st.right = read_f32(f, fs.prefix + "right", ctx);
+      st.cores = read_f32(f, fs.prefix + "cores", ctx);
+      if (!fs.shared) st.coef = read_f32(f, fs.prefix + "coef", ctx);
       fac.stacks.push_back(std::move(st));
     }
   }
@@ -178,9 +198,8 @@ void write_tensor_gguf(const GgufFile& source, const TensorFactors& fac, const s
                   fac.cp.size(), hp.n_layer);
     lay.cp_rank = fac.cp.front().rank;
   } else {
-    NUMATTN_CHECK(fac.stacks.size() == tensor_stack_kinds(sp.scheme, hp).size(),
-                  "write_tensor_gguf: {} weight kinds, {} needs {}", fac.stacks.size(), transform::to_string(sp.scheme),
-                  tensor_stack_kinds(sp.scheme, hp).size());
+    NUMATTN_CHECK(fac.stacks.size() == file_stacks(sp, hp).size(), "write_tensor_gguf: {} stacks, {} needs {}",
+                  fac.stacks.size(), transform::to_string(sp.scheme), file_stacks(sp, hp).size());
   }
   GgufWriter out(static_cast<std::uint32_t>(source.alignment()));
   const std::string pre = std::string(kArch) + ".";

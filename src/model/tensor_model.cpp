@@ -123,44 +123,65 @@ LlamaModel build_cp(const LlamaHParams& hp, LlamaWeights w, const TensorFactors&
 }
 
 /// Tucker / shared factors: every matrix of the rebuilt group, W_l = left·C_l·rightᵀ.
+/// The float32 matrix of layer `Ly` a weight kind lives in (its in-place copy dropped: the kinds
+/// of a scheme cover the whole matrix), sized for the model `hp`.
+std::vector<float>& rebuilt_matrix(LlamaLayer& Ly, int matrix, const LlamaHParams& hp) {
+  std::vector<float>* dst = nullptr;
+  std::int64_t n = 0;
+  const std::int64_t E = hp.n_embd;
+  switch (matrix) {
+    case 0: dst = &Ly.wqkv, n = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim * E, Ly.wqkv_q = {}; break;
+    case 1: dst = &Ly.wo, n = E * hp.n_head * hp.head_dim, Ly.wo_q = {}; break;
+    case 2: dst = &Ly.w_gate_up, n = 2 * hp.n_ff * E, Ly.w_gate_up_q = {}; break;
+    default: dst = &Ly.w_down, n = E * hp.n_ff, Ly.w_down_q = {}; break;
+  }
+  dst->resize(static_cast<std::size_t>(n));
+  return *dst;
+}
+
+/// Tucker / shared factors: every slice of every stack, W_s = left·C_s·rightᵀ, put in place:
+/// tucker-qkvo/-ffn slice s = layer s's matrix; tucker-heads slice h = head h's E × D block.
 LlamaModel build_tucker(const LlamaHParams& hp, LlamaWeights w, const TensorFactors& f) {
-  const std::int64_t L = hp.n_layer;
+  const std::int64_t L = hp.n_layer, D = hp.head_dim;
+  const bool heads = f.spec.scheme == transform::TensorScheme::kTuckerHeads;
   const std::vector<TensorStackKind> kinds = tensor_stack_kinds(f.spec.scheme, hp);
-  NUMATTN_CHECK(f.stacks.size() == kinds.size() && static_cast<std::int64_t>(w.layers.size()) == L,
-                "tensor factors: {} weight kinds, the scheme has {}", f.stacks.size(), kinds.size());
-  for (std::size_t i = 0; i < kinds.size(); ++i) {
-    const TensorStackKind& k = kinds[i];
+  const auto nk = static_cast<std::int64_t>(kinds.size());
+  NUMATTN_CHECK(static_cast<std::int64_t>(f.stacks.size()) == (heads ? L * nk : nk) &&
+                    static_cast<std::int64_t>(w.layers.size()) == L,
+                "tensor factors: {} stacks, the scheme has {}", f.stacks.size(), heads ? L * nk : nk);
+  for (std::size_t i = 0; i < f.stacks.size(); ++i) {
+    const TensorStackKind& k = kinds[i % kinds.size()];
     const TensorFactors::Stack& st = f.stacks[i];
-    NUMATTN_CHECK(st.rows == k.rows && st.cols == k.cols && st.bank >= 1 && (st.coef.empty() ? st.bank == L : true),
+    const std::int64_t S = k.slices;
+    NUMATTN_CHECK(st.rows == k.rows && st.cols == k.cols && st.bank >= 1 && (st.coef.empty() ? st.bank == S : true),
                   "tensor factors: {} is {}×{} with {} cores, the model needs {}×{}", st.name, st.rows, st.cols,
                   st.bank, k.rows, k.cols);
     const std::int64_t r1 = st.rank_rows, r2 = st.rank_cols;
     const Matrix left = from_f32(st.left, k.rows, r1, "left"), right = from_f32(st.right, k.cols, r2, "right");
     NUMATTN_CHECK(static_cast<std::int64_t>(st.cores.size()) == st.bank * r1 * r2,
                   "tensor factors: {} cores hold {} values, expected {}×{}×{}", st.name, st.cores.size(), st.bank, r1, r2);
-    const Matrix coef = st.coef.empty() ? Matrix() : from_f32(st.coef, L, st.bank, "coef");
+    const Matrix coef = st.coef.empty() ? Matrix() : from_f32(st.coef, S, st.bank, "coef");
     auto core = [&](std::int64_t b) {
       return Eigen::Map<const RowMajorF>(st.cores.data() + b * r1 * r2, r1, r2).cast<double>();
     };
-    for (std::int64_t l = 0; l < L; ++l) {
+    for (std::int64_t s = 0; s < S; ++s) {
       Matrix c;
       if (coef.size() == 0) {
-        c = core(l);
+        c = core(s);
       } else {
         c = Matrix::Zero(r1, r2);
-        for (std::int64_t b = 0; b < st.bank; ++b) c += coef(l, b) * core(b);
+        for (std::int64_t b = 0; b < st.bank; ++b) c += coef(s, b) * core(b);
       }
-      LlamaLayer& Ly = w.layers[static_cast<std::size_t>(l)];
-      std::vector<float>* dst = nullptr;
-      std::int64_t total_rows = 0;
-      switch (k.matrix) {
-        case 0: dst = &Ly.wqkv, total_rows = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim, Ly.wqkv_q = {}; break;
-        case 1: dst = &Ly.wo, total_rows = hp.n_embd, Ly.wo_q = {}; break;
-        case 2: dst = &Ly.w_gate_up, total_rows = 2 * hp.n_ff, Ly.w_gate_up_q = {}; break;
-        default: dst = &Ly.w_down, total_rows = hp.n_embd, Ly.w_down_q = {}; break;
+      const Matrix ws = left * c * right.transpose();
+      const std::int64_t l = heads ? static_cast<std::int64_t>(i) / nk : s;
+      std::vector<float>& dst = rebuilt_matrix(w.layers[static_cast<std::size_t>(l)], k.matrix, hp);
+      if (!heads) {
+        store_rows(ws, dst.data() + k.r0 * k.cols, k.cols);
+      } else if (k.matrix == 0) {
+        store_rows(ws.transpose(), dst.data() + (k.r0 + s * D) * hp.n_embd, hp.n_embd);  // head rows of W_q/k/v
+      } else {
+        store_rows(ws, dst.data() + s * D, hp.n_head * D);  // head columns of W_o
       }
-      dst->resize(static_cast<std::size_t>(total_rows * k.cols));
-      store_rows(left * c * right.transpose(), dst->data() + k.r0 * k.cols, k.cols);
     }
   }
   return LlamaModel(hp, std::move(w));
@@ -239,48 +260,56 @@ void compress_cp(const LlamaModel& model, const transform::TensorSpec& spec, con
   rep.exec_head_dim = std::max(D, fac.cp.front().rank);
 }
 
+/// Slice s of a stack: layer s's matrix (cross-layer schemes) or head s's E × D block of layer `l`.
+Matrix stack_slice(const LlamaLayer& Ly, const TensorStackKind& k, bool heads, std::int64_t s, const LlamaHParams& hp) {
+  const std::int64_t E = hp.n_embd, D = hp.head_dim;
+  switch (k.matrix) {
+    case 0: return heads ? weight_rows(Ly.wqkv, Ly.wqkv_q, k.r0 + s * D, D, E).transpose()
+                         : weight_rows(Ly.wqkv, Ly.wqkv_q, k.r0, k.rows, k.cols);
+    case 1: return heads ? Matrix(weight_rows(Ly.wo, Ly.wo_q, 0, E, hp.n_head * D).middleCols(s * D, D))
+                         : weight_rows(Ly.wo, Ly.wo_q, k.r0, k.rows, k.cols);
+    case 2: return weight_rows(Ly.w_gate_up, Ly.w_gate_up_q, k.r0, k.rows, k.cols);
+    default: return weight_rows(Ly.w_down, Ly.w_down_q, k.r0, k.rows, k.cols);
+  }
+}
+
 void compress_tucker(const LlamaModel& model, const transform::TensorSpec& spec, const ExecContext& ctx,
                      TensorModelReport& rep, TensorFactors& fac) {
   const LlamaHParams& hp = model.hparams();
   const std::int64_t L = hp.n_layer;
+  const bool heads = spec.scheme == transform::TensorScheme::kTuckerHeads;
   const std::vector<TensorStackKind> kinds = tensor_stack_kinds(spec.scheme, hp);
+  const auto nk = static_cast<std::int64_t>(kinds.size());
+  // Work items: one stack per weight kind (across layers) or per layer and kind (heads).
+  const std::int64_t items = heads ? L * nk : nk;
   std::uint64_t bytes = 0;
-  for (const TensorStackKind& k : kinds) bytes += static_cast<std::uint64_t>(L * k.rows * k.cols) * 8 * 3;
-  check_memory(bytes, fmt::format("the float64 stacks of {}", transform::to_string(spec.scheme)));
+  for (const TensorStackKind& k : kinds) bytes += static_cast<std::uint64_t>(k.slices * k.rows * k.cols) * 8 * 3;
+  check_memory(heads ? bytes * 2 : bytes, fmt::format("the float64 stacks of {}", transform::to_string(spec.scheme)));
   const auto& layers = model.weights().layers;
-  auto source = [&](const LlamaLayer& Ly, int m) -> std::pair<const std::vector<float>*, const QuantMatrix*> {
-    switch (m) {
-      case 0: return {&Ly.wqkv, &Ly.wqkv_q};
-      case 1: return {&Ly.wo, &Ly.wo_q};
-      case 2: return {&Ly.w_gate_up, &Ly.w_gate_up_q};
-      default: return {&Ly.w_down, &Ly.w_down_q};
-    }
-  };
-  std::vector<transform::StackCompression> res(kinds.size());
-  std::vector<std::pair<std::int64_t, std::int64_t>> ranks(kinds.size());
-  parallel_for(ctx, static_cast<std::int64_t>(kinds.size()), [&](std::int64_t i) {
-    const TensorStackKind& k = kinds[static_cast<std::size_t>(i)];
+  std::vector<transform::StackCompression> res(static_cast<std::size_t>(items));
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranks(static_cast<std::size_t>(items));
+  parallel_for(ctx, items, [&](std::int64_t i) {
+    const TensorStackKind& k = kinds[static_cast<std::size_t>(i % nk)];
     std::vector<Matrix> mats;
-    for (const LlamaLayer& Ly : layers) {
-      const auto [f, q] = source(Ly, k.matrix);
-      mats.push_back(weight_rows(*f, *q, k.r0, k.rows, k.cols));
-    }
+    for (std::int64_t s = 0; s < k.slices; ++s)
+      mats.push_back(stack_slice(layers[static_cast<std::size_t>(heads ? i / nk : s)], k, heads, s, hp));
     transform::StackOptions so;
     so.rank_rows = std::min(spec.rank, k.rows);
     so.rank_cols = std::min(spec.rank2, k.cols);
-    so.stack_rank = spec.layers;
+    so.stack_rank = spec.layers >= k.slices ? 0 : spec.layers;
     so.max_iterations = spec.iterations();
     ranks[static_cast<std::size_t>(i)] = {so.rank_rows, so.rank_cols};
     res[static_cast<std::size_t>(i)] = transform::compress_stack(mats, so);
   });
-  for (std::size_t i = 0; i < kinds.size(); ++i) {
-    const transform::StackCompression& r = res[i];
+  for (std::int64_t i = 0; i < items; ++i) {
+    const transform::StackCompression& r = res[static_cast<std::size_t>(i)];
+    const TensorStackKind& k = kinds[static_cast<std::size_t>(i % nk)];
     TensorFactors::Stack st;
-    st.name = kinds[i].name;
-    st.rows = kinds[i].rows;
-    st.cols = kinds[i].cols;
-    st.rank_rows = ranks[i].first;
-    st.rank_cols = ranks[i].second;
+    st.name = k.name;
+    st.rows = k.rows;
+    st.cols = k.cols;
+    st.rank_rows = ranks[static_cast<std::size_t>(i)].first;
+    st.rank_cols = ranks[static_cast<std::size_t>(i)].second;
     st.bank = static_cast<std::int64_t>(r.cores.size());
     st.left = to_f32(r.left);
     st.right = to_f32(r.right);
@@ -290,8 +319,9 @@ void compress_tucker(const LlamaModel& model, const transform::TensorSpec& spec,
     }
     if (r.coef.size() > 0) st.coef = to_f32(r.coef);
     fac.stacks.push_back(std::move(st));
-    rep.parts.push_back(part_report(kinds[i].name, r.fit, r.iterations, r.info, r.message, ranks[i].first,
-                                    ranks[i].second, r.params_before, r.params_after));
+    rep.parts.push_back(part_report(heads ? fmt::format("layer {} {}", i / nk, k.name) : std::string(k.name), r.fit,
+                                    r.iterations, r.info, r.message, ranks[static_cast<std::size_t>(i)].first,
+                                    ranks[static_cast<std::size_t>(i)].second, r.params_before, r.params_after));
   }
   rep.exec_head_dim = hp.head_dim;
 }
@@ -321,14 +351,15 @@ void check_tensor_spec(const transform::TensorSpec& spec, const LlamaHParams& hp
                          name, spec.rank, Hq, D, Hq * D);
     return;
   }
-  const std::int64_t maxdim = spec.scheme == transform::TensorScheme::kTuckerQkvo
-                                  ? std::max({Hq * D, Hkv * D, E})
-                                  : std::max(F, E);
+  const std::int64_t maxdim = spec.scheme == transform::TensorScheme::kTuckerQkvo    ? std::max({Hq * D, Hkv * D, E})
+                              : spec.scheme == transform::TensorScheme::kTuckerHeads ? std::max(E, D)
+                                                                                     : std::max(F, E);
   NUMATTN_CHECK_OPTION(spec.rank <= maxdim && spec.rank2 <= maxdim, "tensor",
                        "{} ranks {}x{} exceed the largest matrix dimension {} of the scheme", name,
                        spec.rank, spec.rank2, maxdim);
-  NUMATTN_CHECK_OPTION(spec.layers <= hp.n_layer, "tensor", "layers={} exceeds the model's {} layers",
-                       spec.layers, hp.n_layer);
+  if (spec.scheme != transform::TensorScheme::kTuckerHeads)  // heads=: clamped per kind to its head count
+    NUMATTN_CHECK_OPTION(spec.layers <= hp.n_layer, "tensor", "layers={} exceeds the model's {} layers",
+                         spec.layers, hp.n_layer);
 }
 
 namespace {
@@ -383,15 +414,23 @@ LlamaModel compress_qk_mla(const LlamaModel& model, const transform::TensorSpec&
 }  // namespace
 
 std::vector<TensorStackKind> tensor_stack_kinds(transform::TensorScheme scheme, const LlamaHParams& hp) {
-  const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, F = hp.n_ff;
-  if (scheme == transform::TensorScheme::kTuckerQkvo)
-    return {{"attn_q", 0, 0, Hq * D, E},
-            {"attn_k", 0, Hq * D, Hkv * D, E},
-            {"attn_v", 0, (Hq + Hkv) * D, Hkv * D, E},
-            {"attn_output", 1, 0, E, Hq * D}};
-  NUMATTN_CHECK(scheme == transform::TensorScheme::kTuckerFfn, "tensor_stack_kinds: {} is not a Tucker scheme",
-                transform::to_string(scheme));
-  return {{"ffn_gate", 2, 0, F, E}, {"ffn_up", 2, F, F, E}, {"ffn_down", 3, 0, E, F}};
+  const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, F = hp.n_ff, L = hp.n_layer;
+  switch (scheme) {
+    case transform::TensorScheme::kTuckerQkvo:
+      return {{"attn_q", 0, 0, Hq * D, E, L},
+              {"attn_k", 0, Hq * D, Hkv * D, E, L},
+              {"attn_v", 0, (Hq + Hkv) * D, Hkv * D, E, L},
+              {"attn_output", 1, 0, E, Hq * D, L}};
+    case transform::TensorScheme::kTuckerFfn:
+      return {{"ffn_gate", 2, 0, F, E, L}, {"ffn_up", 2, F, F, E, L}, {"ffn_down", 3, 0, E, F, L}};
+    case transform::TensorScheme::kTuckerHeads:
+      return {{"attn_q", 0, 0, E, D, Hq},
+              {"attn_k", 0, Hq * D, E, D, Hkv},
+              {"attn_v", 0, (Hq + Hkv) * D, E, D, Hkv},
+              {"attn_output", 1, 0, E, D, Hq}};
+    default: break;
+  }
+  throw Error(fmt::format("tensor_stack_kinds: {} is not a Tucker scheme", transform::to_string(scheme)));
 }
 
 LlamaModel build_tensor_model(const LlamaHParams& hp, LlamaWeights base, const TensorFactors& f,

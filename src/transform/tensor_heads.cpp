@@ -22,6 +22,7 @@ const char* to_string(TensorScheme s) {
     case TensorScheme::kQkCp: return "qk-cp";
     case TensorScheme::kTuckerQkvo: return "tucker-qkvo";
     case TensorScheme::kTuckerFfn: return "tucker-ffn";
+    case TensorScheme::kTuckerHeads: return "tucker-heads";
   }
   return "?";
 }
@@ -30,7 +31,9 @@ const char* tensor_spec_grammar() {
   return "SCHEME:key=value,... with SCHEME vo-cp | qk-cp (collaborative heads, CP rank: rank=R, "
          "R >= 1, or 0 = exact block form; iters=N, seed=S) or tucker-qkvo | tucker-ffn (each "
          "weight kind stacked over the layers: rank=R or R1xR2 (>= 1, clamped per kind to the "
-         "matrix's rows/cols), layers=L (stack rank; default all = shared factors), iters=N)";
+         "matrix's rows/cols), layers=L (stack rank; default all = shared factors), iters=N) or "
+         "tucker-heads (per layer and weight kind, the heads × E × D tensor: rank=RE or RExRD, "
+         "clamped to E and D, heads=H' (head-mode rank; default all = one core per head), iters=N)";
 }
 
 namespace {
@@ -58,6 +61,8 @@ TensorSpec parse_tensor_spec(const std::string& s) {
     t.scheme = TensorScheme::kTuckerQkvo;
   } else if (name == "tucker-ffn") {
     t.scheme = TensorScheme::kTuckerFfn;
+  } else if (name == "tucker-heads") {
+    t.scheme = TensorScheme::kTuckerHeads;
   } else {
     throw OptionError("tensor", fmt::format("unknown scheme '{}' in '{}' ({})", name, s,
                                             tensor_spec_grammar()));
@@ -90,9 +95,9 @@ TensorSpec parse_tensor_spec(const std::string& s) {
         t.rank = parse_int(key, v, s);
         t.rank2 = t.is_cp() ? 0 : t.rank;
       }
-    } else if (key == "layers" && !t.is_cp()) {
+    } else if (key == (t.scheme == TensorScheme::kTuckerHeads ? "heads" : "layers") && !t.is_cp()) {
       t.layers = parse_int(key, v, s);
-      NUMATTN_CHECK_OPTION(t.layers >= 1, "tensor", "'{}': layers={} must be at least 1", s, t.layers);
+      NUMATTN_CHECK_OPTION(t.layers >= 1, "tensor", "'{}': {}={} must be at least 1", s, key, t.layers);
     } else if (key == "iters") {
       const auto it = parse_int(key, v, s);
       NUMATTN_CHECK_OPTION(it >= 1 && it <= 100000, "tensor", "'{}': iters={} must be in [1, 100000]", s, it);
@@ -117,7 +122,7 @@ std::string TensorSpec::canonical() const {
   std::string r = fmt::format("{}:rank={}", to_string(scheme), rank);
   if (!is_cp()) {
     if (rank2 != rank) r += fmt::format("x{}", rank2);
-    if (layers > 0) r += fmt::format(",layers={}", layers);
+    if (layers > 0) r += fmt::format(",{}={}", scheme == TensorScheme::kTuckerHeads ? "heads" : "layers", layers);
   }
   r += fmt::format(",iters={}", iterations());
   if (is_cp() && seed != 1) r += fmt::format(",seed={}", seed);

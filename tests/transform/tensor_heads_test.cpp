@@ -191,10 +191,16 @@ TEST(TensorHeads, SpecGrammar) {
   s = transform::parse_tensor_spec("tucker-ffn:rank=64");
   EXPECT_EQ(s.rank2, 64);
   EXPECT_EQ(s.iterations(), 10);
+  s = transform::parse_tensor_spec("tucker-heads:rank=128x32,heads=3");
+  EXPECT_EQ(s.scheme, transform::TensorScheme::kTuckerHeads);
+  EXPECT_EQ(s.layers, 3);
+  EXPECT_EQ(s.canonical(), "tucker-heads:rank=128x32,heads=3,iters=10");
+  EXPECT_EQ(transform::parse_tensor_spec(s.canonical()).canonical(), s.canonical());
   for (const char* bad : {"", "foo:rank=1", "vo-cp", "vo-cp:rank=-1", "vo-cp:rank=2x3", "vo-cp:rank=abc",
                           "vo-cp:rank=4,layers=2", "vo-cp:rank=4,iters=0", "vo-cp:rank=4,rank=5",
                           "tucker-qkvo:rank=0", "tucker-qkvo:rank=4x0", "tucker-qkvo:rank=4,seed=2",
-                          "tucker-ffn:rank=4,bogus=1", "tucker-ffn:rank=4,", "tucker-ffn:rank=4,layers=0"}) {
+                          "tucker-ffn:rank=4,bogus=1", "tucker-ffn:rank=4,", "tucker-ffn:rank=4,layers=0",
+                          "tucker-heads:rank=4,layers=2", "tucker-qkvo:rank=4,heads=2", "tucker-heads:rank=4,heads=0"}) {
     try {
       transform::parse_tensor_spec(bad);
       ADD_FAILURE() << "accepted: " << bad;
@@ -235,7 +241,8 @@ constexpr double kModelTol = 2e-4;
 TEST(TensorModel, FullRankSchemesReproduceTheModel) {
   const auto t = tokens(24);
   const auto ref = logits(tiny(), t);
-  for (const char* spec : {"vo-cp:rank=0", "tucker-qkvo:rank=32", "tucker-ffn:rank=64", "tucker-ffn:rank=64,layers=2"}) {
+  for (const char* spec : {"vo-cp:rank=0", "tucker-qkvo:rank=32", "tucker-ffn:rank=64", "tucker-ffn:rank=64,layers=2",
+                           "tucker-heads:rank=32x8", "tucker-heads:rank=32x8,heads=4"}) {
     TensorModelReport rep;
     const LlamaModel c = compress_model_tensor(tiny(), transform::parse_tensor_spec(spec), ExecContext{2}, &rep);
     EXPECT_LE(max_diff(logits(c, t), ref), kModelTol) << spec;
@@ -256,6 +263,18 @@ TEST(TensorModel, FullRankSchemesReproduceTheModel) {
   ASSERT_EQ(rep.parts.size(), 4u);
   EXPECT_EQ(rep.parts[1].name, "attn_k");
   EXPECT_EQ(rep.parts[1].rank_rows, 16);
+  // tucker-heads rank 6x4, per layer, slices E × D = 32 × 8 (one core per head): q and o (4 heads)
+  // 4·6·4 + 32·6 + 8·4 = 320; k and v (2 heads) 2·24 + 192 + 32 = 272. With heads=1 (one core,
+  // head weights): ℓ·R1·R2 + S·ℓ + 32·6 + 8·4: q, o 24 + 4 + 224 = 252; k, v 24 + 2 + 224 = 250.
+  compress_model_tensor(tiny(), transform::parse_tensor_spec("tucker-heads:rank=6x4"), ExecContext{1}, &rep);
+  EXPECT_EQ(rep.params_before, 2 * 3072);
+  EXPECT_EQ(rep.params_after, 2 * (320 + 272 + 272 + 320));
+  ASSERT_EQ(rep.parts.size(), 8u);
+  EXPECT_EQ(rep.parts[6].name, "layer 1 attn_v");
+  EXPECT_EQ(rep.parts[6].rank_rows, 6);
+  EXPECT_EQ(rep.parts[6].rank_cols, 4);
+  compress_model_tensor(tiny(), transform::parse_tensor_spec("tucker-heads:rank=6x4,heads=1"), ExecContext{1}, &rep);
+  EXPECT_EQ(rep.params_after, 2 * (252 + 250 + 250 + 252));
 }
 
 TEST(TensorModel, CompressionLosesAccuracyGradually) {
@@ -293,7 +312,7 @@ TEST(TensorModel, CollaborativeQkNeedsNoPe) {
 
 TEST(TensorModel, Refusals) {
   for (const char* spec : {"vo-cp:rank=33", "qk-cp:rank=33", "tucker-qkvo:rank=33", "tucker-ffn:rank=65",
-                           "tucker-ffn:rank=8,layers=3"}) {
+                           "tucker-ffn:rank=8,layers=3", "tucker-heads:rank=33", "tucker-heads:rank=8x33"}) {
     EXPECT_THROW(compress_model_tensor(tiny(), transform::parse_tensor_spec(spec), ExecContext{1}), OptionError)
         << spec;
     // The same refusals from the hyper-parameters alone (what ppl checks before the weights load).
@@ -476,6 +495,8 @@ TEST(TensorFile, EverySchemeLoadsBackAsTheCompressedModel) {
   round_trip(tiny_src(), "tucker-qkvo:rank=6x5", "tc_tq.gguf");
   round_trip(tiny_src(), "tucker-qkvo:rank=7,layers=1", "tc_tq1.gguf");
   round_trip(tiny_src(), "tucker-ffn:rank=20x12", "tc_tf.gguf");
+  round_trip(tiny_src(), "tucker-heads:rank=6x4", "tc_th.gguf");
+  round_trip(tiny_src(), "tucker-heads:rank=6x4,heads=3", "tc_th3.gguf");  // k, v: 2 heads ≤ 3, one core each
   // qk-cp needs position-free Q/K: the same model without RoPE.
   const std::string nope = test::rewrite_gguf(tiny_src(), {{{"llama.rope.dimension_count", GgufValue::u32(0)}}, {}, {}},
                                               "tc_nope_src.gguf");
@@ -517,6 +538,10 @@ TEST(TensorFile, HostileFilesAreRefusedByName) {
   expect_refused(tk, {{{"numattn-tensor.tensor.rank2", std::nullopt}}, {}, {}}, "tensor.rank2");
   expect_refused(tk, {{{"numattn-tensor.tensor.layers", GgufValue::u32(0)}}, {}, {}}, "tucker.attn_q.cores");
   expect_refused(tk, {{}, {}, {"tucker.attn_output.coef"}}, "tucker.attn_output.coef");
+  const std::string th = round_trip(tiny_src(), "tucker-heads:rank=6x4,heads=2", "tc_hostile_th.gguf");
+  expect_refused(th, {{{"numattn-tensor.tensor.layers", GgufValue::u32(5)}}, {}, {}}, "tensor.layers");
+  expect_refused(th, {{{"numattn-tensor.tensor.rank2", GgufValue::u32(3)}}, {}, {}}, "blk.0.tucker_heads.attn_q.right");
+  expect_refused(th, {{}, {}, {"blk.1.tucker_heads.attn_output.coef"}}, "blk.1.tucker_heads.attn_output.coef");
   // The writer: a numattn-tensor file is not a source; nor is the output the source.
   const GgufFile vf = GgufFile::open(vo);
   TensorFactors fac;

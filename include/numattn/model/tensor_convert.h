@@ -12,10 +12,11 @@
 /// Layout (docs/tensor.md "The numattn-tensor GGUF architecture"):
 /// - `general.architecture = "numattn-tensor"`; every `llama.*` key of the source renamed
 ///   `numattn-tensor.*` (the source's hyper-parameters: head dim D, not the execution's max(D, R));
-/// - `numattn-tensor.tensor.scheme` (string: vo-cp, qk-cp, tucker-qkvo, tucker-ffn),
+/// - `numattn-tensor.tensor.scheme` (string: vo-cp, qk-cp, tucker-qkvo, tucker-ffn, tucker-heads),
 ///   `numattn-tensor.tensor.rank` (u32; CP: the rank R of the factors, 1 ≤ R ≤ Hq·D, the exact
 ///   block form written as R = Hq·D; Tucker: R1), `numattn-tensor.tensor.rank2` (u32, Tucker R2),
-///   `numattn-tensor.tensor.layers` (u32, Tucker stack rank ℓ, 0 = shared factors),
+///   `numattn-tensor.tensor.layers` (u32, Tucker stack rank ℓ, 0 = shared factors;
+///   tucker-heads: the head-mode rank),
 ///   `numattn-tensor.tensor.spec` (string, the canonical spec, informational);
 /// - CP schemes (`S` = `vo_cp` or `qk_cp`), per layer ℓ, F32 tensors (GGUF ne order {cols, rows}):
 ///   `blk.ℓ.attn_S.left` {R, E}, `blk.ℓ.attn_S.right` {R, E}, `blk.ℓ.attn_S.mix` {R, Hq}
@@ -24,7 +25,10 @@
 ///   ffn_down; rows × cols the kind's matrix, R1 = min(rank, rows), R2 = min(rank2, cols)):
 ///   `tucker.K.left` {R1, rows}, `tucker.K.right` {R2, cols}, `tucker.K.cores` {R2, R1, B}
 ///   (B = ℓ, or L for shared factors), and with 1 ≤ ℓ < L `tucker.K.coef` {ℓ, L}; the kinds'
-///   per-layer tensors are dropped.
+///   per-layer tensors are dropped. tucker-heads: the same four tensors per layer ℓ and kind K
+///   (attn_q, attn_k, attn_v, attn_output), named `blk.ℓ.tucker_heads.K.{left,right,cores,coef}`,
+///   slices = the kind's heads (rows = E, cols = D; `tensor.layers` is the head-mode rank, at
+///   most Hq, 0 or ≥ the kind's heads = one core per head); attention tensors dropped.
 /// Sizes: a CP layer stores R·(2E + Hq) floats against the dropped (Hkv·D + Hq·D)·E source
 /// weights; a Tucker kind rows·R1 + cols·R2 + B·R1·R2 (+ ℓ·L) against L·rows·cols. The factors are
 /// float32 while a source such as SmolLM2's is Q4_1 (5 bits a weight), so a file is smaller than

@@ -12,6 +12,10 @@
 /// - `tucker-qkvo` / `tucker-ffn`: each weight kind (W_q, W_k, W_v, W_o; W_gate, W_up, W_down)
 ///   of all L layers is one stack (L × out × in), compressed by transform::compress_stack with
 ///   ranks (min(R1, out), min(R2, in)); the rebuilt W_s replace the originals (same shapes).
+/// - `tucker-heads`: per layer, each of W_q, W_k, W_v, W_o is the heads × E × D tensor of its
+///   per-head blocks (E × D each: W_q,h ᵀ, W_o's columns of head h), compressed by
+///   transform::compress_stack with ranks (min(R_E, E), min(R_D, D)) and head-mode rank `heads`
+///   (≥ the kind's head count: one core per head). Full ranks (E, D) reproduce the weights.
 /// - `vo-cp` (collaborative VO heads, per layer): the rewrite y_i = Σ_h O'·diag(μ_h)·Σ_j
 ///   P_h(i,j)·V'x_j needs value heads of width R, which a Llama layer of head dim D cannot hold
 ///   when R > D. It is embedded exactly into a Llama model of head dim D' = max(D, R): query and
@@ -73,23 +77,28 @@ struct TensorFactors {
   struct Stack {
     std::string name;  ///< the GGUF tensor kind: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down
     std::int64_t rows = 0, cols = 0, rank_rows = 0, rank_cols = 0;
-    std::int64_t bank = 0;     ///< number of cores (L for shared factors, ℓ for Tucker)
+    std::int64_t bank = 0;     ///< number of cores (the slices for shared factors, ℓ for Tucker)
     std::vector<float> left;   ///< [rows, R1]
     std::vector<float> right;  ///< [cols, R2]
     std::vector<float> cores;  ///< [bank, R1, R2]
-    std::vector<float> coef;   ///< [L, bank] (Tucker), or empty: layer l uses core l
+    std::vector<float> coef;   ///< [slices, bank] (Tucker), or empty: slice s uses core s
   };
   std::vector<Cp> cp;         ///< one per layer (vo-cp, qk-cp)
-  std::vector<Stack> stacks;  ///< one per weight kind (tucker-qkvo: 4, tucker-ffn: 3)
+  /// One per weight kind (tucker-qkvo: 4, tucker-ffn: 3), or per layer and kind, layer-major
+  /// (tucker-heads: 4·L; slices are heads, `coef` [heads, bank]).
+  std::vector<Stack> stacks;
 };
 
-/// One weight kind of a Tucker scheme: rows [r0, r0 + rows) of a layer matrix.
+/// One weight kind of a Tucker scheme. tucker-qkvo/-ffn: slice s is rows [r0, r0 + rows) of
+/// layer s's matrix (slices = L). tucker-heads: per layer, slice h is head h's block as an E × D
+/// matrix (W_q/W_k/W_v: rows r0 + h·D.. transposed; W_o: columns h·D..; slices = its heads).
 struct TensorStackKind {
   const char* name;  ///< GGUF tensor kind ("attn_q", ..., "ffn_down")
   int matrix;        ///< 0 wqkv, 1 wo, 2 w_gate_up, 3 w_down
   std::int64_t r0, rows, cols;
+  std::int64_t slices;  ///< matrices in one stack
 };
-/// The weight kinds `scheme` (tucker-qkvo or tucker-ffn) stacks, for the model `hp`.
+/// The weight kinds `scheme` (tucker-qkvo, tucker-ffn or tucker-heads) stacks, for the model `hp`.
 std::vector<TensorStackKind> tensor_stack_kinds(transform::TensorScheme scheme, const LlamaHParams& hp);
 
 /// The original attention matrices of one layer, dequantized to float32 row-major [out, in]:

@@ -56,20 +56,23 @@ enum class TensorScheme {
   kQkCp,        ///< "qk-cp": collaborative QK heads (NoPE only: refused on RoPE dimensions)
   kTuckerQkvo,  ///< "tucker-qkvo": W_q, W_k, W_v, W_o each stacked over the layers
   kTuckerFfn,   ///< "tucker-ffn": W_gate, W_up, W_down each stacked over the layers
+  kTuckerHeads, ///< "tucker-heads": per layer, W_q, W_k, W_v, W_o each as a heads × E × D tensor
 };
 const char* to_string(TensorScheme s);
 
 /// A parsed `--tensor` spec: `SCHEME:key=value,...`, e.g. `vo-cp:rank=256`,
 /// `tucker-qkvo:rank=128x256`, `tucker-ffn:rank=256,layers=8`.
 /// Keys: `rank` (CP: R ≥ 0, 0 = the exact block form H·D; Tucker: R1 or R1xR2, ≥ 1, each clamped
-/// to its matrix's dimension per weight kind), `layers` (Tucker only: the stack rank ℓ ≥ 1,
-/// default all layers = shared factors), `iters` (≥ 1; default 25 for CP, 10 for Tucker), `seed`
-/// (CP only; used where the HOSVD start pads with random columns).
+/// to its matrix's dimension per weight kind; tucker-heads: R_E or R_ExR_D, clamped to E and D),
+/// `layers` (tucker-qkvo/-ffn: the stack rank ℓ ≥ 1, default all layers = shared factors),
+/// `heads` (tucker-heads: the head-mode rank, ≥ 1, default all heads = one core per head; a
+/// value ≥ a kind's head count means one core per head for that kind), `iters` (≥ 1; default 25
+/// for CP, 10 for Tucker), `seed` (CP only; used where the HOSVD start pads with random columns).
 struct TensorSpec {
   TensorScheme scheme = TensorScheme::kVoCp;
   std::int64_t rank = 0;    ///< CP rank R, or Tucker R1
   std::int64_t rank2 = 0;   ///< Tucker R2 (= rank when not given)
-  std::int64_t layers = 0;  ///< Tucker stack rank ℓ; 0 = every layer (shared-factor model)
+  std::int64_t layers = 0;  ///< Tucker stack rank ℓ (tucker-heads: over the heads); 0 = every slice (shared factors)
   int iters = 0;            ///< 0 = the scheme's default
   std::uint64_t seed = 1;
   bool is_cp() const { return scheme == TensorScheme::kVoCp || scheme == TensorScheme::kQkCp; }
