@@ -120,6 +120,10 @@ TensorFileLayout read_tensor_file_layout(const GgufFile& f, const LlamaHParams& 
   if (sp.is_cp()) {
     lay.cp_rank = ranged("rank", 1, Hq * D, fmt::format("the CP rank, at most Hq·D = {}·{}", Hq, D));
     sp.rank = lay.cp_rank;
+    const std::string ex = f.get_string(key("exec"), "embedded");
+    NUMATTN_CHECK(ex == "embedded" || (ex == "factored" && sp.scheme == transform::TensorScheme::kVoCp),
+                  "{}: {} = '{}' must be embedded (or factored, for vo-cp)", f.path(), key("exec"), ex);
+    sp.factored = ex == "factored";
     NUMATTN_CHECK(sp.scheme != transform::TensorScheme::kQkCp || hp.n_rot == 0,
                   "{}: {} = qk-cp, but the model applies RoPE to {} Q/K dimensions per head (qk-cp needs "
                   "position-free Q/K)", f.path(), key("scheme"), hp.n_rot);
@@ -220,6 +224,7 @@ void write_tensor_gguf(const GgufFile& source, const TensorFactors& fac, const s
     out.set(key("rank2"), u32(sp.rank2));
     out.set(key("layers"), u32(sp.layers));
   }
+  if (sp.factored) out.set(key("exec"), GgufValue::string("factored"));
   out.set(key("spec"), GgufValue::string(sp.canonical()));
   for (const GgufTensorInfo& t : source.tensors()) {
     bool dropped = false;

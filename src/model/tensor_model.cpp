@@ -70,6 +70,35 @@ Matrix source_matrix(const TensorSourceRows& source, std::int64_t l, const char*
   return from_f32(source(l, kind), rows, cols, kind);
 }
 
+/// Factored collaborative VO (LlamaLayer::vo_mix): wqkv = [Wq; Wk; V'], wo = O', the mixing
+/// vectors; the model keeps head dim D.
+LlamaModel build_vo_factored(const LlamaHParams& hp, LlamaWeights w, const TensorFactors& f,
+                             const TensorSourceRows& source) {
+  const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, L = hp.n_layer;
+  const std::int64_t R = f.cp.front().rank;
+  for (std::int64_t l = 0; l < L; ++l) {
+    LlamaLayer& Ly = w.layers[static_cast<std::size_t>(l)];
+    const TensorFactors::Cp& c = f.cp[static_cast<std::size_t>(l)];
+    NUMATTN_CHECK(c.rank == R, "tensor factors: layer {} has rank {}, layer 0 {}", l, c.rank, R);
+    const Matrix right = from_f32(c.right, E, R, "right");
+    std::vector<float> qkv = source(l, "attn_q"), k = source(l, "attn_k");
+    NUMATTN_CHECK(static_cast<std::int64_t>(qkv.size()) == Hq * D * E && static_cast<std::int64_t>(k.size()) == Hkv * D * E,
+                  "tensor factors: layer {}'s attn_q/attn_k have {}/{} values", l, qkv.size(), k.size());
+    qkv.insert(qkv.end(), k.begin(), k.end());
+    qkv.resize(static_cast<std::size_t>(((Hq + Hkv) * D + R) * E));
+    store_rows(right.transpose(), qkv.data() + (Hq + Hkv) * D * E, E);
+    NUMATTN_CHECK(static_cast<std::int64_t>(c.left.size()) == E * R && static_cast<std::int64_t>(c.mix.size()) == Hq * R,
+                  "tensor factors: layer {}'s O'/mixing have {}/{} values", l, c.left.size(), c.mix.size());
+    Ly.wqkv = std::move(qkv);
+    Ly.wqkv_q = {};
+    Ly.wo = c.left;  // O' [E, R], row-major
+    Ly.wo_q = {};
+    Ly.vo_mix = c.mix;
+    Ly.vo_rank = R;
+  }
+  return LlamaModel(hp, std::move(w));
+}
+
 /// Collaborative heads, VO side or QK side, embedded in a model of head dim max(D, R)
 /// (model/tensor_model.h).
 LlamaModel build_cp(const LlamaHParams& hp, LlamaWeights w, const TensorFactors& f, const TensorSourceRows& source) {
@@ -78,6 +107,7 @@ LlamaModel build_cp(const LlamaHParams& hp, LlamaWeights w, const TensorFactors&
   NUMATTN_CHECK(static_cast<std::int64_t>(f.cp.size()) == L && static_cast<std::int64_t>(w.layers.size()) == L,
                 "tensor factors: {} CP layers for a model of {} layers", f.cp.size(), L);
   const std::int64_t R = f.cp.front().rank;
+  if (vo && f.spec.factored) return build_vo_factored(hp, std::move(w), f, source);
   const std::int64_t Dp = std::max(D, R);
   LlamaHParams hp2 = hp;
   hp2.head_dim = Dp;
@@ -257,7 +287,7 @@ void compress_cp(const LlamaModel& model, const transform::TensorSpec& spec, con
     rep.parts.push_back(part_report(fmt::format("layer {}", l), c.fit, c.iterations, c.info, c.message, c.rank(),
                                     c.rank(), c.params_before, c.params_after));
   }
-  rep.exec_head_dim = std::max(D, fac.cp.front().rank);
+  rep.exec_head_dim = vo && spec.factored ? D : std::max(D, fac.cp.front().rank);
 }
 
 /// Slice s of a stack: layer s's matrix (cross-layer schemes) or head s's E × D block of layer `l`.
@@ -451,8 +481,8 @@ LlamaModel compress_model_tensor(const LlamaModel& model, const transform::Tenso
     return out;
   }
   for (const LlamaLayer& Ly : model.weights().layers)
-    NUMATTN_CHECK_OPTION(!Ly.v_bd, "tensor", "{} needs a plain GQA Llama model; this one has BDA layers",
-                         transform::to_string(spec.scheme));
+    NUMATTN_CHECK_OPTION(!Ly.v_bd && Ly.vo_rank == 0, "tensor", "{} needs a plain GQA Llama model; this one has {} layers",
+                         transform::to_string(spec.scheme), Ly.v_bd ? "BDA" : "factored collaborative VO");
   check_tensor_spec(spec, hp);
   TensorModelReport rep;
   rep.spec = spec;

@@ -29,7 +29,7 @@ const char* to_string(TensorScheme s) {
 
 const char* tensor_spec_grammar() {
   return "SCHEME:key=value,... with SCHEME vo-cp | qk-cp (collaborative heads, CP rank: rank=R, "
-         "R >= 1, or 0 = exact block form; iters=N, seed=S) or tucker-qkvo | tucker-ffn (each "
+         "R >= 1, or 0 = exact block form; iters=N, seed=S; vo-cp: exec=embedded|factored) or tucker-qkvo | tucker-ffn (each "
          "weight kind stacked over the layers: rank=R or R1xR2 (>= 1, clamped per kind to the "
          "matrix's rows/cols), layers=L (stack rank; default all = shared factors), iters=N) or "
          "tucker-heads (per layer and weight kind, the heads × E × D tensor: rank=RE or RExRD, "
@@ -102,6 +102,10 @@ TensorSpec parse_tensor_spec(const std::string& s) {
       const auto it = parse_int(key, v, s);
       NUMATTN_CHECK_OPTION(it >= 1 && it <= 100000, "tensor", "'{}': iters={} must be in [1, 100000]", s, it);
       t.iters = static_cast<int>(it);
+    } else if (key == "exec" && t.scheme == TensorScheme::kVoCp) {
+      NUMATTN_CHECK_OPTION(v == "factored" || v == "embedded", "tensor", "'{}': exec={} is not factored or embedded",
+                           s, v);
+      t.factored = v == "factored";
     } else if (key == "seed" && t.is_cp()) {
       t.seed = static_cast<std::uint64_t>(parse_int(key, v, s));
     } else {
@@ -126,6 +130,7 @@ std::string TensorSpec::canonical() const {
   }
   r += fmt::format(",iters={}", iterations());
   if (is_cp() && seed != 1) r += fmt::format(",seed={}", seed);
+  if (factored) r += ",exec=factored";
   return r;
 }
 

@@ -195,12 +195,16 @@ TEST(TensorHeads, SpecGrammar) {
   EXPECT_EQ(s.scheme, transform::TensorScheme::kTuckerHeads);
   EXPECT_EQ(s.layers, 3);
   EXPECT_EQ(s.canonical(), "tucker-heads:rank=128x32,heads=3,iters=10");
+  s = transform::parse_tensor_spec("vo-cp:rank=64,exec=factored");
+  EXPECT_TRUE(s.factored);
+  EXPECT_EQ(s.canonical(), "vo-cp:rank=64,iters=25,exec=factored");
   EXPECT_EQ(transform::parse_tensor_spec(s.canonical()).canonical(), s.canonical());
   for (const char* bad : {"", "foo:rank=1", "vo-cp", "vo-cp:rank=-1", "vo-cp:rank=2x3", "vo-cp:rank=abc",
                           "vo-cp:rank=4,layers=2", "vo-cp:rank=4,iters=0", "vo-cp:rank=4,rank=5",
                           "tucker-qkvo:rank=0", "tucker-qkvo:rank=4x0", "tucker-qkvo:rank=4,seed=2",
                           "tucker-ffn:rank=4,bogus=1", "tucker-ffn:rank=4,", "tucker-ffn:rank=4,layers=0",
-                          "tucker-heads:rank=4,layers=2", "tucker-qkvo:rank=4,heads=2", "tucker-heads:rank=4,heads=0"}) {
+                          "tucker-heads:rank=4,layers=2", "tucker-qkvo:rank=4,heads=2", "tucker-heads:rank=4,heads=0",
+                          "vo-cp:rank=4,exec=fast", "qk-cp:rank=4,exec=factored", "tucker-qkvo:rank=4,exec=factored"}) {
     try {
       transform::parse_tensor_spec(bad);
       ADD_FAILURE() << "accepted: " << bad;
@@ -365,6 +369,51 @@ TEST(TensorModel, CliFlags) {
   EXPECT_EQ(row.at("tensor_parts").size(), 2u);
 }
 
+// Factored collaborative VO layers (exec=factored): the same function as the embedded form (same
+// factors) in float32, prefill on both thread shapes, decode token by token, two attention
+// methods reading the shared value row through a head stride of 0; the cache holds Hkv·D + R
+// floats per token and layer.
+TEST(TensorModel, FactoredVoEqualsTheEmbeddedForm) {
+  const auto t = tokens(40);  // 40 ≥ 16·2: the token-block prefill path with 2 threads
+  const LlamaHParams& hp = tiny().hparams();
+  for (const std::string spec : {"vo-cp:rank=5", "vo-cp:rank=12", "vo-cp:rank=0"}) {
+    TensorModelReport rep;
+    const LlamaModel emb = compress_model_tensor(tiny(), transform::parse_tensor_spec(spec), ExecContext{2});
+    LlamaModel fac = compress_model_tensor(tiny(), transform::parse_tensor_spec(spec + ",exec=factored"), ExecContext{2},
+                                           &rep);
+    const std::int64_t R = fac.weights().layers[0].vo_rank;
+    EXPECT_EQ(rep.exec_head_dim, hp.head_dim) << spec;
+    EXPECT_EQ(fac.hparams().head_dim, hp.head_dim) << spec;
+    EXPECT_EQ(fac.kv_bytes_per_token(), 4 * hp.n_layer * (hp.n_head_kv * hp.head_dim + R)) << spec;
+    const auto ref = logits(emb, t);
+    EXPECT_LE(max_diff(logits(fac, t), ref), kModelTol) << spec;
+    KvCache c1 = fac.make_cache(static_cast<std::int64_t>(t.size()));
+    EXPECT_LE(max_diff(fac.forward(t, c1, ExecContext{1}), ref), kModelTol) << spec;
+    // Decode: one token at a time, each step's logits against the prefill's row.
+    KvCache c = fac.make_cache(static_cast<std::int64_t>(t.size()));
+    double d = 0;
+    const auto V = static_cast<std::size_t>(hp.n_vocab);
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      const auto step = fac.forward({t[i]}, c, ExecContext{2});
+      d = std::max(d, max_diff(step, std::vector<float>(ref.begin() + static_cast<std::ptrdiff_t>(i * V),
+                                                         ref.begin() + static_cast<std::ptrdiff_t>((i + 1) * V))));
+    }
+    EXPECT_LE(d, kModelTol) << spec;
+    fac.set_attention("exact.naive");
+    EXPECT_LE(max_diff(logits(fac, t), ref), kModelTol) << spec;
+    if (spec == "vo-cp:rank=0") EXPECT_LE(max_diff(logits(fac, t), logits(tiny(), t)), kModelTol);
+    // A cache made for the embedded model is refused.
+    KvCache other = emb.make_cache(4);
+    EXPECT_THROW(fac.forward({1, 2}, other, ExecContext{1}), Error) << spec;
+  }
+  // A factored model is not compressed again, converted to MLA or rewritten with BDA.
+  LlamaModel fac = compress_model_tensor(tiny(), transform::parse_tensor_spec("vo-cp:rank=4,exec=factored"),
+                                         ExecContext{1});
+  EXPECT_THROW(compress_model_tensor(fac, transform::parse_tensor_spec("vo-cp:rank=4"), ExecContext{1}), OptionError);
+  EXPECT_THROW(apply_bda(fac, "vo"), Error);
+  EXPECT_THROW(convert_model_to_mla(fac, {}, transform::MlaOptions{}, ExecContext{1}), Error);
+}
+
 // --- collaborative QK on the NoPE part of MLA layers ---
 
 // The tiny model converted to MLA (exact latent width, one RoPE head: d_nope = 8, d_rope = 8).
@@ -492,6 +541,7 @@ TEST(TensorFile, EverySchemeLoadsBackAsTheCompressedModel) {
   round_trip(tiny_src(), "vo-cp:rank=5", "tc_vo5.gguf");
   round_trip(tiny_src(), "vo-cp:rank=12", "tc_vo12.gguf");  // R > D: executed with head dim 12
   round_trip(tiny_src(), "vo-cp:rank=0", "tc_vo0.gguf");    // block form: stored as R = Hq·D
+  round_trip(tiny_src(), "vo-cp:rank=12,exec=factored", "tc_vof.gguf");
   round_trip(tiny_src(), "tucker-qkvo:rank=6x5", "tc_tq.gguf");
   round_trip(tiny_src(), "tucker-qkvo:rank=7,layers=1", "tc_tq1.gguf");
   round_trip(tiny_src(), "tucker-ffn:rank=20x12", "tc_tf.gguf");
@@ -534,6 +584,7 @@ TEST(TensorFile, HostileFilesAreRefusedByName) {
   expect_refused(vo, {{}, {}, {"blk.0.attn_q.weight"}}, "blk.0.attn_q.weight");  // a kept source tensor
   // qk-cp factors on a RoPE model.
   expect_refused(vo, {{{"numattn-tensor.tensor.scheme", GgufValue::string("qk-cp")}}, {}, {}}, "RoPE");
+  expect_refused(vo, {{{"numattn-tensor.tensor.exec", GgufValue::string("fast")}}, {}, {}}, "tensor.exec");
   expect_refused(tk, {{{"numattn-tensor.tensor.layers", GgufValue::u32(3)}}, {}, {}}, "tensor.layers");
   expect_refused(tk, {{{"numattn-tensor.tensor.rank2", std::nullopt}}, {}, {}}, "tensor.rank2");
   expect_refused(tk, {{{"numattn-tensor.tensor.layers", GgufValue::u32(0)}}, {}, {}}, "tucker.attn_q.cores");

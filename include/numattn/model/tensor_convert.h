@@ -17,6 +17,8 @@
 ///   block form written as R = Hq·D; Tucker: R1), `numattn-tensor.tensor.rank2` (u32, Tucker R2),
 ///   `numattn-tensor.tensor.layers` (u32, Tucker stack rank ℓ, 0 = shared factors;
 ///   tucker-heads: the head-mode rank),
+///   `numattn-tensor.tensor.exec` (string, optional: `factored` runs vo-cp as factored VO layers,
+///   absent or `embedded` as the head-dim-max(D, R) embedding),
 ///   `numattn-tensor.tensor.spec` (string, the canonical spec, informational);
 /// - CP schemes (`S` = `vo_cp` or `qk_cp`), per layer ℓ, F32 tensors (GGUF ne order {cols, rows}):
 ///   `blk.ℓ.attn_S.left` {R, E}, `blk.ℓ.attn_S.right` {R, E}, `blk.ℓ.attn_S.mix` {R, Hq}

@@ -65,6 +65,7 @@ const char* to_string(TensorScheme s);
 /// Keys: `rank` (CP: R ≥ 0, 0 = the exact block form H·D; Tucker: R1 or R1xR2, ≥ 1, each clamped
 /// to its matrix's dimension per weight kind; tucker-heads: R_E or R_ExR_D, clamped to E and D),
 /// `layers` (tucker-qkvo/-ffn: the stack rank ℓ ≥ 1, default all layers = shared factors),
+/// `exec` (vo-cp: `embedded`, the default, or `factored`, model/tensor_model.h),
 /// `heads` (tucker-heads: the head-mode rank, ≥ 1, default all heads = one core per head; a
 /// value ≥ a kind's head count means one core per head for that kind), `iters` (≥ 1; default 25
 /// for CP, 10 for Tucker), `seed` (CP only; used where the HOSVD start pads with random columns).
@@ -74,6 +75,9 @@ struct TensorSpec {
   std::int64_t rank2 = 0;   ///< Tucker R2 (= rank when not given)
   std::int64_t layers = 0;  ///< Tucker stack rank ℓ (tucker-heads: over the heads); 0 = every slice (shared factors)
   int iters = 0;            ///< 0 = the scheme's default
+  /// vo-cp only (`exec=factored`): run as factored collaborative VO layers (LlamaLayer::vo_mix:
+  /// one shared R-wide value row per token) instead of the exact embedding at head dim max(D, R).
+  bool factored = false;
   std::uint64_t seed = 1;
   bool is_cp() const { return scheme == TensorScheme::kVoCp || scheme == TensorScheme::kQkCp; }
   /// Sweeps actually run (iters, or the default of the scheme).
