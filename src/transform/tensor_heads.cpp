@@ -29,7 +29,8 @@ const char* to_string(TensorScheme s) {
 
 const char* tensor_spec_grammar() {
   return "SCHEME:key=value,... with SCHEME vo-cp | qk-cp (collaborative heads, CP rank: rank=R, "
-         "R >= 1, or 0 = exact block form; iters=N, seed=S; vo-cp: exec=embedded|factored) or tucker-qkvo | tucker-ffn (each "
+         "R >= 1, or 0 = exact block form; iters=N, seed=S; vo-cp: exec=embedded|factored) or "
+         "tucker-qkvo | tucker-ffn (each "
          "weight kind stacked over the layers: rank=R or R1xR2 (>= 1, clamped per kind to the "
          "matrix's rows/cols), layers=L (stack rank; default all = shared factors), iters=N) or "
          "tucker-heads (per layer and weight kind, the heads × E × D tensor: rank=RE or RExRD, "

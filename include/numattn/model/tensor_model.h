@@ -25,6 +25,9 @@
 ///   (zero-padded to D'), and head h's output block of W_o is O'·diag(μ_h). The embedded model
 ///   costs more than the original (its KV cache holds Hkv·2·D' floats per token and layer), so
 ///   its speed says nothing about the factored form; its function is the compressed model's.
+///   With `exec=factored` (TensorSpec::factored) vo-cp runs in its factored layer form instead
+///   (LlamaLayer::vo_mix, model/llama.h): wqkv = [Wq; Wk; V'], wo = O' [E, R], per-head mixing
+///   vectors; the cache holds Hkv·D keys and one R-wide value row per token; head dim stays D.
 /// - `qk-cp` (collaborative QK heads): refused when the model applies RoPE to Q/K dimensions
 ///   (n_rot > 0, every Llama GGUF; the error names RoPE). With n_rot = 0 the same embedding holds
 ///   Q'_h = sqrt(D'/D)·diag(μ_h)·W̃_Qᵀ and one shared K' = W̃_Kᵀ (R rows) per KV head, with V and
