@@ -8,7 +8,7 @@
 /// counts reported are those of the factored form. A `numattn-tensor` GGUF file
 /// (model/tensor_convert.h) stores those same float32 factors and is rebuilt by the same
 /// function (build_tensor_model), so a written file runs bitwise the model `ppl --tensor` runs.
-/// The factored execution (fewer GEMM FLOPs) is not implemented.
+/// A factored execution exists for vo-cp only (`exec=factored`, below); the other schemes run dense.
 /// - `tucker-qkvo` / `tucker-ffn`: each weight kind (W_q, W_k, W_v, W_o; W_gate, W_up, W_down)
 ///   of all L layers is one stack (L × out × in), compressed by transform::compress_stack with
 ///   ranks (min(R1, out), min(R2, in)); the rebuilt W_s replace the originals (same shapes).
