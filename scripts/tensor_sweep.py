@@ -2,7 +2,7 @@
 """Sweeps tensor compressions of a model's weights (transform/tensor_heads.h) through `numattn ppl`.
 
     scripts/tensor_sweep.py [--numattn build/bin/numattn] [--model default] [--text default]
-                            [--ctx 512] [--chunks 2] [--threads T]
+                            [--ctx 512] [--chunks 2] [--threads T] [--mla-rank R]
                             [--spec vo-cp:rank=128 --spec tucker-qkvo:rank=256 ...]
                             [--csv out.csv] [--md out.md] [--json out.json]
 
@@ -13,7 +13,9 @@ the uncompressed model in the same run. Columns: spec, ppl, ppl_baseline, dppl_%
 change), kld_mean, top1_agreement, params_kept (factored form over the weights the scheme
 compresses), fit_min, fit_mean, not_converged (decompositions stopped at `iters` still moving),
 tensor_s (decomposition seconds). Then, per scheme, the smallest rank whose PPL rises by at most
-1% (or "none" when no rank in the sweep does). Rows are printed as they finish (stderr); a failing
+1% (or "none" when no rank in the sweep does). `--mla-rank R` converts the model to MLA first
+(then only qk-cp applies, on the NoPE part, and the baseline is the MLA model). Rows are printed
+as they finish (stderr); a failing
 spec is recorded with its error and the sweep goes on. Only the standard library is used.
 """
 import argparse
@@ -40,6 +42,8 @@ def run_one(args, spec):
            "--chunks", str(args.chunks), "--tensor", spec, "--no-progress", "--format", "json"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.mla_rank is not None:
+        cmd += ["--mla-rank", str(args.mla_rank)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         err = out.stderr.strip().splitlines()
@@ -76,6 +80,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--numattn", default="build/bin/numattn")
     ap.add_argument("--model", default="default")
+    ap.add_argument("--mla-rank", type=int, help="convert to MLA at this latent rank first (ppl --mla-rank)")
     ap.add_argument("--text", default="default")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=2)

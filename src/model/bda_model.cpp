@@ -23,6 +23,8 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
   for (const LlamaLayer& L : w.layers)
     NUMATTN_CHECK(!L.v_bd && !(L.mla && (L.mla->uk_bd || !L.mla->uv_bd.empty())),
                   "the model already has BDA applied");
+  for (const LlamaLayer& L : w.layers)
+    NUMATTN_CHECK(L.vo_rank == 0, "BDA needs Wq|Wk|Wv: this model has factored collaborative VO layers");
   if (model.has_mla()) return apply_bda_mla(model, opt, rep);
   // Transform every layer first, then commit: a refusal leaves the model untouched.
   std::vector<transform::BdaLayer> done;

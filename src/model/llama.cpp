@@ -11,6 +11,7 @@
 #include "numattn/core/simd.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/mla_model.h"
+#include "numattn/model/tensor_convert.h"
 #include "numattn/model/quant.h"
 
 namespace numattn {
@@ -295,17 +296,22 @@ KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens)
     : KvCache(hp, max_tokens, std::vector<std::int64_t>(static_cast<std::size_t>(hp.n_layer), 0)) {}
 
 KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens,
-                 const std::vector<std::int64_t>& latent_width)
-    : capacity_(max_tokens), latent_(latent_width) {
+                 const std::vector<std::int64_t>& latent_width, const std::vector<std::int64_t>& value_width)
+    : capacity_(max_tokens),
+      latent_(latent_width),
+      value_(value_width.empty() ? std::vector<std::int64_t>(latent_width.size(), 0) : value_width) {
   NUMATTN_CHECK(max_tokens > 0, "KV cache capacity must be positive, got {}", max_tokens);
-  NUMATTN_CHECK(static_cast<std::int64_t>(latent_width.size()) == hp.n_layer,
-                "KV cache: {} layer widths for {} layers", latent_width.size(), hp.n_layer);
+  NUMATTN_CHECK(static_cast<std::int64_t>(latent_width.size()) == hp.n_layer && value_.size() == latent_.size(),
+                "KV cache: {} layer widths ({} value widths) for {} layers", latent_width.size(), value_.size(),
+                hp.n_layer);
   constexpr const char* what = "KV cache size";
   const std::int64_t gqa = checked_mul(checked_mul(2, hp.n_head_kv, what), hp.head_dim, what);
   std::int64_t per_token = 0;
-  for (std::int64_t w : latent_width) {
-    NUMATTN_CHECK(w >= 0, "KV cache: negative latent width {}", w);
-    per_token = checked_add(per_token, w > 0 ? w : gqa, what);
+  for (std::size_t l = 0; l < latent_.size(); ++l) {
+    const std::int64_t w = latent_[l], vw = value_[l];
+    NUMATTN_CHECK(w >= 0 && vw >= 0 && (w == 0 || vw == 0), "KV cache: layer {} widths {} (latent), {} (value)", l, w,
+                  vw);
+    per_token = checked_add(per_token, w > 0 ? w : vw > 0 ? checked_add(gqa / 2, vw, what) : gqa, what);
   }
   const std::int64_t bytes = checked_mul(checked_mul(per_token, max_tokens, what), 4, what);
   bytes_per_token_ = checked_mul(per_token, 4, what);
@@ -322,7 +328,7 @@ KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens,
   for (std::size_t l = 0; l < latent_width.size(); ++l) {
     const std::int64_t w = latent_width[l];
     k_[l].resize(static_cast<std::size_t>(max_tokens * (w > 0 ? w : gqa / 2)));
-    if (w == 0) v_[l].resize(static_cast<std::size_t>(max_tokens * gqa / 2));
+    if (w == 0) v_[l].resize(static_cast<std::size_t>(max_tokens * (value_[l] > 0 ? value_[l] : gqa / 2)));
   }
 }
 
@@ -431,14 +437,20 @@ void LlamaModel::check_shapes() const {
       mat(L.w_down, L.w_down_q, h.n_embd, h.n_ff, p + "w_down");
       continue;
     }
-    mat(L.wqkv, L.wqkv_q, L.v_bd ? (h.n_head + h.n_head_kv) * h.head_dim : h.qkv_rows(), h.n_embd,
-        p + "wqkv");
+    const std::int64_t vr = L.vo_rank;
+    NUMATTN_CHECK(vr == 0 || (!L.v_bd && static_cast<std::int64_t>(L.vo_mix.size()) == h.n_head * vr),
+                  "{}factored VO layer has {} mixing values (not Hq × R) or a BD projection", p, L.vo_mix.size());
+    mat(L.wqkv, L.wqkv_q,
+        vr > 0    ? (h.n_head + h.n_head_kv) * h.head_dim + vr
+        : L.v_bd ? (h.n_head + h.n_head_kv) * h.head_dim
+                  : h.qkv_rows(),
+        h.n_embd, p + "wqkv");
     if (L.v_bd)
       NUMATTN_CHECK(L.v_bd->d_in() == h.n_embd && L.v_bd->heads() == h.n_head_kv &&
                         L.v_bd->head_dim() == h.head_dim,
                     "{}BD value projection is {}→{}×{}, expected {}→{}×{}", p, L.v_bd->d_in(),
                     L.v_bd->heads(), L.v_bd->head_dim(), h.n_embd, h.n_head_kv, h.head_dim);
-    mat(L.wo, L.wo_q, h.n_embd, h.n_head * h.head_dim, p + "wo");
+    mat(L.wo, L.wo_q, h.n_embd, vr > 0 ? vr : h.n_head * h.head_dim, p + "wo");
     need(L.ffn_norm, h.n_embd, p + "ffn_norm");
     mat(L.w_gate_up, L.w_gate_up_q, 2 * h.n_ff, h.n_embd, p + "w_gate_up");
     mat(L.w_down, L.w_down_q, h.n_embd, h.n_ff, p + "w_down");
@@ -469,6 +481,10 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hkv = hp.n_head_kv;
   const bool mla = f.architecture() == "numattn-mla";
   const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
+  // A numattn-tensor file (model/tensor_convert.h): the kinds it rebuilds are left to it.
+  const bool tens = f.architecture() == "numattn-tensor";
+  const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
+  auto keep = [&](const char* kind) { return !tens || !tl.rebuilds(kind); };
   LlamaWeights w;
   auto q = [&](QuantMatrix& m, const std::string& name) { m.append(f.tensor(name)); };
   q(w.token_embd_q, "token_embd.weight");
@@ -483,7 +499,7 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
     if (mla) {
       // MLA projections are float32 arithmetic of their own (model/mla_model.h).
       L.mla = load_mla_layer(f, l, hp, md, ctx);
-    } else {
+    } else if (keep("attn_q")) {
       q(L.wqkv_q, p + "attn_q.weight");
       q(L.wqkv_q, p + "attn_k.weight");
       if (f.find_tensor(p + "attn_v_bd.coef")) {
@@ -493,24 +509,28 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
         q(L.wqkv_q, p + "attn_v.weight");
       }
     }
-    q(L.wo_q, p + "attn_output.weight");
-    q(L.w_gate_up_q, p + "ffn_gate.weight");
-    q(L.w_gate_up_q, p + "ffn_up.weight");
-    q(L.w_down_q, p + "ffn_down.weight");
+    if (keep("attn_output")) q(L.wo_q, p + "attn_output.weight");
+    if (keep("ffn_gate")) {
+      q(L.w_gate_up_q, p + "ffn_gate.weight");
+      q(L.w_gate_up_q, p + "ffn_up.weight");
+      q(L.w_down_q, p + "ffn_down.weight");
+    }
   }
-  w.file = std::move(file);
+  w.file = file;
+  if (tens) return finish_tensor_model(*file, hp, std::move(w), ctx);
   return LlamaModel(hp, std::move(w));
 }
 
 LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
   const std::string arch = f.architecture();
-  NUMATTN_CHECK(arch == "llama" || arch == "numattn-mla",
+  NUMATTN_CHECK(arch == "llama" || arch == "numattn-mla" || arch == "numattn-tensor",
                 "{}: architecture '{}' is not supported; the forward pass implements 'llama' (and "
-                "numattn's own 'numattn-mla', model/mla_convert.h)",
+                "numattn's own 'numattn-mla', model/mla_convert.h, and 'numattn-tensor', "
+                "model/tensor_convert.h)",
                 f.path(), arch);
-  // A numattn-mla file keeps the llama keys under its own prefix.
+  // numattn-mla and numattn-tensor files keep the llama keys under their own prefix.
   auto K = [&](const char* llama_key) {
-    return arch == "llama" ? std::string(llama_key) : "numattn-mla." + std::string(llama_key + 6);
+    return arch == "llama" ? std::string(llama_key) : arch + "." + std::string(llama_key + 6);
   };
   NUMATTN_CHECK(!f.has(K("llama.rope.scaling.type")) ||
                     f.get_string(K("llama.rope.scaling.type")) == "none",
@@ -553,9 +573,15 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
                   f.path(), toks->array_size(), V);
   // Each layer needs its own tensors: a cheap bound before looking for them one by one.
   const auto n_tensors = static_cast<std::int64_t>(f.tensors().size());
-  NUMATTN_CHECK(hp.n_layer <= (n_tensors - 2) / kTensorsPerLayer,
+  const bool tens = arch == "numattn-tensor";
+  // A numattn-tensor file keeps at least the two norms and three matrices of a layer.
+  const std::int64_t per_layer = tens ? 5 : kTensorsPerLayer;
+  NUMATTN_CHECK(hp.n_layer <= (n_tensors - 2) / per_layer,
                 "{}: {} = {}, but the file has only {} tensors ({} per layer are needed)", f.path(),
-                K(kKeyBlocks), hp.n_layer, n_tensors, kTensorsPerLayer);
+                K(kKeyBlocks), hp.n_layer, n_tensors, per_layer);
+  // Its own keys and factor tensors (validated there); the per-layer tensors it drops are not checked.
+  const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
+  auto stored = [&](const char* kind) { return !tens || !tl.drops(kind); };
 
   const bool mla = arch == "numattn-mla";
   const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
@@ -590,9 +616,9 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
       check_tensor(f, p + "ffn_down.weight", F, E, f_why);
       continue;
     }
-    check_tensor(f, p + "attn_q.weight", E, Hq * D, q_why);
-    check_tensor(f, p + "attn_k.weight", E, Hkv * D, kv_why);
-    if (f.find_tensor(p + "attn_v_bd.coef")) {
+    if (stored("attn_q")) check_tensor(f, p + "attn_q.weight", E, Hq * D, q_why);
+    if (stored("attn_k")) check_tensor(f, p + "attn_k.weight", E, Hkv * D, kv_why);
+    if (!tens && f.find_tensor(p + "attn_v_bd.coef")) {
       // A BDA file (model/bda_model.h); the values of perm/dense are checked by from_parts.
       NUMATTN_CHECK(E > D, "{}: BDA layer {} needs {} > head dim ({} <= {})", f.path(), l, K(kKeyEmbd), E, D);
       check_tensor(f, p + "attn_v_bd.coef", Hkv * D, E - D, kv_why + " (BD coefficients)");
@@ -603,13 +629,15 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
       NUMATTN_CHECK(nd <= Hkv, "{}: {}attn_v_bd.dense lists {} heads, but {} = {}", f.path(), p,
                     nd, K(kKeyHeadsKv), Hkv);
       if (nd > 0) check_tensor(f, p + "attn_v_bd.top", nd * D, D, kv_why + " (BD dense heads)");
-    } else {
+    } else if (stored("attn_v")) {
       check_tensor(f, p + "attn_v.weight", E, Hkv * D, kv_why);
     }
-    check_tensor(f, p + "attn_output.weight", Hq * D, E, q_why);
-    check_tensor(f, p + "ffn_gate.weight", E, F, f_why);
-    check_tensor(f, p + "ffn_up.weight", E, F, f_why);
-    check_tensor(f, p + "ffn_down.weight", F, E, f_why);
+    if (stored("attn_output")) check_tensor(f, p + "attn_output.weight", Hq * D, E, q_why);
+    if (stored("ffn_gate")) {
+      check_tensor(f, p + "ffn_gate.weight", E, F, f_why);
+      check_tensor(f, p + "ffn_up.weight", E, F, f_why);
+      check_tensor(f, p + "ffn_down.weight", F, E, f_why);
+    }
   }
   return hp;
 }
@@ -625,6 +653,9 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
   const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff, Hq = hp.n_head, Hkv = hp.n_head_kv;
   const bool mla = f.architecture() == "numattn-mla";
   const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
+  const bool tens = f.architecture() == "numattn-tensor";
+  const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
+  auto keep = [&](const char* kind) { return !tens || !tl.rebuilds(kind); };
   load_tensor(f, "token_embd.weight", w.token_embd, hp.n_vocab * E, ctx);
   load_tensor(f, "output_norm.weight", w.output_norm, E, ctx);
   if (!tied) load_tensor(f, "output.weight", w.output, hp.n_vocab * E, ctx);
@@ -643,24 +674,29 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
       load_tensor(f, p + "ffn_down.weight", L.w_down, E * F, ctx);
       continue;
     }
-    // A BDA file (model/bda_model.h) stores the VO pair's fused projection instead of attn_v.
-    const bool bd = f.find_tensor(p + "attn_v_bd.coef") != nullptr;
-    L.wqkv.resize(static_cast<std::size_t>((bd ? Hq + Hkv : Hq + 2 * Hkv) * D * E));
-    float* q = L.wqkv.data();
-    float* k = q + Hq * D * E;
-    load_tensor(f, p + "attn_q.weight", q, Hq * D * E, ctx);
-    load_tensor(f, p + "attn_k.weight", k, Hkv * D * E, ctx);
-    if (bd) {
-      L.v_bd = load_v_bd(f, p, E, Hkv, D, ctx);
-    } else {
-      load_tensor(f, p + "attn_v.weight", k + Hkv * D * E, Hkv * D * E, ctx);
+    if (keep("attn_q")) {
+      // A BDA file (model/bda_model.h) stores the VO pair's fused projection instead of attn_v.
+      const bool bd = f.find_tensor(p + "attn_v_bd.coef") != nullptr;
+      L.wqkv.resize(static_cast<std::size_t>((bd ? Hq + Hkv : Hq + 2 * Hkv) * D * E));
+      float* q = L.wqkv.data();
+      float* k = q + Hq * D * E;
+      load_tensor(f, p + "attn_q.weight", q, Hq * D * E, ctx);
+      load_tensor(f, p + "attn_k.weight", k, Hkv * D * E, ctx);
+      if (bd) {
+        L.v_bd = load_v_bd(f, p, E, Hkv, D, ctx);
+      } else {
+        load_tensor(f, p + "attn_v.weight", k + Hkv * D * E, Hkv * D * E, ctx);
+      }
+      load_tensor(f, p + "attn_output.weight", L.wo, E * Hq * D, ctx);
     }
-    load_tensor(f, p + "attn_output.weight", L.wo, E * Hq * D, ctx);
-    L.w_gate_up.resize(static_cast<std::size_t>(2 * F * E));
-    load_tensor(f, p + "ffn_gate.weight", L.w_gate_up.data(), F * E, ctx);
-    load_tensor(f, p + "ffn_up.weight", L.w_gate_up.data() + F * E, F * E, ctx);
-    load_tensor(f, p + "ffn_down.weight", L.w_down, E * F, ctx);
+    if (keep("ffn_gate")) {
+      L.w_gate_up.resize(static_cast<std::size_t>(2 * F * E));
+      load_tensor(f, p + "ffn_gate.weight", L.w_gate_up.data(), F * E, ctx);
+      load_tensor(f, p + "ffn_up.weight", L.w_gate_up.data() + F * E, F * E, ctx);
+      load_tensor(f, p + "ffn_down.weight", L.w_down, E * F, ctx);
+    }
   }
+  if (tens) return finish_tensor_model(f, hp, std::move(w), ctx);
   return LlamaModel(hp, std::move(w));
 }
 
@@ -679,6 +715,7 @@ std::uint64_t LlamaModel::weight_bytes_per_token(bool with_output) const {
          bytes(L.w_down, L.w_down_q);
     if (L.v_bd) b += 4 * static_cast<std::uint64_t>(L.v_bd->weight_params());
     if (L.mla) b += 4 * static_cast<std::uint64_t>(L.mla->weights(hp_.n_embd));
+    b += 4 * static_cast<std::uint64_t>(L.vo_mix.size());
   }
   if (with_output)
     b += w_.tied() ? bytes(w_.token_embd, w_.token_embd_q) : bytes(w_.output, w_.output_q);
@@ -686,15 +723,19 @@ std::uint64_t LlamaModel::weight_bytes_per_token(bool with_output) const {
 }
 
 KvCache LlamaModel::make_cache(std::int64_t max_tokens) const {
-  std::vector<std::int64_t> lat;
-  for (const LlamaLayer& L : w_.layers) lat.push_back(L.mla ? L.mla->cache_width() : 0);
-  return KvCache(hp_, max_tokens, lat);
+  std::vector<std::int64_t> lat, val;
+  for (const LlamaLayer& L : w_.layers) {
+    lat.push_back(L.mla ? L.mla->cache_width() : 0);
+    val.push_back(L.mla ? 0 : L.vo_rank);
+  }
+  return KvCache(hp_, max_tokens, lat, val);
 }
 
 std::int64_t LlamaModel::kv_bytes_per_token() const {
   std::int64_t b = 0;
+  const std::int64_t kv = hp_.n_head_kv * hp_.head_dim;
   for (const LlamaLayer& L : w_.layers)
-    b += 4 * (L.mla ? L.mla->cache_width() : 2 * hp_.n_head_kv * hp_.head_dim);
+    b += 4 * (L.mla ? L.mla->cache_width() : L.vo_rank > 0 ? kv + L.vo_rank : 2 * kv);
   return b;
 }
 
@@ -705,8 +746,13 @@ bool LlamaModel::has_mla() const {
 std::int64_t LlamaModel::body_weights() const {
   const std::int64_t E = hp_.n_embd;
   std::int64_t b = 0;
-  for (const LlamaLayer& L : w_.layers)
-    b += L.mla ? L.mla->weights(E) + E * hp_.n_head * L.mla->d_v + 3 * hp_.n_ff * E : hp_.layer_weights();
+  const std::int64_t qk = (hp_.n_head + hp_.n_head_kv) * hp_.head_dim * E;
+  for (const LlamaLayer& L : w_.layers) {
+    const std::int64_t vr = L.vo_rank;
+    b += L.mla     ? L.mla->weights(E) + E * hp_.n_head * L.mla->d_v + 3 * hp_.n_ff * E
+         : vr > 0 ? qk + vr * (2 * E + hp_.n_head) + 3 * hp_.n_ff * E
+                   : hp_.layer_weights();
+  }
   return b;
 }
 
@@ -729,6 +775,9 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     NUMATTN_CHECK(cache.latent_[static_cast<std::size_t>(l)] == (M ? M->cache_width() : 0),
                   "KV cache was made for another model (layer {} is {} here, {} in the cache)", l,
                   M ? "MLA" : "GQA", cache.latent_[static_cast<std::size_t>(l)] > 0 ? "MLA" : "GQA");
+    NUMATTN_CHECK(cache.value_[static_cast<std::size_t>(l)] == w_.layers[static_cast<std::size_t>(l)].vo_rank,
+                  "KV cache was made for another model (layer {}: value width {} here, {} in the cache)", l,
+                  w_.layers[static_cast<std::size_t>(l)].vo_rank, cache.value_[static_cast<std::size_t>(l)]);
   }
   const std::int64_t p0 = cache.n_past_;
   NUMATTN_CHECK(p0 + N <= cache.capacity_, "KV cache holds {} positions; {} + {} do not fit",
@@ -742,7 +791,11 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
                 "forward: {} attention methods given for {} layers (make_attention_methods)",
                 attn.size(), h.n_layer);
   const std::int64_t E = h.n_embd, D = h.head_dim, Hq = h.n_head, Hkv = h.n_head_kv, F = h.n_ff;
-  const std::int64_t R = h.qkv_rows(), half = h.n_rot / 2;
+  // Row stride of the qkv buffer: a factored VO layer's rows are Q|K|U ((Hq+Hkv)·D + R).
+  std::int64_t R = h.qkv_rows(), vo_max = 0;
+  for (const LlamaLayer& L : w_.layers) vo_max = std::max(vo_max, L.vo_rank);
+  R = std::max(R, (Hq + Hkv) * D + vo_max);
+  const std::int64_t half = h.n_rot / 2;
   const std::int64_t n_out = N - opt.logits_begin;
   // MLA layers: the widest of their per-token buffers (projections, query rows, attention
   // output, latent output), and of the W_o input.
@@ -755,10 +808,11 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
       m_lat = std::max(m_lat, mla_out_width(*L.mla, mexec));
       att_w = std::max(att_w, Hq * L.mla->d_v);
     }
+  att_w = std::max(att_w, Hq * vo_max);
   {
     // Activations (x, xn, qkv, att, gate|up, act, captures, cos|sin, MLA buffers) and the logits.
     constexpr const char* what = "forward activation size";
-    const std::int64_t per_token = 2 * E + R + att_w + 3 * F + 2 * half + m_proj + m_q + m_lat +
+    const std::int64_t per_token = 2 * E + R + att_w + 3 * F + 2 * half + m_proj + m_q + m_lat + vo_max +
                                    (opt.capture ? (Hq + Hkv) * D : 0);
     const std::int64_t floats = checked_add(checked_mul(N, per_token, what),
                                             checked_mul(n_out, h.n_vocab, what), what);
@@ -770,7 +824,7 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
   std::vector<float> x(static_cast<std::size_t>(N * E)), xn(x.size());
   std::vector<float> qkv(static_cast<std::size_t>(N * R)), att(static_cast<std::size_t>(N * att_w));
   std::vector<float> mproj(static_cast<std::size_t>(N * m_proj)), mq(static_cast<std::size_t>(N * m_q)),
-      mlat(static_cast<std::size_t>(N * m_lat));
+      mlat(static_cast<std::size_t>(N * m_lat)), vz(static_cast<std::size_t>(N * vo_max));
   std::vector<float> gu(static_cast<std::size_t>(N * 2 * F)), act(static_cast<std::size_t>(N * F));
   std::vector<float> qpre, kpre;
   if (opt.capture) {
@@ -828,8 +882,10 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
       lap(main, &ForwardProfile::qkv_gemm);
       return;
     }
+    const std::int64_t vr = L.vo_rank;  // factored VO: the value row is U = V'·xn (R wide)
     if (!L.v_bd) {
-      gemm(xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, R, qkv.data() + t0 * R, false);
+      linear(gemm_ctx, xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, vr > 0 ? (Hq + Hkv) * D + vr : h.qkv_rows(),
+             qkv.data() + t0 * R, false, R);
     } else {
       // BDA: Q|K through the stacked GEMM, V' through the fused BD projection, both written
       // into their slots of the same qkv rows.
@@ -860,19 +916,35 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
       }
       // Append the token's key and value to the cache ([pos, Hkv, D] rows).
       std::copy_n(row + Hq * D, Hkv * D, kc + (p0 + t) * Hkv * D);
-      std::copy_n(row + (Hq + Hkv) * D, Hkv * D, vc + (p0 + t) * Hkv * D);
+      const std::int64_t vw = vr > 0 ? vr : Hkv * D;
+      std::copy_n(row + (Hq + Hkv) * D, vw, vc + (p0 + t) * vw);
     }
     lap(main, &ForwardProfile::rope);
   };
   auto post = [&](std::int64_t l, std::int64_t t0, std::int64_t t1, bool main) {
     const LlamaLayer& L = w_.layers[static_cast<std::size_t>(l)];
     const std::int64_t n = t1 - t0;
-    const std::int64_t aw = L.mla ? Hq * L.mla->d_v : Hq * D;
+    const std::int64_t vr = L.vo_rank;
+    const std::int64_t aw = L.mla ? Hq * L.mla->d_v : vr > 0 ? Hq * vr : Hq * D;
     if (L.mla && mexec == MlaExec::kAbsorbed) {
       mla_up_values(*L.mla, mlat.data() + t0 * mla_out_width(*L.mla, mexec), n, att.data() + t0 * aw);
       lap(main, &ForwardProfile::attention);
     }
-    gemm(att.data() + t0 * aw, n, aw, L.wo, L.wo_q, E, x.data() + t0 * E, true);
+    if (vr > 0) {
+      // Factored VO: z = Σ_h μ_h ⊙ o_h (Hq·R per token), then O'·z (E·R) instead of W_o.
+      for (std::int64_t t = t0; t < t1; ++t) {
+        float* z = vz.data() + t * vr;
+        std::fill_n(z, vr, 0.f);
+        for (std::int64_t hh = 0; hh < Hq; ++hh) {
+          const float* o = att.data() + t * aw + hh * vr;
+          const float* mu = L.vo_mix.data() + hh * vr;
+          for (std::int64_t i = 0; i < vr; ++i) z[i] += mu[i] * o[i];
+        }
+      }
+      gemm(vz.data() + t0 * vr, n, vr, L.wo, L.wo_q, E, x.data() + t0 * E, true);
+    } else {
+      gemm(att.data() + t0 * aw, n, aw, L.wo, L.wo_q, E, x.data() + t0 * E, true);
+    }
     lap(main, &ForwardProfile::o_gemm);
     rms_norm_rows(x.data() + t0 * E, L.ffn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
     lap(main, &ForwardProfile::norm);
@@ -926,7 +998,15 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
       });
       continue;
     }
-    if (opt.capture) {
+    const std::int64_t vr = Ll.vo_rank, vw = vr > 0 ? vr : D;
+    if (opt.capture && vr > 0) {
+      // A factored VO layer has no per-head values of width D: the capture carries xn only.
+      QkvCapture c;
+      c.layer = static_cast<int>(l);
+      c.pos0 = p0;
+      c.xn = xn.data();
+      opt.capture(c);
+    } else if (opt.capture) {
       QkvCapture c;
       c.layer = static_cast<int>(l);
       c.pos0 = p0;
@@ -941,8 +1021,10 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     AttentionProblem p;
     p.q = TensorView<const float>(qkv.data(), {1, Hq, N, D}, {N * R, D, R, 1});
     p.k = TensorView<const float>(kc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
-    p.v = TensorView<const float>(vc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
-    p.out = TensorView<float>(att.data(), {1, Hq, N, D}, {N * Hq * D, D, Hq * D, 1});
+    // Factored VO: every KV head reads the one shared R-wide value row (head stride 0).
+    p.v = vr > 0 ? TensorView<const float>(vc, {1, Hkv, nk, vr}, {nk * vr, 0, vr, 1})
+                 : TensorView<const float>(vc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
+    p.out = TensorView<float>(att.data(), {1, Hq, N, vw}, {N * Hq * vw, vw, Hq * vw, 1});
     p.causal = Causal::kBottomRight;
     // Parallel over heads inside; a decode step's attention is too small to wake the team.
     attn[static_cast<std::size_t>(l)]->run(p, by_tokens ? ctx : ExecContext{1});

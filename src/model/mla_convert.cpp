@@ -69,8 +69,8 @@ MlaModelReport convert_model_to_mla(LlamaModel& model,
   std::vector<std::shared_ptr<const MlaLayer>> done;
   for (std::size_t l = 0; l < w.layers.size(); ++l) {
     const LlamaLayer& L = w.layers[l];
-    NUMATTN_CHECK(!L.mla && !L.v_bd, "MLA conversion of layer {}: the layer is already {}", l,
-                  L.mla ? "MLA" : "BDA");
+    NUMATTN_CHECK(!L.mla && !L.v_bd && L.vo_rank == 0, "MLA conversion of layer {}: the layer is already {}", l,
+                  L.mla ? "MLA" : L.v_bd ? "BDA" : "factored collaborative VO");
     // Wq|Wk|Wv rows in float64 (dequantized one layer at a time when held in place).
     std::vector<float> f;
     const float* p = L.wqkv.data();

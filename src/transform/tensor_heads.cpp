@@ -22,15 +22,19 @@ const char* to_string(TensorScheme s) {
     case TensorScheme::kQkCp: return "qk-cp";
     case TensorScheme::kTuckerQkvo: return "tucker-qkvo";
     case TensorScheme::kTuckerFfn: return "tucker-ffn";
+    case TensorScheme::kTuckerHeads: return "tucker-heads";
   }
   return "?";
 }
 
 const char* tensor_spec_grammar() {
   return "SCHEME:key=value,... with SCHEME vo-cp | qk-cp (collaborative heads, CP rank: rank=R, "
-         "R >= 1, or 0 = exact block form; iters=N, seed=S) or tucker-qkvo | tucker-ffn (each "
+         "R >= 1, or 0 = exact block form; iters=N, seed=S; vo-cp: exec=embedded|factored) or "
+         "tucker-qkvo | tucker-ffn (each "
          "weight kind stacked over the layers: rank=R or R1xR2 (>= 1, clamped per kind to the "
-         "matrix's rows/cols), layers=L (stack rank; default all = shared factors), iters=N)";
+         "matrix's rows/cols), layers=L (stack rank; default all = shared factors), iters=N) or "
+         "tucker-heads (per layer and weight kind, the heads × E × D tensor: rank=RE or RExRD, "
+         "clamped to E and D, heads=H' (head-mode rank; default all = one core per head), iters=N)";
 }
 
 namespace {
@@ -58,6 +62,8 @@ TensorSpec parse_tensor_spec(const std::string& s) {
     t.scheme = TensorScheme::kTuckerQkvo;
   } else if (name == "tucker-ffn") {
     t.scheme = TensorScheme::kTuckerFfn;
+  } else if (name == "tucker-heads") {
+    t.scheme = TensorScheme::kTuckerHeads;
   } else {
     throw OptionError("tensor", fmt::format("unknown scheme '{}' in '{}' ({})", name, s,
                                             tensor_spec_grammar()));
@@ -90,13 +96,17 @@ TensorSpec parse_tensor_spec(const std::string& s) {
         t.rank = parse_int(key, v, s);
         t.rank2 = t.is_cp() ? 0 : t.rank;
       }
-    } else if (key == "layers" && !t.is_cp()) {
+    } else if (key == (t.scheme == TensorScheme::kTuckerHeads ? "heads" : "layers") && !t.is_cp()) {
       t.layers = parse_int(key, v, s);
-      NUMATTN_CHECK_OPTION(t.layers >= 1, "tensor", "'{}': layers={} must be at least 1", s, t.layers);
+      NUMATTN_CHECK_OPTION(t.layers >= 1, "tensor", "'{}': {}={} must be at least 1", s, key, t.layers);
     } else if (key == "iters") {
       const auto it = parse_int(key, v, s);
       NUMATTN_CHECK_OPTION(it >= 1 && it <= 100000, "tensor", "'{}': iters={} must be in [1, 100000]", s, it);
       t.iters = static_cast<int>(it);
+    } else if (key == "exec" && t.scheme == TensorScheme::kVoCp) {
+      NUMATTN_CHECK_OPTION(v == "factored" || v == "embedded", "tensor", "'{}': exec={} is not factored or embedded",
+                           s, v);
+      t.factored = v == "factored";
     } else if (key == "seed" && t.is_cp()) {
       t.seed = static_cast<std::uint64_t>(parse_int(key, v, s));
     } else {
@@ -117,10 +127,11 @@ std::string TensorSpec::canonical() const {
   std::string r = fmt::format("{}:rank={}", to_string(scheme), rank);
   if (!is_cp()) {
     if (rank2 != rank) r += fmt::format("x{}", rank2);
-    if (layers > 0) r += fmt::format(",layers={}", layers);
+    if (layers > 0) r += fmt::format(",{}={}", scheme == TensorScheme::kTuckerHeads ? "heads" : "layers", layers);
   }
   r += fmt::format(",iters={}", iterations());
   if (is_cp() && seed != 1) r += fmt::format(",seed={}", seed);
+  if (factored) r += ",exec=factored";
   return r;
 }
 
@@ -216,6 +227,36 @@ CollabHeads collaborative_heads(std::span<const Matrix> left, std::span<const Ma
   return out;
 }
 
+MlaLayerWeights collaborative_qk_mla(const MlaLayerWeights& w, std::int64_t E, const CollabOptions& opt,
+                                     CollabHeads* heads) {
+  using RowMajorD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const std::int64_t H = w.n_head, dn = w.d_nope, r = w.rank;
+  NUMATTN_CHECK(dn >= 1, "collaborative QK on MLA: the layer has no NoPE dimensions (d_nope = 0)");
+  NUMATTN_CHECK(H >= 1 && r >= 1 && E >= 1 && static_cast<std::int64_t>(w.w_q_nope.size()) == H * dn * E &&
+                    static_cast<std::int64_t>(w.w_uk.size()) == H * dn * r,
+                "collaborative QK on MLA: W_q_nope has {} values and W_uk {}, expected {}·{}·{} and {}·{}·{}",
+                w.w_q_nope.size(), w.w_uk.size(), H, dn, E, H, dn, r);
+  NUMATTN_CHECK(opt.rank <= H * dn, "collaborative QK on MLA: rank {} exceeds the block form's Hq·d_nope = {}·{} = {}",
+                opt.rank, H, dn, H * dn);
+  std::vector<Matrix> left, right;
+  for (std::int64_t h = 0; h < H; ++h) {
+    left.push_back(Eigen::Map<const RowMajorD>(w.w_q_nope.data() + h * dn * E, dn, E).transpose());
+    right.push_back(Eigen::Map<const RowMajorD>(w.w_uk.data() + h * dn * r, dn, r));
+  }
+  CollabHeads c = collaborative_heads(left, right, opt);
+  const std::int64_t R = c.rank();
+  MlaLayerWeights out = w;
+  out.d_nope = R;
+  out.w_q_nope.resize(static_cast<std::size_t>(H * R * E));
+  out.w_uk.resize(static_cast<std::size_t>(H * R * r));
+  for (std::int64_t h = 0; h < H; ++h) {
+    Eigen::Map<RowMajorD>(out.w_q_nope.data() + h * R * E, R, E) = c.mix.row(h).transpose().asDiagonal() * c.left.transpose();
+    Eigen::Map<RowMajorD>(out.w_uk.data() + h * R * r, R, r) = c.right.transpose();
+  }
+  if (heads) *heads = std::move(c);
+  return out;
+}
+
 StackCompression compress_stack(std::span<const Matrix> mats, const StackOptions& opt) {
   const auto S = static_cast<std::int64_t>(mats.size());
   NUMATTN_CHECK(S >= 1, "stacked compression: no matrices");
@@ -237,7 +278,12 @@ StackCompression compress_stack(std::span<const Matrix> mats, const StackOptions
     sf.set_ranks(r1, r2).set_max_iterations(opt.max_iterations).set_tolerance(opt.tolerance).compute(x);
     take_outcome(out, sf, "stacked compression");
     out.params_after = sf.parameters();
-    for (std::int64_t s = 0; s < S; ++s) out.approx.push_back(sf.reconstruct(s));
+    out.left = sf.left();
+    out.right = sf.right();
+    for (std::int64_t s = 0; s < S; ++s) {
+      out.approx.push_back(sf.reconstruct(s));
+      out.cores.push_back(sf.core(s));
+    }
   } else {
     decomp::Tucker tk;
     tk.set_ranks(opt.stack_rank, r1, r2)
@@ -247,6 +293,10 @@ StackCompression compress_stack(std::span<const Matrix> mats, const StackOptions
         .compute(x);
     take_outcome(out, tk, "stacked compression");
     out.params_after = tk.parameters();
+    out.coef = tk.factor(0);
+    out.left = tk.factor(1);
+    out.right = tk.factor(2);
+    for (std::int64_t k = 0; k < opt.stack_rank; ++k) out.cores.push_back(tk.core().slice(k));
     const decomp::Tensor3 r = tk.reconstruct();
     for (std::int64_t s = 0; s < S; ++s) out.approx.push_back(r.slice(s));
   }

@@ -1,12 +1,15 @@
-// numattn convert: writes a weight-transformed model (BD Attention, or GQA → MLA) as GGUF,
-// which numattn loads back (model/bda_model.h and model/mla_convert.h document the stored forms).
+// numattn convert: writes a weight-transformed model (BD Attention, GQA → MLA, or tensor-compressed
+// weights) as GGUF, which numattn loads back (model/bda_model.h, model/mla_convert.h and
+// model/tensor_convert.h document the stored forms).
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "cli_common.h"
 #include "commands.h"
 #include "mla_cli.h"
+#include "tensor_cli.h"
 #include "numattn/core/file_io.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/data.h"
@@ -14,6 +17,7 @@
 #include "numattn/model/llama.h"
 #include "numattn/model/mla_convert.h"
 #include "numattn/model/mla_model.h"
+#include "numattn/model/tensor_convert.h"
 #include "numattn/model/tokenizer.h"
 
 namespace numattn::cli {
@@ -31,9 +35,9 @@ struct ConvertOptions {
 void add_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertOptions>();
   auto* sub = app.add_subcommand(
-      "convert", "rewrite a GGUF Llama model with BD Attention (lossless VO pair), or convert its "
-                 "attention to MLA (--mla-rank), and write it as GGUF; numattn loads the result "
-                 "like any model");
+      "convert", "rewrite a GGUF Llama model with BD Attention (lossless VO pair), convert its "
+                 "attention to MLA (--mla-rank), or compress it with a tensor decomposition "
+                 "(--tensor), and write it as GGUF; numattn loads the result like any model");
   sub->add_option("--model", o->model, "GGUF file, or 'default'")->capture_default_str();
   sub->add_option("--bda", o->bda, "pairs to rewrite: vo | qk | qkvo (qk is refused for RoPE "
                                    "models); not with --mla-rank")
@@ -49,18 +53,50 @@ void add_convert(CLI::App& app) {
   sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
   add_mla_options(*sub, o->mla);
   sub->add_option("--tensor", o->tensor,
-                  "tensor-compressed weights (as `ppl --tensor`): not storable as GGUF yet, so "
-                  "refused; evaluate them with `numattn ppl --tensor SPEC`");
+                  std::string("write the tensor-compressed model (as `ppl --tensor SPEC`) as a "
+                              "numattn-tensor GGUF: the float32 factors, every untouched tensor copied "
+                              "byte for byte (model/tensor_convert.h); not with --bda/--mla-rank. ") +
+                      transform::tensor_spec_grammar());
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
     ExecContext ctx{o->threads};
-    NUMATTN_CHECK_OPTION(o->tensor.empty(), "tensor",
-                         "convert cannot write tensor-compressed models yet (no GGUF layout for the "
-                         "factors, and the dense rebuild would not be smaller); run `numattn ppl "
-                         "--tensor {}` to evaluate the compression", o->tensor);
+    std::optional<transform::TensorSpec> tspec;
+    if (!o->tensor.empty()) {
+      tspec = transform::parse_tensor_spec(o->tensor);
+      NUMATTN_CHECK_OPTION(sub->count("--bda") == 0 && !o->mla.requested(), "tensor",
+                           "cannot be combined with --bda or --mla-rank in one file");
+    }
     check_mla_options(*sub, o->mla);
     const std::string path = resolve_model_path(o->model);
     check_outputs_distinct({{"--out", o->out}}, {{"--model", path}});
+    if (tspec) {
+      auto src = std::make_shared<const GgufFile>(GgufFile::open(path));
+      NUMATTN_CHECK_OPTION(src->architecture() == "llama", "tensor", "{} is a '{}' model; --tensor needs a plain llama model",
+                           path, src->architecture());
+      check_tensor_spec(*tspec, LlamaModel::read_hparams(*src));
+      const LlamaModel model = LlamaModel::load(src, ctx, WeightStorage::kInPlace);
+      TensorModelReport rep;
+      TensorFactors fac;
+      const LlamaModel compressed = compress_model_tensor(model, *tspec, ctx, &rep, &fac);
+      write_tensor_gguf(*src, fac, o->out);
+      // Read it back: the rebuilt weights must be the ones the compression ran.
+      const LlamaModel back = LlamaModel::load(o->out, ctx, WeightStorage::kInPlace);
+      for (std::size_t l = 0; l < back.weights().layers.size(); ++l) {
+        const auto& a = compressed.weights().layers[l];
+        const auto& b = back.weights().layers[l];
+        NUMATTN_CHECK(a.wqkv == b.wqkv && a.wo == b.wo && a.w_gate_up == b.w_gate_up && a.w_down == b.w_down &&
+                          back.hparams().head_dim == compressed.hparams().head_dim,
+                      "internal error: layer {} of '{}' does not read back as compressed", l, o->out);
+      }
+      Row row;
+      row["model"] = path;
+      row["out"] = o->out;
+      add_tensor_columns(row, rep, o->format == "json");
+      row["bytes_source"] = src->file_size();
+      row["bytes_out"] = GgufFile::open(o->out).file_size();
+      print_table(std::cout, {row}, parse_format(o->format), true);
+      return;
+    }
     if (o->mla.requested()) {
       NUMATTN_CHECK_OPTION(sub->count("--bda") == 0, "bda",
                            "cannot be combined with --mla-rank in one file (BDA on an MLA model "

@@ -98,8 +98,10 @@ void add_ppl(CLI::App& app) {
     std::optional<transform::TensorSpec> tspec;
     if (!o->tensor.empty()) {
       tspec = transform::parse_tensor_spec(o->tensor);
-      NUMATTN_CHECK_OPTION(o->bda == "none" && !o->mla.requested(), "tensor",
-                           "cannot be combined with --bda or --mla-rank (it compresses the GQA model's weights)");
+      NUMATTN_CHECK_OPTION(o->bda == "none", "tensor", "cannot be combined with --bda");
+      NUMATTN_CHECK_OPTION(!o->mla.requested() || tspec->scheme == transform::TensorScheme::kQkCp, "tensor",
+                           "with --mla-rank only qk-cp applies (collaborative QK on the MLA NoPE part); "
+                           "{} compresses the GQA model's weights", transform::to_string(tspec->scheme));
     }
     const std::string mpath = resolve_model_path(o->model);
     const std::string tpath = resolve_text_path(o->text);
@@ -108,7 +110,7 @@ void add_ppl(CLI::App& app) {
     const LlamaHParams hp = LlamaModel::read_hparams(file);
     check_ppl_options(po, &hp);
     check_mla_against_model(o->mla, hp, file.architecture() == "numattn-mla");
-    if (tspec) check_tensor_spec(*tspec, hp);
+    if (tspec) check_tensor_spec(*tspec, hp, o->mla.requested() || file.architecture() == "numattn-mla");
     // Each method must be able to run the model's problem (a chunk: ctx causal queries, GQA),
     // asked of its own can_run before the weights load.
     check_model_attention("attn", po.attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,
@@ -150,7 +152,8 @@ void add_ppl(CLI::App& app) {
       dense = std::make_unique<LlamaModel>(model);
       bda = apply_bda(model, o->bda);
     }
-    // --tensor: the compressed model replaces the loaded one, which stays as the KL baseline.
+    // --tensor: the compressed model replaces the loaded one (with --mla-rank, the MLA model),
+    // which stays as the KL baseline.
     TensorModelReport tensor;
     if (tspec) {
       if (!model.weights().in_place())

@@ -6,7 +6,10 @@ void add_tensor_option(CLI::App& sub, std::string& spec) {
   sub.add_option("--tensor", spec,
                  std::string("compress weights with a tensor decomposition at load (transform/"
                              "tensor_heads.h); KL is then measured against the uncompressed model. "
-                             "The compressed weights are rebuilt dense in float32 for execution. ") +
+                             "The compressed weights are rebuilt dense in float32 for execution. On an "
+                             "MLA model (--mla-rank, or a numattn-mla file) only qk-cp applies, to the "
+                             "NoPE part W_q_nope[h]ᵀ·W_uk[h]. `numattn convert --tensor SPEC --out X.gguf` "
+                             "stores the factors. ") +
                      transform::tensor_spec_grammar() +
                      ". Examples: vo-cp:rank=256, tucker-qkvo:rank=256x384, tucker-ffn:rank=384,layers=15");
 }

@@ -1,5 +1,5 @@
 // The --tensor flag of `numattn ppl` (tensor compression at load, model/tensor_model.h) and the
-// columns it adds to the ppl row; `numattn convert --tensor` refuses it (not stored as GGUF yet).
+// columns it adds to the ppl and convert rows (`convert --tensor` writes a numattn-tensor GGUF).
 #pragma once
 
 #include <string>

@@ -126,7 +126,14 @@ struct LlamaLayer {
   /// MLA (model/mla_model.h): when set, this layer's attention is the MLA layer: wqkv, wqkv_q
   /// and v_bd are empty, `wo` is [E, Hq·d_v], and the layer's cache holds [c | k_rope] rows.
   std::shared_ptr<const MlaLayer> mla;
-  std::vector<float> wo;         ///< [E, Hq·D] ([E, Hq·d_v] for an MLA layer)
+  /// Factored collaborative VO heads (model/tensor_model.h, `vo-cp:...,exec=factored`): when
+  /// non-empty, [Hq, R] per-head mixing vectors μ_h; wqkv is then [(Hq+Hkv)·D + R, E] (rows of
+  /// Wq, Wk, then the shared value projection V'), `wo` is O' [E, R], the layer's value cache
+  /// holds one R-wide row U = V'·xn per token, and head h's output is (P_h·U) ⊙ μ_h, summed over
+  /// the heads before O'.
+  std::vector<float> vo_mix;
+  std::int64_t vo_rank = 0;      ///< R of a factored VO layer (0: none)
+  std::vector<float> wo;         ///< [E, Hq·D] ([E, Hq·d_v] for an MLA layer, [E, R] with vo_mix)
   std::vector<float> ffn_norm;   ///< [E]
   std::vector<float> w_gate_up;  ///< [2F, E]: rows of W_gate, then W_up
   std::vector<float> w_down;     ///< [E, F]
@@ -183,8 +190,11 @@ class KvCache {
   /// 2·L·max_tokens·Hkv·D floats; throws numattn::Error if max_tokens < 1, if the size
   /// overflows, or if it exceeds the available memory (both numbers named).
   KvCache(const LlamaHParams& hp, std::int64_t max_tokens);
-  /// Per-layer widths: `latent_width[l]` > 0 makes layer l an MLA layer of that width (0 = GQA).
-  KvCache(const LlamaHParams& hp, std::int64_t max_tokens, const std::vector<std::int64_t>& latent_width);
+  /// Per-layer widths: `latent_width[l]` > 0 makes layer l an MLA layer of that width (0 = GQA);
+  /// `value_width[l]` > 0 (empty = all 0) gives a GQA layer one value row of that width per token
+  /// instead of Hkv·D (factored collaborative VO heads, LlamaLayer::vo_mix).
+  KvCache(const LlamaHParams& hp, std::int64_t max_tokens, const std::vector<std::int64_t>& latent_width,
+          const std::vector<std::int64_t>& value_width = {});
   /// Bytes one token occupies over all layers (float32).
   std::int64_t bytes_per_token() const { return bytes_per_token_; }
   std::int64_t n_past() const { return n_past_; }
@@ -200,6 +210,7 @@ class KvCache {
   std::int64_t n_past_ = 0, capacity_ = 0, bytes_per_token_ = 0;
   std::vector<std::vector<float>> k_, v_;
   std::vector<std::int64_t> latent_;  ///< per layer: MLA latent width, 0 = GQA
+  std::vector<std::int64_t> value_;   ///< per layer: shared value width of a factored VO layer, 0 = Hkv·D
 };
 
 /// Attention methods of a forward pass: one for all layers, or one per layer.

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "numattn/decomp/dense.h"
+#include "numattn/model/mla.h"
 
 namespace numattn::transform {
 
@@ -55,21 +56,28 @@ enum class TensorScheme {
   kQkCp,        ///< "qk-cp": collaborative QK heads (NoPE only: refused on RoPE dimensions)
   kTuckerQkvo,  ///< "tucker-qkvo": W_q, W_k, W_v, W_o each stacked over the layers
   kTuckerFfn,   ///< "tucker-ffn": W_gate, W_up, W_down each stacked over the layers
+  kTuckerHeads, ///< "tucker-heads": per layer, W_q, W_k, W_v, W_o each as a heads × E × D tensor
 };
 const char* to_string(TensorScheme s);
 
 /// A parsed `--tensor` spec: `SCHEME:key=value,...`, e.g. `vo-cp:rank=256`,
 /// `tucker-qkvo:rank=128x256`, `tucker-ffn:rank=256,layers=8`.
 /// Keys: `rank` (CP: R ≥ 0, 0 = the exact block form H·D; Tucker: R1 or R1xR2, ≥ 1, each clamped
-/// to its matrix's dimension per weight kind), `layers` (Tucker only: the stack rank ℓ ≥ 1,
-/// default all layers = shared factors), `iters` (≥ 1; default 25 for CP, 10 for Tucker), `seed`
-/// (CP only; used where the HOSVD start pads with random columns).
+/// to its matrix's dimension per weight kind; tucker-heads: R_E or R_ExR_D, clamped to E and D),
+/// `layers` (tucker-qkvo/-ffn: the stack rank ℓ ≥ 1, default all layers = shared factors),
+/// `exec` (vo-cp: `embedded`, the default, or `factored`, model/tensor_model.h),
+/// `heads` (tucker-heads: the head-mode rank, ≥ 1, default all heads = one core per head; a
+/// value ≥ a kind's head count means one core per head for that kind), `iters` (≥ 1; default 25
+/// for CP, 10 for Tucker), `seed` (CP only; used where the HOSVD start pads with random columns).
 struct TensorSpec {
   TensorScheme scheme = TensorScheme::kVoCp;
   std::int64_t rank = 0;    ///< CP rank R, or Tucker R1
   std::int64_t rank2 = 0;   ///< Tucker R2 (= rank when not given)
-  std::int64_t layers = 0;  ///< Tucker stack rank ℓ; 0 = every layer (shared-factor model)
+  std::int64_t layers = 0;  ///< Tucker stack rank ℓ (tucker-heads: over the heads); 0 = every slice (shared factors)
   int iters = 0;            ///< 0 = the scheme's default
+  /// vo-cp only (`exec=factored`): run as factored collaborative VO layers (LlamaLayer::vo_mix:
+  /// one shared R-wide value row per token) instead of the exact embedding at head dim max(D, R).
+  bool factored = false;
   std::uint64_t seed = 1;
   bool is_cp() const { return scheme == TensorScheme::kVoCp || scheme == TensorScheme::kQkCp; }
   /// Sweeps actually run (iters, or the default of the scheme).
@@ -111,6 +119,19 @@ struct CollabHeads {
 CollabHeads collaborative_heads(std::span<const decomp::dense::Matrix> left,
                                 std::span<const decomp::dense::Matrix> right, const CollabOptions& opt);
 
+/// Collaborative QK heads on the NoPE part of an MLA layer (model/mla.h): head h scores
+/// q_nope_h·k_nope_h = xnᵀ·T_h·c with T_h = W_q_nope[h]ᵀ·W_uk[h] (E × r, no RoPE on these
+/// dimensions, so the bilinear form is position-free and the CP rewrite is legal). With the CP
+/// T_h ≈ L'·diag(μ_h)·R'ᵀ (collaborative_heads with H groups of one head) the layer keeps its
+/// shape except d_nope → R: W_q_nope'[h] = diag(μ_h)·L'ᵀ (R × E) and every W_uk'[h] = R'ᵀ (R × r)
+/// (one shared key up-projection); the RoPE part, W_dkv, W_uv and the softmax scale are kept.
+/// `rank = 0`: the exact block form R = Hq·d_nope. `E` is the model width. Cost as
+/// collaborative_heads with n = E, m = r. Throws numattn::Error when d_nope = 0 (nothing to
+/// compress), the weights do not have their shapes, or rank > Hq·d_nope; `heads` receives the
+/// decomposition's report.
+MlaLayerWeights collaborative_qk_mla(const MlaLayerWeights& w, std::int64_t E, const CollabOptions& opt,
+                                     CollabHeads* heads = nullptr);
+
 struct StackOptions {
   std::int64_t rank_rows = 1, rank_cols = 1;  ///< R1 ∈ [1, rows], R2 ∈ [1, cols]
   std::int64_t stack_rank = 0;                 ///< 0 or S: shared factors; else ℓ ∈ [1, S)
@@ -120,6 +141,12 @@ struct StackOptions {
 
 struct StackCompression {
   std::vector<decomp::dense::Matrix> approx;  ///< the rebuilt W_s (rows × cols), one per slice
+  /// The factors: W_s ≈ left·C_s·rightᵀ with C_s = cores[s] (shared factors: `coef` empty, one
+  /// core per slice) or C_s = Σ_k coef(s, k)·cores[k] (Tucker: `coef` S × ℓ, ℓ cores).
+  decomp::dense::Matrix left;                ///< rows × R1, orthonormal columns (B)
+  decomp::dense::Matrix right;               ///< cols × R2, orthonormal columns (C)
+  std::vector<decomp::dense::Matrix> cores;  ///< R1 × R2 each (S of them, or ℓ)
+  decomp::dense::Matrix coef;                ///< S × ℓ (A), or empty
   double fit = 1;                              ///< over the whole stack
   std::vector<double> slice_fit;               ///< 1 − ‖W_s − Ŵ_s‖/‖W_s‖ per slice
   int iterations = 0;
