@@ -233,8 +233,8 @@ constexpr auto row_vector = row_avx512;
 #elif defined(__AVX2__) && defined(__FMA__)
 // ---------------------------------------------------------------------------------------------
 // AVX2 kernel: row_avx512's algorithm on 8-lane registers (16 of them). S tiles 6 keys j × 16
-// lanes of k (two halves: 12 accumulators, 2 W loads and 6 broadcasts per d), U tiles 3 keys j ×
-// 32 (or 16) value lanes. Lane masks come from a sliding window over kLaneMask.
+// lanes of k (two halves: 12 accumulators, 2 W loads and 6 broadcasts per d), U tiles 6 keys j ×
+// 16 value lanes. Lane masks come from a sliding window over kLaneMask.
 
 alignas(32) constexpr std::int32_t kLaneMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
@@ -282,12 +282,11 @@ inline void u_block(const float* p, index_t nkp, index_t nk, const float* v2, co
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) u[r][t] = _mm256_setzero_ps();
   for (index_t k = 0; k < nk; ++k) {
-    const float* vk = v2 + k * dvp;
-    __m256 pk[R];
-    for (int r = 0; r < R; ++r) pk[r] = _mm256_broadcast_ss(p + r * nkp + k);
-    for (int t = 0; t < NT; ++t) {
-      const __m256 v = _mm256_loadu_ps(vk + 8 * t);
-      for (int r = 0; r < R; ++r) u[r][t] = _mm256_fmadd_ps(pk[r], v, u[r][t]);
+    __m256 v[NT];
+    for (int t = 0; t < NT; ++t) v[t] = _mm256_loadu_ps(v2 + k * dvp + 8 * t);
+    for (int r = 0; r < R; ++r) {
+      const __m256 pk = _mm256_broadcast_ss(p + r * nkp + k);
+      for (int t = 0; t < NT; ++t) u[r][t] = _mm256_fmadd_ps(pk, v[t], u[r][t]);
     }
   }
   for (int t = 0; t < NT; ++t) {
@@ -297,13 +296,15 @@ inline void u_block(const float* p, index_t nkp, index_t nk, const float* v2, co
   }
 }
 
-template <int NT>
 void u_tile(const float* p, index_t nt, index_t nkp, index_t nk, const float* v2, const float* v1, index_t dvp,
             float* acc) {
-  // 3 keys j at a time: per k, NT loads of v'_k and 3 broadcasts feed 3·NT FMAs.
+  // 6 keys j × 16 value lanes at a time: per k, 2 loads of v'_k (kept in registers) and 6
+  // broadcasts feed 12 FMAs. (3 keys × 32 lanes left the compiler one free register, so it
+  // folded the v'_k loads into the FMAs: 15 loads per 12 FMAs, load-bound on Zen.)
   index_t r = 0;
-  for (; r + 3 <= nt; r += 3) u_block<NT, 3>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
-  for (; r < nt; ++r) u_block<NT, 1>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
+  for (; r + 6 <= nt; r += 6) u_block<2, 6>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
+  for (; r + 3 <= nt; r += 3) u_block<2, 3>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
+  for (; r < nt; ++r) u_block<2, 1>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
 }
 
 RowResult row_avx2(const RowJob& job, RowScratch& sc) {
@@ -365,11 +366,7 @@ RowResult row_avx2(const RowJob& job, RowScratch& sc) {
       }
     res.l += hsum8(lsum);
     const float* v1 = job.v1 + j0 * dvp;
-    for (index_t db = 0; db < dvp; db += 32) {
-      float* acc = sc.acc.data() + db;
-      if (dvp - db >= 32) u_tile<4>(sc.s.data(), nt, nkp, job.nk, job.v2 + db, v1 + db, dvp, acc);
-      else u_tile<2>(sc.s.data(), nt, nkp, job.nk, job.v2 + db, v1 + db, dvp, acc);
-    }
+    for (index_t db = 0; db < dvp; db += kL) u_tile(sc.s.data(), nt, nkp, job.nk, job.v2 + db, v1 + db, dvp, sc.acc.data() + db);
     res.m = mn;
   }
   return res;
