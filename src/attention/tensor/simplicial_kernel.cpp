@@ -13,6 +13,7 @@
 // another row of the block reads does not leak into this one.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -20,7 +21,7 @@
 #include "numattn/core/error.h"
 #include "numattn/core/simd.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -227,6 +228,151 @@ RowResult row_avx512(const RowJob& job, RowScratch& sc) {
   }
   return res;
 }
+
+constexpr auto row_vector = row_avx512;
+#elif defined(__AVX2__) && defined(__FMA__)
+// ---------------------------------------------------------------------------------------------
+// AVX2 kernel: row_avx512's algorithm on 8-lane registers (16 of them). S tiles 6 keys j × 16
+// lanes of k (two halves: 12 accumulators, 2 W loads and 6 broadcasts per d), U tiles 6 keys j ×
+// 16 value lanes. Lane masks come from a sliding window over kLaneMask.
+
+alignas(32) constexpr std::int32_t kLaneMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+/// First n of 8 lanes set (0 ≤ n ≤ 8).
+inline __m256i first_lanes(index_t n) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLaneMask + 8 - n));
+}
+
+inline float hmax8(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline float hsum8(__m256 x) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+template <int R>
+inline void s_block(const float* const* kr, const float* w, index_t nkp, index_t dk, float* s) {
+  __m256 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+  for (index_t d = 0; d < dk; ++d) {
+    const __m256 wl = _mm256_loadu_ps(w + d * nkp), wh = _mm256_loadu_ps(w + d * nkp + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = _mm256_broadcast_ss(kr[r] + d);
+      lo[r] = _mm256_fmadd_ps(x, wl, lo[r]);
+      hi[r] = _mm256_fmadd_ps(x, wh, hi[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(s + r * nkp, lo[r]);
+    _mm256_storeu_ps(s + r * nkp + 8, hi[r]);
+  }
+}
+
+template <int NT, int R>
+inline void u_block(const float* p, index_t nkp, index_t nk, const float* v2, const float* v1, index_t dvp,
+                    float* acc) {
+  __m256 u[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) u[r][t] = _mm256_setzero_ps();
+  for (index_t k = 0; k < nk; ++k) {
+    __m256 v[NT];
+    for (int t = 0; t < NT; ++t) v[t] = _mm256_loadu_ps(v2 + k * dvp + 8 * t);
+    for (int r = 0; r < R; ++r) {
+      const __m256 pk = _mm256_broadcast_ss(p + r * nkp + k);
+      for (int t = 0; t < NT; ++t) u[r][t] = _mm256_fmadd_ps(pk, v[t], u[r][t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    __m256 a = _mm256_loadu_ps(acc + 8 * t);
+    for (int r = 0; r < R; ++r) a = _mm256_fmadd_ps(_mm256_loadu_ps(v1 + r * dvp + 8 * t), u[r][t], a);
+    _mm256_storeu_ps(acc + 8 * t, a);
+  }
+}
+
+void u_tile(const float* p, index_t nt, index_t nkp, index_t nk, const float* v2, const float* v1, index_t dvp,
+            float* acc) {
+  // 6 keys j × 16 value lanes at a time: per k, 2 loads of v'_k (kept in registers) and 6
+  // broadcasts feed 12 FMAs. (3 keys × 32 lanes left the compiler one free register, so it
+  // folded the v'_k loads into the FMAs: 15 loads per 12 FMAs, load-bound on Zen.)
+  index_t r = 0;
+  for (; r + 6 <= nt; r += 6) u_block<2, 6>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
+  for (; r + 3 <= nt; r += 3) u_block<2, 3>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
+  for (; r < nt; ++r) u_block<2, 1>(p + r * nkp, nkp, nk, v2, v1 + r * dvp, dvp, acc);
+}
+
+RowResult row_avx2(const RowJob& job, RowScratch& sc) {
+  const index_t nkp = round_up(job.nk, kL), nkc = nkp / kL, dk = job.dk, dvp = job.dvp;
+  // 8-lane pieces of k holding real keys; the last has `rem` of them.
+  const index_t n8 = (job.nk + 7) / 8, rem = job.nk - (n8 - 1) * 8;
+  const __m256i tail = first_lanes(rem);
+  const __m256 tailf = _mm256_castsi256_ps(tail);
+  sc.w.resize(static_cast<std::size_t>(dk * nkp));
+  sc.s.resize(static_cast<std::size_t>(kTJ * nkp));
+  sc.acc.assign(static_cast<std::size_t>(dvp), 0.0f);
+  for (index_t d = 0; d < dk; ++d) {
+    const __m256 sq = _mm256_set1_ps(job.scale * job.q[d]);
+    const float* kd = job.kt + d * job.ldkt;
+    float* wd = sc.w.data() + d * nkp;
+    for (index_t c = 0; c < nkp / 8; ++c) {
+      // Lanes past |K_i| must be zeros, not the next keys (which may be non-finite).
+      const __m256 k = c < n8 - 1 ? _mm256_loadu_ps(kd + 8 * c)
+                       : c == n8 - 1 ? _mm256_maskload_ps(kd + 8 * c, tail)
+                                     : _mm256_setzero_ps();
+      _mm256_storeu_ps(wd + 8 * c, _mm256_mul_ps(sq, k));
+    }
+  }
+  RowResult res;
+  const __m256 ninf = _mm256_set1_ps(kNegInf);
+  for (index_t j0 = 0; j0 < job.nj; j0 += kTJ) {
+    const index_t nt = std::min(kTJ, job.nj - j0);
+    for (index_t c = 0; c < nkc; ++c) {
+      index_t r = 0;
+      for (; r + 6 <= nt; r += 6) s_block<6>(job.kj + j0 + r, sc.w.data() + c * kL, nkp, dk, sc.s.data() + r * nkp + c * kL);
+      for (; r + 3 <= nt; r += 3) s_block<3>(job.kj + j0 + r, sc.w.data() + c * kL, nkp, dk, sc.s.data() + r * nkp + c * kL);
+      for (; r < nt; ++r) s_block<1>(job.kj + j0 + r, sc.w.data() + c * kL, nkp, dk, sc.s.data() + r * nkp + c * kL);
+    }
+    // Tile maximum over the real lanes; a NaN logit is carried separately (max drops it).
+    __m256 vmax = ninf, nanv = _mm256_setzero_ps();
+    for (index_t r = 0; r < nt; ++r)
+      for (index_t c = 0; c < n8; ++c) {
+        __m256 x = _mm256_loadu_ps(sc.s.data() + r * nkp + 8 * c);
+        if (c == n8 - 1) x = _mm256_blendv_ps(ninf, x, tailf);
+        vmax = _mm256_max_ps(vmax, x);
+        nanv = _mm256_or_ps(nanv, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+      }
+    float tmax = hmax8(vmax);
+    if (_mm256_movemask_ps(nanv) != 0) tmax = std::numeric_limits<float>::quiet_NaN();
+    const float mn = std::isnan(tmax) ? tmax : std::max(res.m, tmax);
+    const float alpha = res.m == kNegInf ? 0.0f : exp_nan(res.m - mn);
+    res.l *= alpha;
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (index_t d = 0; d < dvp; d += 8) _mm256_storeu_ps(sc.acc.data() + d, _mm256_mul_ps(va, _mm256_loadu_ps(sc.acc.data() + d)));
+    const __m256 vm = _mm256_set1_ps(mn);
+    __m256 lsum = _mm256_setzero_ps();
+    for (index_t r = 0; r < nt; ++r)
+      for (index_t c = 0; c < n8; ++c) {
+        float* sp = sc.s.data() + r * nkp + 8 * c;
+        __m256 pr = simd::exp_f32(_mm256_sub_ps(_mm256_loadu_ps(sp), vm));
+        if (c == n8 - 1) pr = _mm256_and_ps(pr, tailf);
+        lsum = _mm256_add_ps(lsum, pr);
+        _mm256_storeu_ps(sp, pr);
+      }
+    res.l += hsum8(lsum);
+    const float* v1 = job.v1 + j0 * dvp;
+    for (index_t db = 0; db < dvp; db += kL) u_tile(sc.s.data(), nt, nkp, job.nk, job.v2 + db, v1 + db, dvp, sc.acc.data() + db);
+    res.m = mn;
+  }
+  return res;
+}
+
+constexpr auto row_vector = row_avx2;
 #endif
 
 }  // namespace
@@ -252,7 +398,9 @@ void simplicial_attention(const AttentionProblem& p, const TensorView<const floa
   const index_t dvp = round_up(std::max<index_t>(dv, 1), kL), blocks = (nq + kQB - 1) / kQB;
   const float scale = static_cast<float>(p.effective_scale());
   const bool portable = kernel == SimplicialKernel::kPortable;
-  (void)portable;  // without AVX-512 the portable loops are the only kernel
+#if !defined(__AVX512F__) && !(defined(__AVX2__) && defined(__FMA__))
+  (void)portable;  // without AVX-512 or AVX2 the portable loops are the only kernel
+#endif
   parallel_for(ctx, B * H * blocks, [&](std::int64_t task) {
     const index_t b = task / (H * blocks), h = (task / blocks) % H, blk = task % blocks, hk = h / p.group();
     const index_t i0 = blk * kQB, i1 = std::min(nq, i0 + kQB);
@@ -291,8 +439,8 @@ void simplicial_attention(const AttentionProblem& p, const TensorView<const floa
                  v1p.data() + (J.begin - jl) * dvp, v2p.data() + (K.begin - kl) * dvp, J.end - J.begin,
                  K.end - K.begin, dk, dvp, scale};
       RowResult r;
-#if defined(__AVX512F__)
-      r = portable ? row_portable(job, sc) : row_avx512(job, sc);
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+      r = portable ? row_portable(job, sc) : row_vector(job, sc);
 #else
       r = row_portable(job, sc);
 #endif
