@@ -52,8 +52,8 @@ enum class SimplicialKernel { kAuto, kPortable };
 /// j-window is walked in tiles of 64 keys with an online softmax over the tile's pairs (running
 /// max and normaliser rescaled between tiles); per tile the logits are one (tile × Dk)·(Dk × |K_i|)
 /// product against W = (s·q_i) ⊙ K'_{K_i}ᵀ, the values U_j = Σ_k P_jk v'_k one (tile × |K_i|)·
-/// (|K_i| × Dv) product, and out += Σ_j v_j ⊙ U_j. `kAuto` takes the AVX-512 register-blocked
-/// kernel where compiled for it, else the portable loops (`kPortable` forces them; tests run
+/// (|K_i| × Dv) product, and out += Σ_j v_j ⊙ U_j. `kAuto` takes the register-blocked AVX-512 or
+/// AVX2+FMA kernel where compiled for it, else the portable loops (`kPortable` forces them; tests run
 /// both). Parallel over (batch, head, blocks of 64 query rows). Throws numattn::Error on
 /// inconsistent shapes, windows < 1, masks, or Dv(V) ≠ Dv(V').
 void simplicial_attention(const AttentionProblem& p, const TensorView<const float>& k2,
