@@ -4,8 +4,12 @@
 #include "numattn/model/qgemv.h"
 
 #include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "numattn/core/blas.h"
 #include "numattn/core/error.h"
@@ -95,8 +99,26 @@ qkern::DotFn special(const qkern::KernelTable& t, GgmlType type) {
   }
 }
 
-// Default size from which a decode product is split over threads (quant_linear).
+// Decode products of at least this many bytes are always split over the threads (quant_linear).
 constexpr std::uint64_t kGemvSplitBytes = std::uint64_t{8} << 20;
+
+// NUMATTN_GEMV_SPLIT: unset, empty or "auto" → 0 (the tuner); digits → a fixed threshold.
+std::uint64_t fixed_split_bytes() {
+  static const std::uint64_t v = [] {
+    const char* e = std::getenv("NUMATTN_GEMV_SPLIT");
+    if (e == nullptr || *e == '\0' || std::strcmp(e, "auto") == 0) return std::uint64_t{0};
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long b = std::strtoull(e, &end, 10);
+    NUMATTN_CHECK(*e >= '0' && *e <= '9' && *end == '\0' && errno == 0 && b > 0,
+                  "NUMATTN_GEMV_SPLIT must be 'auto' or a positive byte count, got '{}'",
+                  std::string(e).substr(0, 40));
+    return static_cast<std::uint64_t>(b);
+  }();
+  return v;
+}
+
+thread_local GemvSplitStats t_split_stats;
 
 // Pieces of at most 512 values (whole blocks) dequantized onto the stack, then one dot.
 constexpr std::int64_t kPiece = 512;
@@ -288,6 +310,53 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
   }
 }
 
+int GemvSplitTuner::group_of(std::uint64_t bytes) { return std::bit_width(bytes); }
+
+bool GemvSplitTuner::choose(std::uint64_t bytes) {
+  Group& g = groups_[group_of(bytes)];
+  if (g.arm[0].samples < kWarmup || g.arm[1].samples < kWarmup) {
+    return g.arm[1].samples <= g.arm[0].samples;
+  }
+  if (g.trial_left > 0) return g.trial_split;
+  const bool best = g.arm[1].mean <= g.arm[0].mean;
+  if (++g.since >= g.interval) {
+    g.since = 0;
+    g.trial_left = kTrial;
+    g.trial_split = !best;
+    g.trial_sum = 0;
+    return !best;
+  }
+  return best;
+}
+
+void GemvSplitTuner::record(std::uint64_t bytes, bool split, double seconds) {
+  Group& g = groups_[group_of(bytes)];
+  const double v = seconds / static_cast<double>(std::max<std::uint64_t>(bytes, 1));
+  Arm& a = g.arm[split ? 1 : 0];
+  if (g.trial_left > 0 && split == g.trial_split) {
+    // The other choice's mean is old news: the trial's products replace it. Several products,
+    // not one, so that one lucky fork on a busy machine does not look like a free core.
+    g.trial_sum += v;
+    if (--g.trial_left == 0) {
+      a.mean = g.trial_sum / kTrial;
+      a.samples += kTrial;
+      const bool won = a.mean < g.arm[split ? 0 : 1].mean;
+      g.interval = won ? kMinInterval : std::min(kMaxInterval, 2 * g.interval);
+    }
+    return;
+  }
+  // A plain mean over the warm-up samples, then an exponential one that forgets in ~4 samples.
+  a.mean = a.samples < kWarmup ? a.mean + (v - a.mean) / (a.samples + 1) : a.mean + kAlpha * (v - a.mean);
+  ++a.samples;
+}
+
+double GemvSplitTuner::mean_seconds_per_byte(std::uint64_t bytes, bool split) const {
+  return groups_[group_of(bytes)].arm[split ? 1 : 0].mean;
+}
+
+GemvSplitStats gemv_split_stats() { return t_split_stats; }
+void reset_gemv_split_stats() { t_split_stats = GemvSplitStats{}; }
+
 void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, std::int64_t n,
                   float* y, bool accumulate, std::int64_t ldy, CpuPath path) {
   NUMATTN_CHECK(!w.empty(), "quant_linear: empty matrix");
@@ -296,29 +365,43 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
   if (n <= 0 || out == 0) return;
   const int nt = ctx.num_threads();
   if (n <= kQuantGemvMaxBatch) {
-    // Row slices in multiples of 16 (cache lines of y, whole rows of the kernels). Each split
-    // is a fork and a join of the team: a few microseconds on an idle machine, but a scheduler
-    // time slice when the cores are oversubscribed and a worker is descheduled. Measured on 2
-    // shared cores at load 19 (SmolLM2-135M Q4_1, 2 threads): splitting every matrix (121
-    // joins per token) 0.35 tokens/s, matrices >= 1 MiB 0.86, only the 30 MB output matrix
-    // 5.2. So by default only matrices of at least kGemvSplitBytes are split;
-    // NUMATTN_GEMV_SPLIT=<bytes> lowers it for an idle machine (docs/model-runner.md).
-    static const std::uint64_t min_split = [] {
-      const char* e = std::getenv("NUMATTN_GEMV_SPLIT");
-      return e != nullptr && *e != '\0' ? std::strtoull(e, nullptr, 10) : kGemvSplitBytes;
-    }();
-    const bool split = nt > 1 && w.bytes() * static_cast<std::uint64_t>(n) >= min_split;
+    // Row slices in multiples of 16 (cache lines of y, whole rows of the kernels).
+    const std::uint64_t bytes = w.bytes() * static_cast<std::uint64_t>(n);
+    const std::uint64_t fixed = fixed_split_bytes();
+    thread_local GemvSplitTuner tuner;
+    thread_local int tuner_threads = 0;
+    bool tuned = false, split = false;
+    if (nt > 1 && out >= 32) {
+      if (fixed > 0) {
+        split = bytes >= fixed;
+      } else if (bytes >= kGemvSplitBytes) {
+        split = true;
+      } else {
+        if (tuner_threads != nt) {  // measurements of another team size do not carry over
+          tuner = GemvSplitTuner();
+          tuner_threads = nt;
+        }
+        tuned = true;
+        split = tuner.choose(bytes);
+      }
+    }
+    ++(split ? t_split_stats.split : t_split_stats.single);
+    const auto t0 = tuned ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (!split) {
       quant_gemv(w, 0, out, x, n, in, y, ldy, accumulate, path);
-      return;
+    } else {
+      const std::int64_t units = (out + 15) / 16;
+      const std::int64_t parts = std::min<std::int64_t>(nt, units);
+      parallel_for(ctx, parts, [&](std::int64_t p) {
+        const std::int64_t a = std::min(out, units * p / parts * 16);
+        const std::int64_t b = std::min(out, units * (p + 1) / parts * 16);
+        quant_gemv(w, a, b, x, n, in, y, ldy, accumulate, path);
+      });
     }
-    const std::int64_t units = (out + 15) / 16;
-    const std::int64_t parts = std::min<std::int64_t>(nt, units);
-    parallel_for(ctx, parts, [&](std::int64_t p) {
-      const std::int64_t a = std::min(out, units * p / parts * 16);
-      const std::int64_t b = std::min(out, units * (p + 1) / parts * 16);
-      quant_gemv(w, a, b, x, n, in, y, ldy, accumulate, path);
-    });
+    if (tuned) {
+      tuner.record(bytes, split,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
     return;
   }
   // Panels of rows dequantized into a float32 tile of up to 4 MiB, each one sgemm; rows in

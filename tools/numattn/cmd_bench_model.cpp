@@ -121,12 +121,13 @@ void add_bench_model(CLI::App& app) {
     struct Measured {
       std::size_t form;
       std::int64_t L, n_prompt;
-      double prefill, decode;
+      double prefill, decode, split_share;
     };
     std::vector<Measured> ms;
     for (std::int64_t L : lens) {
       const std::int64_t n_prompt = std::max<std::int64_t>(L, 1);
       std::vector<std::vector<double>> pre_f(forms.size()), dec_f(forms.size());
+      std::vector<GemvSplitStats> split_f(forms.size());
       for (int r = 0; r < o->reps; ++r)
         for (std::size_t fi = 0; fi < forms.size(); ++fi) {
         const LlamaModel& model = forms[fi].model;
@@ -138,6 +139,7 @@ void add_bench_model(CLI::App& app) {
         auto t0 = std::chrono::steady_clock::now();
         std::vector<float> logits = model.forward(tokens(n_prompt, L), cache, ctx, po);
         pre_tps.push_back(static_cast<double>(n_prompt) / seconds_since(t0));
+        const GemvSplitStats split0 = gemv_split_stats();
         t0 = std::chrono::steady_clock::now();
         std::int32_t next = 0;
         for (std::int64_t i = 0; i < o->decode; ++i) {
@@ -145,9 +147,16 @@ void add_bench_model(CLI::App& app) {
           logits = model.forward({next}, cache, ctx);
         }
         dec_tps.push_back(static_cast<double>(o->decode) / seconds_since(t0));
+        const GemvSplitStats split1 = gemv_split_stats();
+        split_f[fi].split += split1.split - split0.split;
+        split_f[fi].single += split1.single - split0.single;
       }
       for (std::size_t fi = 0; fi < forms.size(); ++fi)
-        ms.push_back({fi, L, n_prompt, median(pre_f[fi]), median(dec_f[fi])});
+        ms.push_back({fi, L, n_prompt, median(pre_f[fi]), median(dec_f[fi]),
+                      split_f[fi].split + split_f[fi].single > 0
+                          ? static_cast<double>(split_f[fi].split) /
+                                static_cast<double>(split_f[fi].split + split_f[fi].single)
+                          : 0.0});
     }
     // Peak resident memory of the model's own work, before the bandwidth buffer below exists.
     const std::uint64_t rss = peak_resident_bytes();
@@ -194,6 +203,8 @@ void add_bench_model(CLI::App& app) {
       row["roofline_tokens_per_s"] = roof;
       row["roofline_fraction"] = dec / roof;
       row["decode_gbs"] = dec * bytes_tok * 1e-9;
+      // Share of the decode GEMV products split over the threads (quant_linear's tuner).
+      row["gemv_split_share"] = m.split_share;
       row["file_mib"] = static_cast<double>(file->file_size()) / (1024.0 * 1024.0);
       row["open_s"] = open_s;
       row["load_s"] = load_s;

@@ -92,10 +92,71 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
                 std::int64_t n, std::int64_t ldx, float* y, std::int64_t ldy, bool accumulate,
                 CpuPath path);
 
+/// Decides, product by product, whether a decode product (a few vectors through one matrix) is
+/// split over the thread team or run on the calling thread, by measuring both.
+///
+/// A split halves the work per thread but costs a fork and a join: a few microseconds when the
+/// cores are free, a whole scheduler time slice (milliseconds) when another process holds a
+/// core and a worker waits to run. Which one wins is a property of the machine's load at the
+/// moment, not of the matrix, so it is measured: products are grouped by size (powers of two
+/// of the bytes read), each group keeps a running mean (EWMA) of the seconds per byte of each
+/// choice and takes the cheaper one; every `interval`-th product of the group starts a trial of
+/// the other choice (`kTrial` products, whose mean replaces that choice's old mean). The
+/// interval doubles (up to `kMaxInterval`) each time a trial loses and drops back to
+/// `kMinInterval` when it wins. So a steady machine pays kTrial products in kMaxInterval, load
+/// that arrives while splitting shows in the next split, and load that leaves is found within
+/// kMaxInterval products of the group (a few tokens of a 30-layer model). Both choices compute
+/// every output row with the same instructions in the same order, so the choice never changes
+/// a result.
+///
+/// Not thread-safe: quant_linear keeps one per calling thread.
+class GemvSplitTuner {
+ public:
+  static constexpr std::uint32_t kWarmup = 3;        ///< first products of a group: alternate
+  static constexpr std::uint32_t kTrial = 3;         ///< products of a trial of the other choice
+  static constexpr std::uint32_t kMinInterval = 16;  ///< products between two trials
+  static constexpr std::uint32_t kMaxInterval = 512;
+  static constexpr double kAlpha = 0.25;              ///< EWMA weight of a new measurement
+
+  /// Whether the next product reading `bytes` should be split.
+  bool choose(std::uint64_t bytes);
+  /// Records how long a product reading `bytes` took (`split`: as chosen; call once per choose).
+  void record(std::uint64_t bytes, bool split, double seconds);
+  /// Running mean of seconds per byte of a choice in the group of `bytes` (0 before any).
+  double mean_seconds_per_byte(std::uint64_t bytes, bool split) const;
+
+ private:
+  struct Arm {
+    double mean = 0;
+    std::uint32_t samples = 0;
+  };
+  struct Group {
+    Arm arm[2];
+    std::uint32_t since = 0, interval = kMinInterval, trial_left = 0;
+    bool trial_split = false;
+    double trial_sum = 0;
+  };
+  static int group_of(std::uint64_t bytes);
+  Group groups_[65];
+};
+
+/// How quant_linear splits decode products on the calling thread, counted since the last reset
+/// (`numattn bench-model` reports the split share).
+struct GemvSplitStats {
+  std::uint64_t split = 0;   ///< products split over the threads
+  std::uint64_t single = 0;  ///< products run on the calling thread
+};
+GemvSplitStats gemv_split_stats();
+void reset_gemv_split_stats();
+
 /// y = x·Wᵀ (+ y when accumulate) for x `[n, cols]` (leading dimension cols) and y `[n, rows]`
-/// (leading dimension ldy, 0 = rows). Few vectors (n <= kQuantGemvMaxBatch): quant_gemv, split
-/// over `ctx`'s threads by rows when the matrix has at least 8 MiB (NUMATTN_GEMV_SPLIT=<bytes>
-/// in the environment changes that; each split is a fork/join, costly on a busy machine).
+/// (leading dimension ldy, 0 = rows). Few vectors (n <= kQuantGemvMaxBatch): quant_gemv over
+/// row slices of ≥ 16 rows. With one thread, or fewer than 32 rows, it runs on the calling
+/// thread; a product of at least 8 MiB is always split over `ctx`'s threads (one fork per
+/// several milliseconds of work pays even on a busy machine); a smaller one is split or not as
+/// the calling thread's GemvSplitTuner measures best. NUMATTN_GEMV_SPLIT=<bytes> in the
+/// environment replaces the tuner by a fixed rule (split from that many bytes read; `auto`,
+/// the default, = the tuner); any other value is an error.
 /// More: W is dequantized in panels of rows into a float32 tile of up to 4 MiB (one per
 /// thread, kept between calls) and each panel is one single-threaded sgemm against all n rows
 /// of x; a product large enough to split has at least one equal panel per thread. Throws
