@@ -63,6 +63,21 @@ struct V {
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
   }
+  // Integer kernels: one block of 32 bytes per step.
+  static constexpr int kQBlocks = 1;
+  static I qload(const std::int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I q8w(const std::uint8_t* p, std::int64_t) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static I q4w(const std::uint8_t* p, std::int64_t) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+  }
+  static I sub_i8(I a, int c) { return _mm256_sub_epi8(a, _mm256_set1_epi8(static_cast<char>(c))); }
+  static I abs_i8(I a) { return _mm256_abs_epi8(a); }
+  static I sign_i8(I x, I w) { return _mm256_sign_epi8(x, w); }
+  static I dot_u8i8(I u, I s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
+  static F scales(const float* s) { return _mm256_set1_ps(s[0]); }
 };
 
 constexpr KernelTable kTable = simd::make_table<V>();
