@@ -78,6 +78,16 @@ struct V {
   static I sign_i8(I x, I w) { return _mm256_sign_epi8(x, w); }
   static I dot_u8i8(I u, I s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
   static F scales(const float* s) { return _mm256_set1_ps(s[0]); }
+  using M = __m128;  // lane 1 accumulates m·s
+  static M mzero() { return _mm_setzero_ps(); }
+  static float msum(M m) { return _mm_cvtss_f32(_mm_shuffle_ps(m, m, 1)); }
+  static F scales_min(const std::uint8_t* p, std::int64_t, const float* xd, const float* xs, M& acc) {
+    int dm;
+    memcpy(&dm, p, 4);
+    const __m128 t = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), _mm_unpacklo_ps(_mm_load_ss(xd), _mm_load_ss(xs)));
+    acc = _mm_add_ps(acc, t);
+    return _mm256_broadcastss_ps(t);
+  }
 };
 
 constexpr KernelTable kTable = simd::make_table<V>();

@@ -92,6 +92,21 @@ struct V {
   static F scales(const float* s) {
     return _mm512_insertf32x8(_mm512_set1_ps(s[0]), _mm256_set1_ps(s[1]), 1);
   }
+  using M = __m128;  // lanes 1 and 3 accumulate m·s of the two blocks
+  static M mzero() { return _mm_setzero_ps(); }
+  static float msum(M m) {
+    return _mm_cvtss_f32(_mm_add_ss(_mm_shuffle_ps(m, m, 1), _mm_shuffle_ps(m, m, 3)));
+  }
+  static F scales_min(const std::uint8_t* p, std::int64_t stride, const float* xd, const float* xs, M& acc) {
+    int a, b;
+    memcpy(&a, p, 4);
+    memcpy(&b, p + stride, 4);
+    const __m128 t = _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi32(a, b, 0, 0)), _mm_setr_ps(xd[0], xs[0], xd[1], xs[1]));
+    acc = _mm_add_ps(acc, t);
+    // d0·xd0 over lanes 0-7, d1·xd1 over lanes 8-15
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+                                 _mm512_castps128_ps512(t));
+  }
 };
 
 constexpr KernelTable kTable = simd::make_table<V>();

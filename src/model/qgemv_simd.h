@@ -15,7 +15,9 @@
 // unpacked to 32 bytes: low nibbles, then high), sub_i8(I, int), abs_i8, sign_i8(x, w) (x
 // negated where w < 0), dot_u8i8(u, s) (int32 lanes, lane i = Σ of bytes 4i..4i+3 of u·s,
 // u unsigned, s signed, no saturation for |u·s| <= 16256), scales(const float*) (kQBlocks
-// floats, each over 8 lanes). The portable path instantiates only q8_rows_scalar, with a V
+// floats, each over 8 lanes), and for Q4_1 scales_min(p, stride, xd, xs, M& m): the kQBlocks
+// blocks' fp16 (d, m) pairs at p converted at once, d·xd as scales() gives it, m·xs added to
+// m (type M, mzero(), msum(M) -> float). The portable path instantiates only q8_rows_scalar, with a V
 // that has half() alone.
 //
 // Why several rows at a time: one row of SmolLM2's matrices has only 18–48 blocks, and one
@@ -312,10 +314,10 @@ void q8_rows_kernel(const std::uint8_t* row, std::int64_t row_bytes, const std::
                     const std::uint8_t* pf = nullptr, std::int64_t pf_bytes = 0) {
   constexpr int kQB = V::kQBlocks;
   typename V::F acc[kR];
-  float mins[kR];
+  typename V::M mins[kR];  // the Q4_1 min terms m_w·s_x, summed by V::msum
   for (int r = 0; r < kR; ++r) {
     acc[r] = V::zero();
-    mins[r] = 0;
+    mins[r] = V::mzero();
   }
   const std::int64_t nb = cols / 32, steps = nb / kQB;
   const std::int64_t pf_step = steps > 0 ? (pf_bytes / steps + 63) / 64 * 64 : 0;
@@ -326,16 +328,17 @@ void q8_rows_kernel(const std::uint8_t* row, std::int64_t row_bytes, const std::
     const typename V::I xv = V::qload(xq + 32 * b0);
     for (int r = 0; r < kR; ++r) {
       const std::uint8_t* p = row + r * row_bytes + b0 * K::kBytes;
-      float sc[kQB];
-      for (int k = 0; k < kQB; ++k) {
-        sc[k] = V::half(p + k * K::kBytes) * xd[b0 + k];
-        if constexpr (K::kMin) mins[r] += V::half(p + k * K::kBytes + 2) * xs[b0 + k];
+      if constexpr (K::kMin) {
+        acc[r] = V::fmadd(V::cvt(K::dot(p, xv)), V::scales_min(p, K::kBytes, xd + b0, xs + b0, mins[r]), acc[r]);
+      } else {
+        float sc[kQB];
+        for (int k = 0; k < kQB; ++k) sc[k] = V::half(p + k * K::kBytes) * xd[b0 + k];
+        acc[r] = V::fmadd(V::cvt(K::dot(p, xv)), V::scales(sc), acc[r]);
       }
-      acc[r] = V::fmadd(V::cvt(K::dot(p, xv)), V::scales(sc), acc[r]);
     }
   }
   for (int r = 0; r < kR; ++r) {
-    float s = V::hsum(acc[r]) + mins[r];
+    float s = V::hsum(acc[r]) + V::msum(mins[r]);
     for (std::int64_t b = steps * kQB; b < nb; ++b)
       s += q8_block_scalar<V, K>(row + r * row_bytes + b * K::kBytes, xq + 32 * b, xd[b], xs[b]);
     out[r] = accumulate ? out[r] + s : s;

@@ -6,9 +6,12 @@
 // split over threads; and a whole tiny model (q8 prefill = q8 decode, q8 close to f32).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "numattn/model/llama.h"
 #include "numattn/model/qgemv.h"
 #include "numattn/model/quant.h"
+#include "support/test_util.h"
 #include "support/tiny_llama.h"
 
 namespace numattn {
@@ -430,6 +434,43 @@ TEST(QGemvQ8, TinyModelQ8DecodeEqualsQ8PrefillAndStaysNearF32) {
                                     WeightStorage::kF32);
   EXPECT_THROW(ref.set_activations(Activations::kQ8), Error);
   ref.set_activations(Activations::kF32);
+}
+
+// The flag: refused by name before the model is opened (an unknown value, q8 with float32
+// weights); bench-model measures a list interleaved, one row per form; ppl --activations q8
+// reports the KL divergence against the same model with float32 activations.
+TEST(QGemvQ8, ActivationsFlag) {
+  using json = nlohmann::json;
+  const std::string none = " --model /nonexistent/model.gguf";
+  for (const std::string cmd : {"ppl --text /nonexistent/text.txt", "generate --prompt hi", "bench-model"}) {
+    test::expect_cli_error(cmd + none + " --activations int8", {"error: --activations: ", "f32", "q8"}, "nonexistent");
+    test::expect_cli_error(cmd + none + " --weights f32 --activations q8",
+                           {"error: --activations: ", "--weights gguf"}, "nonexistent");
+  }
+  test::expect_cli_error("ppl --text /nonexistent/text.txt" + none + " --activations f32,q8",
+                         {"error: --activations: ", "one value"}, "nonexistent");
+  const std::string q = test::write_gguf(test::make_tiny(false), "cli_q8act_q41.gguf", GgmlType::Q4_1);
+  const test::CliResult r = test::cli("bench-model --model " + q + " --ctx 0,6 --decode 2 --bandwidth-mib 4 "
+                                      "--activations f32,q8 --format json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const json rows = json::parse(r.out.substr(r.out.find('[')));
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0]["activations"], "f32");
+  EXPECT_EQ(rows[1]["activations"], "q8");
+  EXPECT_EQ(rows[2]["ctx"], 6);
+  EXPECT_EQ(rows[3]["activations"], "q8");
+  EXPECT_EQ(rows[1]["weight_bytes_per_token"], rows[0]["weight_bytes_per_token"]);
+  const std::string text = test::temp_path("q8act_text.txt");
+  std::ofstream(text) << test::tiny_text(300);
+  const test::CliResult p = test::cli("ppl --model " + test::tiny_model_with_vocab() + " --text " + text +
+                                      " --ctx 32 --chunks 2 --activations q8 --no-progress --format json");
+  ASSERT_EQ(p.rc, 0) << p.out;
+  const json pr = json::parse(p.out.substr(p.out.find('{')));
+  EXPECT_EQ(pr["activations"], "q8");
+  EXPECT_EQ(pr["baseline"].get<std::string>().rfind("f32 activations", 0), 0u) << pr["baseline"];
+  EXPECT_GT(pr["kld_mean"].get<double>(), 0);
+  EXPECT_LT(pr["kld_mean"].get<double>(), 5e-3);
+  EXPECT_NE(pr["ppl"], pr["ppl_baseline"]);
 }
 
 }  // namespace NUMATTN_UNITY_ID
