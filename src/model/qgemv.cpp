@@ -369,18 +369,6 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
   if (n <= 0 || out == 0) return;
   const int nt = ctx.num_threads();
   if (n <= kQuantGemvMaxBatch) {
-    // Row slices in multiples of 16 (cache lines of y, whole rows of the kernels). Each split
-    // is a fork and a join of the team: a few microseconds on an idle machine, but a scheduler
-    // time slice when the cores are oversubscribed and a worker is descheduled. Measured on 2
-    // shared cores at load 19 (SmolLM2-135M Q4_1, 2 threads): splitting every matrix (121
-    // joins per token) 0.35 tokens/s, matrices >= 1 MiB 0.86, only the 30 MB output matrix
-    // 5.2. So by default only matrices of at least kGemvSplitBytes are split;
-    // NUMATTN_GEMV_SPLIT=<bytes> lowers it for an idle machine (docs/model-runner.md).
-    static const std::uint64_t min_split = [] {
-      const char* e = std::getenv("NUMATTN_GEMV_SPLIT");
-      return e != nullptr && *e != '\0' ? std::strtoull(e, nullptr, 10) : kGemvSplitBytes;
-    }();
-    const bool split = nt > 1 && w.bytes() * static_cast<std::uint64_t>(n) >= min_split;
     // 8-bit activations: x quantized once, before any split; the slices share it.
     thread_local ActivationsQ8 xq_buf;
     const ActivationsQ8* xq = nullptr;
@@ -395,6 +383,18 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
         quant_gemv(w, a, b, x, n, in, y, ldy, accumulate, path);
       }
     };
+    // Row slices in multiples of 16 (cache lines of y, whole rows of the kernels). Each split
+    // is a fork and a join of the team: a few microseconds on an idle machine, but a scheduler
+    // time slice when the cores are oversubscribed and a worker is descheduled. Measured on 2
+    // shared cores at load 19 (SmolLM2-135M Q4_1, 2 threads): splitting every matrix (121
+    // joins per token) 0.35 tokens/s, matrices >= 1 MiB 0.86, only the 30 MB output matrix
+    // 5.2. So by default only matrices of at least kGemvSplitBytes are split;
+    // NUMATTN_GEMV_SPLIT=<bytes> lowers it for an idle machine (docs/model-runner.md).
+    static const std::uint64_t min_split = [] {
+      const char* e = std::getenv("NUMATTN_GEMV_SPLIT");
+      return e != nullptr && *e != '\0' ? std::strtoull(e, nullptr, 10) : kGemvSplitBytes;
+    }();
+    const bool split = nt > 1 && w.bytes() * static_cast<std::uint64_t>(n) >= min_split;
     if (!split) {
       gemv(0, out);
       return;

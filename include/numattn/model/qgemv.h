@@ -5,8 +5,9 @@
 /// weights can be read: 4.5–8.5 bits per weight for the quantized types instead of the 32 of a
 /// float32 copy. These kernels read the blocks where they lie (usually the memory-mapped file),
 /// rebuild each block's values in registers and multiply them by float32 activations, so the
-/// result equals the float32 product of the dequantized weights up to summation order (there is
-/// no quantization of the activations: see docs/model-runner.md for the error bound).
+/// result equals the float32 product of the dequantized weights up to summation order (by
+/// default the activations are not quantized: see docs/model-runner.md for the error bound;
+/// the optional 8-bit activations are below).
 ///
 /// Code paths, chosen at run time from the CPU's features (cpuid, with the OS's support of the
 /// vector state), never only at compile time:
