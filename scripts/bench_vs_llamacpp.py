@@ -11,12 +11,14 @@ It builds and downloads nothing: pass the llama-bench binary (docs/model-runner.
 build it from the llama-cpp-python source distribution).
 
   scripts/bench_vs_llamacpp.py /tmp/llb/bin/llama-bench --threads 1,2 --reps 5
+  scripts/bench_vs_llamacpp.py /tmp/llb/bin/llama-bench --numattn-args="--activations q8"
 """
 import argparse
 import csv
 import io
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -31,7 +33,8 @@ def run(cmd):
 
 def numattn_decode(args, threads):
     out = run([args.numattn, "bench-model", "--model", args.model, "--ctx", "0", "--decode",
-               str(args.tokens), "--threads", str(threads), "--reps", "1", "--format", "csv"])
+               str(args.tokens), "--threads", str(threads), "--reps", "1", "--format", "csv"]
+              + shlex.split(args.numattn_args))
     rows = list(csv.DictReader(io.StringIO(out)))
     if not rows:
         sys.exit(f"numattn bench-model printed no row:\n{out}")
@@ -58,6 +61,9 @@ def main():
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default 64)")
     ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
+    ap.add_argument("--numattn-args", default="",
+                    help="extra arguments for numattn bench-model, one shell-quoted string "
+                         "(e.g. --numattn-args='--activations q8')")
     args = ap.parse_args()
     for path, what in ((args.llama_bench, "llama-bench"), (args.numattn, "numattn"), (args.model, "model")):
         if not os.path.exists(path):
@@ -66,7 +72,8 @@ def main():
         sys.exit("--reps and --tokens must be at least 1")
     threads = [int(t) for t in args.threads.split(",") if t]
     res = {t: {"numattn": [], "llama": [], "roof": [], "bw": []} for t in threads}
-    print(f"model {args.model}, {args.tokens} tokens decoded after 1, {args.reps} interleaved repetitions")
+    print(f"model {args.model}, {args.tokens} tokens decoded after 1, {args.reps} interleaved repetitions"
+          + (f", numattn arguments {args.numattn_args}" if args.numattn_args else ""))
     for rep in range(args.reps):
         for t in threads:
             # Alternate which one goes first so neither always follows the other.

@@ -87,12 +87,22 @@ void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t
   });
 }
 
-// The same product with a weight held either way (LlamaLayer: float32 or in place).
-void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t in,
+// The same product with a weight held either way (LlamaLayer: float32 or in place). With 8-bit
+// activations a decode product runs quant_linear's integer kernels, and a prefill rounds x to
+// the same x̂ before its float32 panels, so that prefill and decode still agree up to float32
+// summation order (and ppl, which prefills, measures what decode computes).
+void linear(const ExecContext& ctx, Activations act, const float* x, std::int64_t n, std::int64_t in,
             const std::vector<float>& wf, const QuantMatrix& wq, std::int64_t out, float* y,
             bool accumulate, std::int64_t ldy = 0) {
   if (!wq.empty()) {
-    quant_linear(ctx, wq, x, n, y, accumulate, ldy);
+    if (act == Activations::kQ8 && n > kQuantGemvMaxBatch) {
+      thread_local std::vector<float> xhat;
+      xhat.assign(x, x + n * in);
+      round_activations_q8(xhat.data(), n, in);
+      quant_linear(ctx, wq, xhat.data(), n, y, accumulate, ldy);
+    } else {
+      quant_linear(ctx, wq, x, n, y, accumulate, ldy, default_cpu_path(), act);
+    }
   } else {
     linear(ctx, x, n, in, wf.data(), out, y, accumulate, ldy);
   }
@@ -455,6 +465,14 @@ void LlamaModel::check_shapes() const {
     mat(L.w_gate_up, L.w_gate_up_q, 2 * h.n_ff, h.n_embd, p + "w_gate_up");
     mat(L.w_down, L.w_down_q, h.n_embd, h.n_ff, p + "w_down");
   }
+}
+
+void LlamaModel::set_activations(Activations a) {
+  NUMATTN_CHECK(a == Activations::kF32 || w_.in_place(),
+                "8-bit activations (q8) need weights held in their GGUF encoding (--weights gguf): "
+                "this model's weights are float32 (--weights f32, the exactness reference), whose "
+                "products always take float32 activations");
+  act_ = a;
 }
 
 const char* weight_storage_name(WeightStorage s) {
@@ -861,7 +879,7 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
   const ExecContext gemm_ctx = by_tokens ? ExecContext{1} : ctx;
   auto gemm = [&](const float* xr, std::int64_t rows, std::int64_t in, const std::vector<float>& wf,
                   const QuantMatrix& wq, std::int64_t out, float* y, bool acc) {
-    linear(gemm_ctx, xr, rows, in, wf, wq, out, y, acc);
+    linear(gemm_ctx, act_, xr, rows, in, wf, wq, out, y, acc);
   };
   // The timer only follows the first thread: other threads do the same work in parallel.
   auto lap = [&](bool main, double ForwardProfile::*slot) {
@@ -884,12 +902,12 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     }
     const std::int64_t vr = L.vo_rank;  // factored VO: the value row is U = V'·xn (R wide)
     if (!L.v_bd) {
-      linear(gemm_ctx, xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, vr > 0 ? (Hq + Hkv) * D + vr : h.qkv_rows(),
+      linear(gemm_ctx, act_, xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, vr > 0 ? (Hq + Hkv) * D + vr : h.qkv_rows(),
              qkv.data() + t0 * R, false, R);
     } else {
       // BDA: Q|K through the stacked GEMM, V' through the fused BD projection, both written
       // into their slots of the same qkv rows.
-      linear(gemm_ctx, xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, (Hq + Hkv) * D,
+      linear(gemm_ctx, act_, xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, (Hq + Hkv) * D,
              qkv.data() + t0 * R, false, R);
       L.v_bd->project(xn.data() + t0 * E, n, E, qkv.data() + t0 * R + (Hq + Hkv) * D, R,
                       transform::InputOrder::kOriginal, ExecContext{1});
@@ -1041,9 +1059,9 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     timer.lap(&ForwardProfile::norm);
     // Split over the vocabulary: each thread streams its half of the output matrix once.
     if (w_.tied()) {
-      linear(ctx, xn.data(), n_out, E, w_.token_embd, w_.token_embd_q, h.n_vocab, logits.data(), false);
+      linear(ctx, act_, xn.data(), n_out, E, w_.token_embd, w_.token_embd_q, h.n_vocab, logits.data(), false);
     } else {
-      linear(ctx, xn.data(), n_out, E, w_.output, w_.output_q, h.n_vocab, logits.data(), false);
+      linear(ctx, act_, xn.data(), n_out, E, w_.output, w_.output_q, h.n_vocab, logits.data(), false);
     }
     timer.lap(&ForwardProfile::output_gemm);
   }

@@ -15,6 +15,7 @@
 #include "numattn/core/error.h"
 #include "numattn/model/quant.h"
 #include "qgemv_kernels.h"
+#include "qgemv_simd.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -72,8 +73,25 @@ float dot_f32_portable(const float* a, const float* b, std::int64_t n) {
   return s;
 }
 
+// The portable integer kernels: qgemv_simd.h's scalar form, which needs only half().
+struct PortableLanes {
+  using I = int;  // named by the vector members of the block types, which it never instantiates
+  static float half(const std::uint8_t* p) {
+    std::uint16_t h;
+    std::memcpy(&h, p, 2);
+    return fp16_to_fp32(h);
+  }
+};
+
 const qkern::KernelTable* portable_table() {
-  static const qkern::KernelTable t{dot_f32_portable};
+  static const qkern::KernelTable t = [] {
+    qkern::KernelTable k{dot_f32_portable};
+    using L = PortableLanes;
+    k.q8_0_q8 = qkern::simd::q8_rows_scalar<L, qkern::simd::Q8_0x8<L>>;
+    k.q4_0_q8 = qkern::simd::q8_rows_scalar<L, qkern::simd::Q4x8<L, false>>;
+    k.q4_1_q8 = qkern::simd::q8_rows_scalar<L, qkern::simd::Q4x8<L, true>>;
+    return k;
+  }();
   return &t;
 }
 
@@ -84,6 +102,15 @@ const qkern::KernelTable* table(CpuPath p) {
     case CpuPath::kPortable: return portable_table();
   }
   return nullptr;
+}
+
+qkern::DotQ8Fn special_q8(const qkern::KernelTable& t, GgmlType type) {
+  switch (type) {
+    case GgmlType::Q8_0: return t.q8_0_q8;
+    case GgmlType::Q4_0: return t.q4_0_q8;
+    case GgmlType::Q4_1: return t.q4_1_q8;
+    default: return nullptr;
+  }
 }
 
 qkern::DotFn special(const qkern::KernelTable& t, GgmlType type) {
@@ -357,19 +384,81 @@ double GemvSplitTuner::mean_seconds_per_byte(std::uint64_t bytes, bool split) co
 GemvSplitStats gemv_split_stats() { return t_split_stats; }
 void reset_gemv_split_stats() { t_split_stats = GemvSplitStats{}; }
 
+void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const ActivationsQ8& x,
+                float* y, std::int64_t ldy, bool accumulate, CpuPath path) {
+  NUMATTN_CHECK(cpu_path_available(path), "CPU path {} is not available on this machine",
+                cpu_path_name(path));
+  NUMATTN_CHECK(x.cols == w.cols, "quant_gemv: activations of {} values for rows of {}", x.cols, w.cols);
+  NUMATTN_CHECK(o0 >= 0 && o0 <= o1 && o1 <= w.rows(),
+                "quant_gemv: rows [{}, {}) of a matrix of {} rows", o0, o1, w.rows());
+  const std::int64_t n = x.n;
+  if (o0 == o1 || n == 0) return;
+  const qkern::KernelTable& kt = *table(path);
+  // Parts without an integer kernel multiply x̂ with their float kernel.
+  thread_local std::vector<float> xhat;
+  bool need_float = false;
+  std::int64_t base = 0;
+  for (const QuantMatrix::Part& p : w.parts) {
+    need_float |= std::max(o0, base) < std::min(o1, base + p.rows) && special_q8(kt, p.type) == nullptr;
+    base += p.rows;
+  }
+  if (need_float) {
+    xhat.resize(static_cast<std::size_t>(n * w.cols));
+    x.dequantize(xhat.data(), w.cols);
+  }
+  base = 0;
+  for (const QuantMatrix::Part& p : w.parts) {
+    const std::int64_t a = std::max(o0, base), b = std::min(o1, base + p.rows);
+    if (a < b) {
+      const qkern::DotQ8Fn fn = special_q8(kt, p.type);
+      if (fn == nullptr) {
+        quant_gemv(w, a, b, xhat.data(), n, w.cols, y, ldy, accumulate, path);
+        base += p.rows;
+        continue;
+      }
+      // Chunks of rows as in the float32 overload.
+      const std::int64_t chunk = n == 1 ? b - a : std::max<std::int64_t>(4, (16 << 10) / p.row_bytes / 4 * 4);
+      for (std::int64_t c0 = a; c0 < b; c0 += chunk) {
+        const std::int64_t c1 = std::min(b, c0 + chunk);
+        const std::uint8_t* rows = p.data + (c0 - base) * p.row_bytes;
+        for (std::int64_t r = 0; r < n; ++r)
+          fn(rows, p.row_bytes, c1 - c0, x.q.data() + r * x.blocks * ActivationsQ8::kBlock,
+             x.d.data() + r * x.blocks, x.s.data() + r * x.blocks, w.cols, y + r * ldy + c0, accumulate);
+      }
+    }
+    base += p.rows;
+  }
+}
+
 void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, std::int64_t n,
-                  float* y, bool accumulate, std::int64_t ldy, CpuPath path) {
+                  float* y, bool accumulate, std::int64_t ldy, CpuPath path, Activations act) {
   NUMATTN_CHECK(!w.empty(), "quant_linear: empty matrix");
   const std::int64_t out = w.rows(), in = w.cols;
   if (ldy <= 0) ldy = out;
   if (n <= 0 || out == 0) return;
   const int nt = ctx.num_threads();
   if (n <= kQuantGemvMaxBatch) {
+    // 8-bit activations: x quantized once, before any split; the slices share it.
+    thread_local ActivationsQ8 xq_buf;
+    const ActivationsQ8* xq = nullptr;
+    if (act == Activations::kQ8) {
+      xq_buf.quantize(x, n, in, in);
+      xq = &xq_buf;
+    }
+    auto gemv = [&](std::int64_t a, std::int64_t b) {
+      if (xq != nullptr) {
+        quant_gemv(w, a, b, *xq, y, ldy, accumulate, path);
+      } else {
+        quant_gemv(w, a, b, x, n, in, y, ldy, accumulate, path);
+      }
+    };
     // Row slices in multiples of 16 (cache lines of y, whole rows of the kernels).
     const std::uint64_t bytes = w.bytes() * static_cast<std::uint64_t>(n);
     const std::uint64_t fixed = fixed_split_bytes();
-    thread_local GemvSplitTuner tuner;
+    // One tuner per activation precision: their products take different times per byte.
+    thread_local GemvSplitTuner tuners[2];
     thread_local int tuner_threads = 0;
+    GemvSplitTuner& tuner = tuners[act == Activations::kQ8 ? 1 : 0];
     bool tuned = false, split = false;
     if (nt > 1 && out >= 32) {
       if (fixed > 0) {
@@ -378,7 +467,7 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
         split = true;
       } else {
         if (tuner_threads != nt) {  // measurements of another team size do not carry over
-          tuner = GemvSplitTuner();
+          tuners[0] = tuners[1] = GemvSplitTuner();
           tuner_threads = nt;
         }
         tuned = true;
@@ -388,14 +477,14 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
     ++(split ? t_split_stats.split : t_split_stats.single);
     const auto t0 = tuned ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (!split) {
-      quant_gemv(w, 0, out, x, n, in, y, ldy, accumulate, path);
+      gemv(0, out);
     } else {
       const std::int64_t units = (out + 15) / 16;
       const std::int64_t parts = std::min<std::int64_t>(nt, units);
       parallel_for(ctx, parts, [&](std::int64_t p) {
         const std::int64_t a = std::min(out, units * p / parts * 16);
         const std::int64_t b = std::min(out, units * (p + 1) / parts * 16);
-        quant_gemv(w, a, b, x, n, in, y, ldy, accumulate, path);
+        gemv(a, b);
       });
     }
     if (tuned) {

@@ -63,6 +63,31 @@ struct V {
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
   }
+  // Integer kernels: one block of 32 bytes per step.
+  static constexpr int kQBlocks = 1;
+  static I qload(const std::int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I q8w(const std::uint8_t* p, std::int64_t) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static I q4w(const std::uint8_t* p, std::int64_t) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+  }
+  static I sub_i8(I a, int c) { return _mm256_sub_epi8(a, _mm256_set1_epi8(static_cast<char>(c))); }
+  static I abs_i8(I a) { return _mm256_abs_epi8(a); }
+  static I sign_i8(I x, I w) { return _mm256_sign_epi8(x, w); }
+  static I dot_u8i8(I u, I s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
+  static F scales(const float* s) { return _mm256_set1_ps(s[0]); }
+  using M = __m128;  // lane 1 accumulates m·s
+  static M mzero() { return _mm_setzero_ps(); }
+  static float msum(M m) { return _mm_cvtss_f32(_mm_shuffle_ps(m, m, 1)); }
+  static F scales_min(const std::uint8_t* p, std::int64_t, const float* xd, const float* xs, M& acc) {
+    int dm;
+    memcpy(&dm, p, 4);
+    const __m128 t = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), _mm_unpacklo_ps(_mm_load_ss(xd), _mm_load_ss(xs)));
+    acc = _mm_add_ps(acc, t);
+    return _mm256_broadcastss_ps(t);
+  }
 };
 
 constexpr KernelTable kTable = simd::make_table<V>();

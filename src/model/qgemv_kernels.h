@@ -20,6 +20,13 @@ using DotF32Fn = float (*)(const float* a, const float* b, std::int64_t n);
 // Dequantizes `cols` values (whole blocks) of one row into dst, as dequantize_row does.
 using DeqFn = void (*)(const std::uint8_t* row, float* dst, std::int64_t cols);
 
+// The same rows against activations rounded to int8 (ActivationsQ8 of one vector: quants xq
+// [ceil(cols/32)·32], scales xd and block sums xs [ceil(cols/32)]); cols is a multiple of 32
+// (the block of every type that has such a kernel).
+using DotQ8Fn = void (*)(const std::uint8_t* row, std::int64_t row_bytes, std::int64_t rows,
+                         const std::int8_t* xq, const float* xd, const float* xs, std::int64_t cols,
+                         float* out, bool accumulate);
+
 // One path's kernels; nullptr = the generic kernel (dequantize a piece, then dot_f32).
 struct KernelTable {
   DotF32Fn dot_f32 = nullptr;  // required
@@ -27,6 +34,8 @@ struct KernelTable {
         q4_1 = nullptr, q6_k = nullptr;
   // Vector dequantizers for the prefill's panels (nullptr = dequantize_row).
   DeqFn deq_q8_0 = nullptr, deq_q4_1 = nullptr;
+  // Integer kernels against ActivationsQ8 (all three set on every path).
+  DotQ8Fn q8_0_q8 = nullptr, q4_0_q8 = nullptr, q4_1_q8 = nullptr;
 };
 
 // nullptr when the path was not compiled (another architecture than x86-64).

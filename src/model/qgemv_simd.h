@@ -9,6 +9,16 @@
 //   fmadd(a, b, c) = a·b + c, set1(float), hsum(F); cvt(I) -> F; u8(p) / s8(p): kLanes bytes
 //   zero- / sign-extended to int32 lanes; band(I, int), bor, srl<n>, sll<n>, isub(I, int);
 //   f16(p) / bf16(p): kLanes halves -> F; half(p): one fp16 -> float.
+// The integer kernels (8-bit activations) use a byte vector of kQBlocks = kLanes/8 blocks of
+// 32 in an I: qload(const int8_t*) (kQBlocks·32 bytes), q8w(p, stride) (kQBlocks runs of 32
+// bytes, stride bytes apart), q4w(p, stride) (kQBlocks runs of 16 bytes of nibbles, each
+// unpacked to 32 bytes: low nibbles, then high), sub_i8(I, int), abs_i8, sign_i8(x, w) (x
+// negated where w < 0), dot_u8i8(u, s) (int32 lanes, lane i = Σ of bytes 4i..4i+3 of u·s,
+// u unsigned, s signed, no saturation for |u·s| <= 16256), scales(const float*) (kQBlocks
+// floats, each over 8 lanes), and for Q4_1 scales_min(p, stride, xd, xs, M& m): the kQBlocks
+// blocks' fp16 (d, m) pairs at p converted at once, d·xd as scales() gives it, m·xs added to
+// m (type M, mzero(), msum(M) -> float). The portable path instantiates only q8_rows_scalar, with a V
+// that has half() alone.
 //
 // Why several rows at a time: one row of SmolLM2's matrices has only 18–48 blocks, and one
 // row's sum is a chain of dependent FMAs (4 cycles each), so a one-row kernel waits on FMA
@@ -169,20 +179,32 @@ void rows_kernel(const std::uint8_t* row, std::int64_t row_bytes, const float* x
   }
 }
 
+// A row count as a type (a tag: no code).
+template <int kN>
+struct RowCount {
+  static constexpr int value = kN;
+};
+
 // `rows` consecutive rows in groups of four (each prefetching the group kPfGroups ahead), the
-// rest one at a time.
-template <class V, class K>
-void rows_dot(const std::uint8_t* row, std::int64_t row_bytes, std::int64_t rows, const float* x,
-              std::int64_t cols, float* out, bool accumulate) {
+// rest one at a time: run(RowCount<kR>, first row, prefetch start, bytes).
+template <class Run>
+void in_row_groups(const std::uint8_t* row, std::int64_t row_bytes, std::int64_t rows, Run run) {
   constexpr std::int64_t kPfGroups = 2;
   std::int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     const std::int64_t left = rows - r - 4 * kPfGroups, ahead = left < 4 ? left : 4;
-    rows_kernel<V, K, 4>(row + r * row_bytes, row_bytes, x, cols, out + r, accumulate,
-                         ahead > 0 ? row + (r + 4 * kPfGroups) * row_bytes : nullptr,
-                         ahead > 0 ? ahead * row_bytes : 0);
+    run(RowCount<4>{}, r, ahead > 0 ? row + (r + 4 * kPfGroups) * row_bytes : nullptr,
+        ahead > 0 ? ahead * row_bytes : 0);
   }
-  for (; r < rows; ++r) rows_kernel<V, K, 1>(row + r * row_bytes, row_bytes, x, cols, out + r, accumulate);
+  for (; r < rows; ++r) run(RowCount<1>{}, r, nullptr, 0);
+}
+
+template <class V, class K>
+void rows_dot(const std::uint8_t* row, std::int64_t row_bytes, std::int64_t rows, const float* x,
+              std::int64_t cols, float* out, bool accumulate) {
+  in_row_groups(row, row_bytes, rows, [&](auto kr, std::int64_t r, const std::uint8_t* pf, std::int64_t pfb) {
+    rows_kernel<V, K, decltype(kr)::value>(row + r * row_bytes, row_bytes, x, cols, out + r, accumulate, pf, pfb);
+  });
 }
 
 // Σ a·b with two chains, the rest scalar (the generic kernel's dot product).
@@ -216,6 +238,123 @@ void deq_q4_1(const std::uint8_t* row, float* dst, std::int64_t cols) {
   }
 }
 
+// ---- integer kernels: rows against ActivationsQ8 --------------------------------------------
+//
+// Per block of 32 the exact integer Σ q_w·q_x (vpmaddubsw takes one unsigned operand: a signed
+// weight w goes in as |w| with x's sign flipped where w < 0; pairs of products stay below
+// 2·128·127 < 2^15, so nothing saturates), converted to float lanes (exact: below 2^24) and
+// scaled by d_w·d_x in one FMA. Q4_1 adds m_w·s_x per block (s_x = d_x·Σq_x): the min term
+// needs no per-value work. K provides kBytes, kQs (offset of the quants in a block), kMin,
+// dot(p, x) (int32 lanes of V::kQBlocks blocks at p, block stride kBytes) and scalar(p, x)
+// (one block's Σ q_w·q_x in int).
+template <class V>
+struct Q8_0x8 {
+  static constexpr std::int64_t kBytes = 34;
+  static constexpr bool kMin = false;
+  static typename V::I dot(const std::uint8_t* p, typename V::I x) {
+    const typename V::I w = V::q8w(p + 2, kBytes);
+    return V::dot_u8i8(V::abs_i8(w), V::sign_i8(x, w));
+  }
+  static int scalar(const std::uint8_t* p, const std::int8_t* x) {
+    int s = 0;
+    for (int j = 0; j < 32; ++j) s += static_cast<std::int8_t>(p[2 + j]) * x[j];
+    return s;
+  }
+};
+
+// Q4_0 (quants q − 8, signed: the Q8_0 sign trick) and Q4_1 (quants q in 0..15, unsigned).
+template <class V, bool kMinTerm>
+struct Q4x8 {
+  static constexpr std::int64_t kBytes = kMinTerm ? 20 : 18;
+  static constexpr bool kMin = kMinTerm;
+  static constexpr int kQs = kMin ? 4 : 2, kOff = kMin ? 0 : 8;
+  static typename V::I dot(const std::uint8_t* p, typename V::I x) {
+    const typename V::I u = V::q4w(p + kQs, kBytes);
+    if constexpr (kMin) {
+      return V::dot_u8i8(u, x);
+    } else {
+      const typename V::I w = V::sub_i8(u, 8);
+      return V::dot_u8i8(V::abs_i8(w), V::sign_i8(x, w));
+    }
+  }
+  static int scalar(const std::uint8_t* p, const std::int8_t* x) {
+    int s = 0;
+    for (int j = 0; j < 16; ++j)
+      s += ((p[kQs + j] & 15) - kOff) * x[j] + ((p[kQs + j] >> 4) - kOff) * x[16 + j];
+    return s;
+  }
+};
+
+// One block's d_w·d_x·Σq_w·q_x (+ m_w·s_x): the scalar form of a step, for the portable path
+// and for a row's last blocks when they do not fill a step.
+template <class V, class K>
+float q8_block_scalar(const std::uint8_t* p, const std::int8_t* xq, float xd, float xs) {
+  float t = V::half(p) * xd * static_cast<float>(K::scalar(p, xq));
+  if constexpr (K::kMin) t += V::half(p + 2) * xs;
+  return t;
+}
+
+template <class V, class K>
+void q8_rows_scalar(const std::uint8_t* row, std::int64_t row_bytes, std::int64_t rows,
+                    const std::int8_t* xq, const float* xd, const float* xs, std::int64_t cols,
+                    float* out, bool accumulate) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float s = 0;
+    for (std::int64_t b = 0; b < cols / 32; ++b)
+      s += q8_block_scalar<V, K>(row + r * row_bytes + b * K::kBytes, xq + 32 * b, xd[b], xs[b]);
+    out[r] = accumulate ? out[r] + s : s;
+  }
+}
+
+// kR rows (one accumulator each: the integer ops, not the FMA latency, bound a step), with the
+// prefetch of rows_kernel.
+template <class V, class K, int kR>
+void q8_rows_kernel(const std::uint8_t* row, std::int64_t row_bytes, const std::int8_t* xq,
+                    const float* xd, const float* xs, std::int64_t cols, float* out, bool accumulate,
+                    const std::uint8_t* pf = nullptr, std::int64_t pf_bytes = 0) {
+  constexpr int kQB = V::kQBlocks;
+  typename V::F acc[kR];
+  typename V::M mins[kR];  // the Q4_1 min terms m_w·s_x, summed by V::msum
+  for (int r = 0; r < kR; ++r) {
+    acc[r] = V::zero();
+    mins[r] = V::mzero();
+  }
+  const std::int64_t nb = cols / 32, steps = nb / kQB;
+  const std::int64_t pf_step = steps > 0 ? (pf_bytes / steps + 63) / 64 * 64 : 0;
+  for (std::int64_t t = 0; t < steps; ++t) {
+    for (std::int64_t o = t * pf_step; o < (t + 1) * pf_step && o < pf_bytes; o += 64)
+      __builtin_prefetch(pf + o, 0, 0);
+    const std::int64_t b0 = t * kQB;
+    const typename V::I xv = V::qload(xq + 32 * b0);
+    for (int r = 0; r < kR; ++r) {
+      const std::uint8_t* p = row + r * row_bytes + b0 * K::kBytes;
+      if constexpr (K::kMin) {
+        acc[r] = V::fmadd(V::cvt(K::dot(p, xv)), V::scales_min(p, K::kBytes, xd + b0, xs + b0, mins[r]), acc[r]);
+      } else {
+        float sc[kQB];
+        for (int k = 0; k < kQB; ++k) sc[k] = V::half(p + k * K::kBytes) * xd[b0 + k];
+        acc[r] = V::fmadd(V::cvt(K::dot(p, xv)), V::scales(sc), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < kR; ++r) {
+    float s = V::hsum(acc[r]) + V::msum(mins[r]);
+    for (std::int64_t b = steps * kQB; b < nb; ++b)
+      s += q8_block_scalar<V, K>(row + r * row_bytes + b * K::kBytes, xq + 32 * b, xd[b], xs[b]);
+    out[r] = accumulate ? out[r] + s : s;
+  }
+}
+
+template <class V, class K>
+void q8_rows_dot(const std::uint8_t* row, std::int64_t row_bytes, std::int64_t rows,
+                 const std::int8_t* xq, const float* xd, const float* xs, std::int64_t cols,
+                 float* out, bool accumulate) {
+  in_row_groups(row, row_bytes, rows, [&](auto kr, std::int64_t r, const std::uint8_t* pf, std::int64_t pfb) {
+    q8_rows_kernel<V, K, decltype(kr)::value>(row + r * row_bytes, row_bytes, xq, xd, xs, cols, out + r,
+                                              accumulate, pf, pfb);
+  });
+}
+
 // The table of one path.
 // constexpr: the getter outside the target pragma returns a constant-initialised table, so no
 // code compiled for the path runs before the CPU was checked.
@@ -232,6 +371,9 @@ constexpr KernelTable make_table() {
   t.q6_k = rows_dot<V, Q6_K<V>>;
   t.deq_q8_0 = deq_q8_0<V>;
   t.deq_q4_1 = deq_q4_1<V>;
+  t.q8_0_q8 = q8_rows_dot<V, Q8_0x8<V>>;
+  t.q4_0_q8 = q8_rows_dot<V, Q4x8<V, false>>;
+  t.q4_1_q8 = q8_rows_dot<V, Q4x8<V, true>>;
   return t;
 }
 

@@ -36,6 +36,34 @@ void add_common(CLI::App& app, int* threads, std::string* format) {
         ->check(CLI::IsMember({"md", "csv", "json"}));
 }
 
+void add_activations_option(CLI::App& app, std::string* activations, bool list) {
+  app.add_option("--activations", *activations,
+                 std::string("activations of the products with in-place weights: f32 (float32, "
+                             "the default) or q8 (rounded to int8 per block of 32 as llama.cpp "
+                             "does; integer kernels for Q8_0/Q4_0/Q4_1 decode products; needs "
+                             "--weights gguf)") +
+                     (list ? "; a comma-separated list measures each, interleaved" : ""))
+      ->capture_default_str();
+}
+
+std::vector<Activations> check_activations_option(const std::string& activations,
+                                                  const std::string& weights) {
+  std::vector<Activations> out;
+  for (const std::string& a : split_list(activations)) {
+    try {
+      out.push_back(parse_activations(a));
+    } catch (const Error& e) {
+      throw OptionError("activations", e.what());
+    }
+    NUMATTN_CHECK_OPTION(out.back() == Activations::kF32 || weights != "f32", "activations",
+                         "q8 needs weights in their GGUF encoding (--weights gguf): float32 "
+                         "weights (--weights f32) are the exactness reference and always take "
+                         "float32 activations");
+  }
+  NUMATTN_CHECK_OPTION(!out.empty(), "activations", "is empty");
+  return out;
+}
+
 void ProblemFlags::add_to(CLI::App& app, bool lists) {
   const std::string l = lists ? " (comma-separated list)" : "";
   options_.push_back(app.add_option("--batch", batch, "batch size B" + l)->capture_default_str());

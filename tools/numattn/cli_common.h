@@ -11,6 +11,7 @@
 #include "numattn/attention/method.h"
 #include "numattn/attention/random_problem.h"
 #include "numattn/core/exec.h"
+#include "numattn/model/qgemv.h"
 
 namespace numattn::cli {
 
@@ -101,5 +102,13 @@ void check_model_attention(const std::string& option, const std::string& specs, 
 void add_common(CLI::App& app, int* threads, std::string* format);
 
 std::vector<std::string> split_list(const std::string& s);
+
+/// Adds `--activations` (f32 | q8: the activations of the products with in-place weights,
+/// model/qgemv.h); `list` accepts a comma-separated list (bench-model's interleaved forms).
+void add_activations_option(CLI::App& app, std::string* activations, bool list = false);
+/// Parses `--activations` (each entry of a list) against `--weights`: q8 with f32 weights is
+/// refused (OptionError "activations"), before any model is loaded.
+std::vector<Activations> check_activations_option(const std::string& activations,
+                                                  const std::string& weights);
 
 }  // namespace numattn::cli

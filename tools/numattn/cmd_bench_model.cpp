@@ -21,7 +21,8 @@ namespace numattn::cli {
 
 namespace {
 struct BenchModelOptions {
-  std::string model = "default", ctx = "0,128,512", weights = "gguf", format = "md";
+  std::string model = "default", ctx = "0,128,512", weights = "gguf", format = "md",
+              activations = "f32";
   std::int64_t decode = 64;
   int threads = 0, reps = 1;
   double bandwidth_mib = 0;
@@ -50,6 +51,7 @@ void add_bench_model(CLI::App& app) {
                   "weight storage: gguf (the file's encoding, in place) or f32 (dequantized)")
       ->capture_default_str()
       ->check(CLI::IsMember({"gguf", "f32"}));
+  add_activations_option(*sub, &o->activations, true);
   sub->add_option("--reps", o->reps, "repetitions of each row (the median is reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
@@ -64,6 +66,7 @@ void add_bench_model(CLI::App& app) {
     check_mla_options(*sub, o->mla);
     const int nt = ctx.num_threads();
     NUMATTN_CHECK_OPTION(o->decode >= 1, "decode", "must be at least 1, got {}", o->decode);
+    const std::vector<Activations> acts = check_activations_option(o->activations, o->weights);
     NUMATTN_CHECK_OPTION(o->bandwidth_mib >= 0, "bandwidth-mib", "must be >= 0, got {}",
                          o->bandwidth_mib);
     std::vector<std::int64_t> lens;
@@ -109,6 +112,17 @@ void add_bench_model(CLI::App& app) {
     } else {
       if (loaded.has_mla()) loaded.set_mla_exec(parse_mla_exec(o->mla.exec));
       forms.push_back({loaded.has_mla() ? "mla (file) " + o->mla.exec : "gqa", std::move(loaded)});
+    }
+
+    // --activations f32,q8: every form once per activation precision (copies share the file).
+    if (acts.size() > 1 || acts[0] != Activations::kF32) {
+      std::vector<Form> base = std::move(forms);
+      forms.clear();
+      for (const Form& f : base)
+        for (Activations a : acts) {
+          forms.push_back({f.name, f.model});
+          forms.back().model.set_activations(a);
+        }
     }
 
     // Deterministic tokens: speed does not depend on what they are.
@@ -187,6 +201,7 @@ void add_bench_model(CLI::App& app) {
       row["kv_cache_bytes_per_token_layer"] =
           static_cast<double>(model.kv_bytes_per_token()) / static_cast<double>(hp.n_layer);
       row["weights"] = o->weights;
+      row["activations"] = activations_name(model.activations());
       row["cpu_path"] = cpu_path_name(default_cpu_path());
       row["threads"] = nt;
       row["ctx"] = L;

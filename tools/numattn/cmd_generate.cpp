@@ -17,7 +17,8 @@ namespace numattn::cli {
 
 namespace {
 struct GenerateOptions {
-  std::string model = "default", prompt, attn = "exact.flash", format = "md", weights = "gguf";
+  std::string model = "default", prompt, attn = "exact.flash", format = "md", weights = "gguf",
+              activations = "f32";
   std::int64_t max_tokens = 32;
   int threads = 0;
   bool chat = false;
@@ -39,6 +40,7 @@ void add_generate(CLI::App& app) {
                   "or f32 (dequantized at load: the exactness reference)")
       ->capture_default_str()
       ->check(CLI::IsMember({"gguf", "f32"}));
+  add_activations_option(*sub, &o->activations);
   sub->add_flag("--chat", o->chat,
                 "wrap the prompt in the ChatML user/assistant turn (<|im_start|>...)");
   add_common(*sub, &o->threads, &o->format);
@@ -47,6 +49,9 @@ void add_generate(CLI::App& app) {
     // Every request check comes before the model's weights are read (a few seconds): the
     // flags alone first, then the prompt's length against the file's trained context.
     check_generation(o->max_tokens);
+    const Activations act = check_activations_option(o->activations, o->weights).at(0);
+    NUMATTN_CHECK_OPTION(split_list(o->activations).size() == 1, "activations", "takes one value, got '{}'",
+                         o->activations);
     try {
       make_attention_methods(o->attn, 0);
     } catch (const Error& e) {
@@ -72,6 +77,7 @@ void add_generate(CLI::App& app) {
     const auto t_load = std::chrono::steady_clock::now();
     LlamaModel model = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
     model.set_attention(o->attn);
+    model.set_activations(act);
     const auto t_ready = std::chrono::steady_clock::now();
     const bool md = o->format == "md";
     if (md) {
@@ -106,6 +112,7 @@ void add_generate(CLI::App& app) {
     row["tokens_per_s"] = out.empty() ? 0.0 : static_cast<double>(out.size()) / s;
     row["attn"] = model.attention_spec();
     row["weights"] = o->weights;
+    row["activations"] = o->activations;
     row["cpu_path"] = cpu_path_name(default_cpu_path());
     // Opening + parsing the file (metadata, tokenizer) and building the model from it.
     row["open_s"] = std::chrono::duration<double>(t_load - t_open).count();

@@ -31,7 +31,8 @@ namespace numattn::cli {
 namespace {
 struct PplCliOptions {
   std::string model = "default", text = "default", attn = "exact.flash", baseline, format = "md",
-              bos = "auto", bda = "none", weights = "gguf", tensor;
+              bos = "auto", bda = "none", weights = "gguf", tensor,
+              activations = "f32";
   std::int64_t ctx = 512, chunks = -1;
   int threads = 0;
   bool no_progress = false, allow_long_ctx = false;
@@ -75,6 +76,7 @@ void add_ppl(CLI::App& app) {
                   "at load: the exactness reference)")
       ->capture_default_str()
       ->check(CLI::IsMember({"gguf", "f32"}));
+  add_activations_option(*sub, &o->activations);
   sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
   add_mla_options(*sub, o->mla);
   add_tensor_option(*sub, o->tensor);
@@ -94,6 +96,9 @@ void add_ppl(CLI::App& app) {
     // that follows: the flags alone before any file is opened, then against the model's
     // header before its weights are read, then against the text's length.
     check_ppl_options(po);
+    const Activations act = check_activations_option(o->activations, o->weights).at(0);
+    NUMATTN_CHECK_OPTION(split_list(o->activations).size() == 1, "activations", "takes one value, got '{}'",
+                         o->activations);
     check_mla_options(*sub, o->mla);
     std::optional<transform::TensorSpec> tspec;
     if (!o->tensor.empty()) {
@@ -162,8 +167,18 @@ void add_ppl(CLI::App& app) {
       dense = std::make_unique<LlamaModel>(model);
       model = compress_model_tensor(*dense, *tspec, ctx, &tensor);
     }
+    // --activations q8: the model (and the baseline of a transform, so that its KL measures the
+    // transform alone) multiplies 8-bit activations; without another baseline model, the same
+    // model with float32 activations is the KL baseline (in place, the copy shares the file).
+    std::unique_ptr<LlamaModel> f32_act;
+    if (act != Activations::kF32) {
+      if (!dense && !gqa) f32_act = std::make_unique<LlamaModel>(model);
+      model.set_activations(act);
+      if (dense) dense->set_activations(act);
+      if (gqa) gqa->set_activations(act);
+    }
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    po.baseline_model = dense ? dense.get() : gqa.get();
+    po.baseline_model = dense ? dense.get() : gqa ? gqa.get() : f32_act.get();
     // GEMM throughput of the linked BLAS (1024³ sgemm, BLAS threads = --threads), sampled
     // before the run and after every chunk, so that it sees the same machine load as the
     // forward passes; the median sample is the roofline's FLOP rate.
@@ -254,6 +269,11 @@ void add_ppl(CLI::App& app) {
     row["forward_gemm_gflops"] = 2.0 * w_per_tok * static_cast<double>(r.tokens_processed) / gemm_time * 1e-9;
     row["threads"] = nt;
     row["weights"] = o->weights;
+    row["activations"] = o->activations;
+    if (f32_act) {
+      row["baseline"] = "f32 activations, " + r.baseline_spec;
+      row["ppl_rel_change"] = (r.ppl - r.ppl_baseline) / r.ppl_baseline;
+    }
     if (distributed) row["ranks"] = dist::world().size();
     row["bos"] = o->bos;
     row["tokens_processed"] = r.tokens_processed;

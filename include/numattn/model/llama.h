@@ -291,6 +291,16 @@ class LlamaModel {
   /// How MLA layers run (model/mla_model.h); default absorbed.
   void set_mla_exec(MlaExec e) { mla_exec_ = e; }
   MlaExec mla_exec() const { return mla_exec_; }
+  /// Activations of the products with weights held in place (model/qgemv.h, `--activations`):
+  /// kF32 (default) or kQ8, where every such product multiplies x̂, x rounded to int8 per
+  /// block of 32 (ActivationsQ8): decode products by the integer kernels (Q8_0, Q4_0, Q4_1; the
+  /// float kernels for other types), prefill products by the float32 panels on x̂, so prefill
+  /// and decode still agree up to summation order. Products with float32 weights (BDA's
+  /// projection, MLA and factored layers' own matrices) keep float32 activations. Throws
+  /// numattn::Error for kQ8 when no weight is held in place (float32 storage, `--weights f32`:
+  /// the exactness reference). Copies of the model keep the setting.
+  void set_activations(Activations a);
+  Activations activations() const { return act_; }
 
   /// Runs `tokens` (N of them) at positions cache.n_past()..+N-1, appends their K/V to the
   /// cache, and returns logits `[N - logits_begin, V]` row-major.
@@ -315,6 +325,7 @@ class LlamaModel {
   std::vector<double> rope_inv_freq_;  ///< [n_rot/2], float64 so θ = pos·f stays accurate at long positions
   AttentionMethods attn_;
   MlaExec mla_exec_;
+  Activations act_ = Activations::kF32;
 };
 
 /// Checks a generation request before any work: `max_tokens` >= 1 (OptionError "max_tokens"),

@@ -5,8 +5,9 @@
 /// weights can be read: 4.5–8.5 bits per weight for the quantized types instead of the 32 of a
 /// float32 copy. These kernels read the blocks where they lie (usually the memory-mapped file),
 /// rebuild each block's values in registers and multiply them by float32 activations, so the
-/// result equals the float32 product of the dequantized weights up to summation order (there is
-/// no quantization of the activations: see docs/model-runner.md for the error bound).
+/// result equals the float32 product of the dequantized weights up to summation order (by
+/// default the activations are not quantized: see docs/model-runner.md for the error bound;
+/// the optional 8-bit activations are below).
 ///
 /// Code paths, chosen at run time from the CPU's features (cpuid, with the OS's support of the
 /// vector state), never only at compile time:
@@ -27,6 +28,22 @@
 ///
 /// Cost: one read of the selected weight bytes per call (rows go in chunks of about 16 KiB,
 /// each reused from L1/L2 by the n vectors); about 2 flops per weight per vector.
+///
+/// Optional 8-bit activations (Activations::kQ8, `--activations q8`, never the default): each
+/// vector x is first rounded to int8 in blocks of 32 (ActivationsQ8, llama.cpp's Q8_0 rule),
+/// and Q8_0, Q4_0 and Q4_1 rows are multiplied by it in integer arithmetic: per block one
+/// exact integer Σ q_w·q_x (vpmaddubsw + vpmaddwd), one float FMA by d_w·d_x, and for Q4_1 the
+/// min term m_w·s_x with s_x = d_x·Σ q_x. That is about a third of the instructions of the
+/// float kernel per weight. The result is the float32 product of the dequantized weights with
+/// x̂ (the rounded x) up to summation order; its distance to the float32-activation product is
+/// |Σ w·(x − x̂)| <= Σ_blocks (d_x/2)·Σ|w| (docs/numerics.md). Every other type (F32, F16,
+/// BF16, Q5_0, Q5_1, Q4_K, Q6_K) is multiplied by x̂ with its float kernel inside the same
+/// product, so a product means the same thing whatever its parts' types.
+/// | path | integer kernels (x̂: int8 blocks of 32) |
+/// |---|---|
+/// | avx512 | Q8_0, Q4_0, Q4_1: two blocks per 512-bit step (AVX-512 BW) |
+/// | avx2 | Q8_0, Q4_0, Q4_1: one block per 256-bit step |
+/// | portable | Q8_0, Q4_0, Q4_1: scalar int32 sums |
 #pragma once
 
 #include <cstdint>
@@ -83,6 +100,35 @@ struct QuantMatrix {
   QuantMatrix first_rows(std::int64_t r) const;
   /// "Q4_1" or "Q4_1+Q6_K" (the distinct part types).
   std::string type_string() const;
+};
+
+/// Precision of the activations of quant_linear's decode products (`--activations f32|q8`).
+enum class Activations {
+  kF32 = 0,  ///< float32 x (default): the float32 product up to summation order
+  kQ8 = 1,   ///< x rounded to int8 per block of 32 (ActivationsQ8); integer kernels
+};
+/// "f32" / "q8".
+const char* activations_name(Activations a);
+/// Parses "f32" or "q8"; throws numattn::Error naming both.
+Activations parse_activations(const std::string& name);
+
+/// n vectors of `cols` values rounded to 8 bits in blocks of 32 (the last block of a row may be
+/// shorter, its missing quants are 0). For block b of vector r, with a = max |x_j| over it:
+/// d = a/127 (float32), q_j = the nearest integer (ties to even) of the float32 quotient x_j/d,
+/// clamped to [−127, 127], and s = d·Σ_j q_j (float32), the block's Σ of x̂_j = d·q_j, which the
+/// Q4_1 min term needs. An all-zero block has d = s = 0, q = 0. A block holding a NaN or ±Inf
+/// has d = s = NaN and q = 0, so every product with it is NaN (the float kernels would give
+/// ±Inf or NaN). |x_j − d·q_j| <= d/2 (plus one rounding of d·q_j when x̂ is formed in float).
+struct ActivationsQ8 {
+  static constexpr std::int64_t kBlock = 32;
+  std::int64_t n = 0, cols = 0, blocks = 0;  ///< blocks = ceil(cols / 32) per vector
+  std::vector<std::int8_t> q;                ///< [n, blocks·32]
+  std::vector<float> d, s;                   ///< [n, blocks]
+  /// Quantizes x `[n, cols]` (leading dimension ldx >= cols); keeps the buffers' capacity.
+  /// Cost: 3 passes over n·cols floats. Throws numattn::Error for negative sizes or ldx < cols.
+  void quantize(const float* x, std::int64_t n, std::int64_t ldx, std::int64_t cols);
+  /// x̂ = d·q, `[n, cols]` with leading dimension ldo >= cols.
+  void dequantize(float* out, std::int64_t ldo) const;
 };
 
 /// y[r·ldy + o] = (y[r·ldy + o] if accumulate, else 0) + Σ_j W[o, j]·x[r·ldx + j]
@@ -149,6 +195,12 @@ struct GemvSplitStats {
 GemvSplitStats gemv_split_stats();
 void reset_gemv_split_stats();
 
+/// The same product with the x.n vectors of `x` (x.cols == w.cols): Q8_0, Q4_0 and Q4_1 parts
+/// by the integer kernels, the others by their float kernels on x̂ (dequantized once per call).
+/// Equals the float32 product of the dequantized weights with x̂ up to summation order.
+void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const ActivationsQ8& x,
+                float* y, std::int64_t ldy, bool accumulate, CpuPath path);
+
 /// y = x·Wᵀ (+ y when accumulate) for x `[n, cols]` (leading dimension cols) and y `[n, rows]`
 /// (leading dimension ldy, 0 = rows). Few vectors (n <= kQuantGemvMaxBatch): quant_gemv over
 /// row slices of ≥ 16 rows. With one thread, or fewer than 32 rows, it runs on the calling
@@ -161,9 +213,16 @@ void reset_gemv_split_stats();
 /// thread, kept between calls) and each panel is one single-threaded sgemm against all n rows
 /// of x; a product large enough to split has at least one equal panel per thread. Throws
 /// numattn::Error when the matrix is empty.
+/// `act` = kQ8 applies to the few-vector products only: x is quantized once (ActivationsQ8,
+/// before any split) and multiplied by the integer kernels; more vectors run the float32 panels
+/// as above (a caller wanting x̂ there, as LlamaModel does, rounds x itself: round_activations_q8).
 void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, std::int64_t n,
                   float* y, bool accumulate, std::int64_t ldy = 0,
-                  CpuPath path = default_cpu_path());
+                  CpuPath path = default_cpu_path(), Activations act = Activations::kF32);
+
+/// x̂ of x `[n, cols]` (leading dimension cols) in place: ActivationsQ8's rounding applied
+/// and undone, what the integer kernels multiply. Cost: a few passes over n·cols floats.
+void round_activations_q8(float* x, std::int64_t n, std::int64_t cols);
 
 /// Largest batch that quant_linear computes with quant_gemv (each vector re-decodes the
 /// blocks, so past a few vectors a dequantized tile and a GEMM are cheaper).
