@@ -131,10 +131,10 @@ TEST(InPlace, CaptureSeesTheSameQkvAndCopiesOutliveTheLoader) {
 }
 
 // The prefill path of quant_linear (more than kQuantGemvMaxBatch rows of x) on a matrix taller
-// than one 8 MiB tile (2²¹ floats: 4096 rows of 32 at most), in two parts of two types whose
-// boundary falls inside a tile, with a strided and accumulated y, 1 and 2 threads (64 rows of x
-// are enough to split it), and a smaller matrix in between, so that each thread's tile buffer
-// is reused after being used for fewer rows. Each output equals the float64 product of the
+// than one tile (at most 2²¹ floats and 4096 rows: 4096 rows at 32 columns), in two parts of two
+// types whose boundary falls inside a tile, with a strided and accumulated y, 1 and 2 threads (64
+// rows of x are enough to split it), and a smaller matrix in between, so that each thread's tile
+// buffer is reused after being used for fewer rows. Each output equals the float64 product of the
 // dequantize_row weights within a float32 summation bound (a wrong tile or row offset would be
 // off by O(1)).
 TEST(InPlace, PrefillPanelsAcrossTilesPartsAndThreads) {
@@ -183,11 +183,13 @@ TEST(InPlace, PrefillPanelsAcrossTilesPartsAndThreads) {
           ref += w * xv;
           mag += (std::abs(w) + m.offset) * std::abs(xv);
         }
-        ASSERT_NEAR(y[static_cast<std::size_t>(r * ldy + o)], ref, (cols + 64) * std::ldexp(mag, -23))
+        ASSERT_NEAR(y[static_cast<std::size_t>(r * ldy + o)], ref,
+                    (cols + 64) * std::ldexp(mag, -23))
             << "r=" << r << " o=" << o;
       }
       // Columns past the matrix's rows are the caller's: untouched.
-      for (std::int64_t o = R; o < ldy; ++o) ASSERT_EQ(y[static_cast<std::size_t>(r * ldy + o)], 0.25f);
+      for (std::int64_t o = R; o < ldy; ++o)
+        ASSERT_EQ(y[static_cast<std::size_t>(r * ldy + o)], 0.25f);
     }
   };
   for (int threads : {1, 2}) {

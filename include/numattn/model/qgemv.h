@@ -96,7 +96,7 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
 /// (leading dimension ldy, 0 = rows). Few vectors (n <= kQuantGemvMaxBatch): quant_gemv, split
 /// over `ctx`'s threads by rows when the matrix has at least 8 MiB (NUMATTN_GEMV_SPLIT=<bytes>
 /// in the environment changes that; each split is a fork/join, costly on a busy machine).
-/// More: W is dequantized in panels of rows into a float32 tile of up to 4 MiB (one per
+/// More: W is dequantized in panels of rows into a float32 tile of up to 8 MiB (one per
 /// thread, kept between calls) and each panel is one single-threaded sgemm against all n rows
 /// of x; a product large enough to split has at least one equal panel per thread. Throws
 /// numattn::Error when the matrix is empty.
