@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <random>
 #include <vector>
 
 #include "numattn/core/error.h"
@@ -14,6 +15,8 @@
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
+#include "numattn/model/qgemv.h"
+#include "numattn/model/quant.h"
 #include "numattn/model/tokenizer.h"
 #include "support/tiny_llama.h"
 
@@ -125,6 +128,76 @@ TEST(InPlace, CaptureSeesTheSameQkvAndCopiesOutliveTheLoader) {
   ASSERT_EQ(b.size(), 2u);
   for (std::size_t l = 0; l < 2; ++l)
     for (std::size_t i = 0; i < a[l].size(); ++i) EXPECT_NEAR(a[l][i], b[l][i], 1e-5 * (1 + std::abs(a[l][i])));
+}
+
+// The prefill path of quant_linear (more than kQuantGemvMaxBatch rows of x) on a matrix taller
+// than one tile (at most 2²¹ floats and 4096 rows: 4096 rows at 32 columns), in two parts of two
+// types whose boundary falls inside a tile, with a strided and accumulated y, 1 and 2 threads (64
+// rows of x are enough to split it), and a smaller matrix in between, so that each thread's tile
+// buffer is reused after being used for fewer rows. Each output equals the float64 product of the
+// dequantize_row weights within a float32 summation bound (a wrong tile or row offset would be
+// off by O(1)).
+TEST(InPlace, PrefillPanelsAcrossTilesPartsAndThreads) {
+  std::mt19937 g(2024);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const std::int64_t cols = 32;
+  struct Mat {
+    std::vector<std::vector<std::uint8_t>> data;
+    QuantMatrix q;
+    std::vector<float> wf;  // dequantize_row values, [rows, cols]
+    double offset = 0;      // largest |m| of a Q4_1 block (enters the fused q·d + m rounding)
+  };
+  auto make = [&](std::initializer_list<std::pair<GgmlType, std::int64_t>> parts) {
+    Mat m;
+    m.q.cols = cols;
+    m.data.reserve(parts.size());
+    for (auto [type, rows] : parts) {
+      std::vector<float> w(static_cast<std::size_t>(rows * cols));
+      for (auto& v : w) v = nd(g) + 0.75f;  // off-centre: Q4_1 blocks get a non-zero minimum
+      m.data.push_back(quantize(type, w.data(), rows * cols));
+      m.q.parts.push_back({type, m.data.back().data(), rows, ggml_row_bytes(type, cols)});
+      std::vector<float> d(w.size());
+      dequantize_row(type, m.data.back().data(), d.data(), rows * cols);
+      m.wf.insert(m.wf.end(), d.begin(), d.end());
+      for (float v : d) m.offset = std::max(m.offset, 2.0 * std::abs(static_cast<double>(v)));
+    }
+    return m;
+  };
+  const Mat big = make({{GgmlType::Q8_0, 2500}, {GgmlType::Q4_1, 1633}});
+  const Mat small = make({{GgmlType::Q4_1, 37}});
+  ASSERT_EQ(big.q.rows(), 4133);
+  auto check = [&](const Mat& m, std::int64_t n, int threads, bool accumulate, std::int64_t ldy) {
+    const std::int64_t R = m.q.rows();
+    SCOPED_TRACE(::testing::Message() << "rows=" << R << " n=" << n << " threads=" << threads
+                                      << " accumulate=" << accumulate << " ldy=" << ldy);
+    std::vector<float> x(static_cast<std::size_t>(n * cols));
+    for (auto& v : x) v = nd(g);
+    std::vector<float> y(static_cast<std::size_t>(n * ldy), 0.25f);
+    quant_linear(ExecContext{threads}, m.q, x.data(), n, y.data(), accumulate, ldy);
+    for (std::int64_t r = 0; r < n; ++r) {
+      for (std::int64_t o = 0; o < R; ++o) {
+        double ref = accumulate ? 0.25 : 0.0, mag = std::abs(ref);
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const double w = m.wf[static_cast<std::size_t>(o * cols + j)];
+          const double xv = x[static_cast<std::size_t>(r * cols + j)];
+          ref += w * xv;
+          mag += (std::abs(w) + m.offset) * std::abs(xv);
+        }
+        ASSERT_NEAR(y[static_cast<std::size_t>(r * ldy + o)], ref,
+                    (cols + 64) * std::ldexp(mag, -23))
+            << "r=" << r << " o=" << o;
+      }
+      // Columns past the matrix's rows are the caller's: untouched.
+      for (std::int64_t o = R; o < ldy; ++o)
+        ASSERT_EQ(y[static_cast<std::size_t>(r * ldy + o)], 0.25f);
+    }
+  };
+  for (int threads : {1, 2}) {
+    check(big, 64, threads, true, 4133 + 7);
+    check(small, 9, threads, false, 37);
+    check(big, 5, threads, false, 4133);
+    check(small, 64, threads, true, 40);
+  }
 }
 
 TEST(InPlace, DefaultModelLogProbsEqualFloat32Storage) {

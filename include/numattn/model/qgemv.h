@@ -209,7 +209,7 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const Ac
 /// the calling thread's GemvSplitTuner measures best. NUMATTN_GEMV_SPLIT=<bytes> in the
 /// environment replaces the tuner by a fixed rule (split from that many bytes read; `auto`,
 /// the default, = the tuner); any other value is an error.
-/// More: W is dequantized in panels of rows into a float32 tile of up to 4 MiB (one per
+/// More: W is dequantized in panels of rows into a float32 tile of up to 8 MiB (one per
 /// thread, kept between calls) and each panel is one single-threaded sgemm against all n rows
 /// of x; a product large enough to split has at least one equal panel per thread. Throws
 /// numattn::Error when the matrix is empty.

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Prefill tokens/s of the in-place quantized weights against float32, through `numattn ppl`.
+
+    scripts/prefill_bench.py [--numattn build/bin/numattn] [--model default] [--text default]
+                             [--ctx 512] [--chunks 4] [--threads 2,1] [--pairs 5]
+                             [--before OTHER_NUMATTN]
+
+For each thread count, --pairs rounds of `numattn ppl --weights gguf` and `--weights f32`
+(--format json), the order rotating from one round to the next so that a change of load hits
+every arm alike; --before adds a third arm, another build's `--weights gguf` (the in-place path
+before a change). Prints every run's tokens/s and PPL, then per thread count the medians of
+tokens/s and of each forward phase (profile_s), the ratio of the medians to float32, the
+largest relative PPL difference, and the load average before and after. The machine may be
+shared: compare ratios measured in the same minutes, not absolute figures.
+Only the standard library is used.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+
+def run_ppl(a, arm, threads):
+    weights = "gguf" if arm.startswith("gguf") else "f32"
+    exe = a.before if arm == "gguf-before" else a.numattn
+    cmd = [exe, "ppl", "--model", a.model, "--text", a.text, "--ctx", str(a.ctx),
+           "--chunks", str(a.chunks), "--weights", weights, "--threads", str(threads),
+           "--format", "json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    row = json.loads(out)
+    if isinstance(row, list):
+        row = row[0]
+    return row
+
+
+def loadavg():
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--numattn", default="build/bin/numattn", help="the build measured")
+    p.add_argument("--model", default="default", help="GGUF file (default: the cached SmolLM2)")
+    p.add_argument("--text", default="default", help="text file (default: the cached Austen)")
+    p.add_argument("--ctx", type=int, default=512, help="tokens per ppl chunk")
+    p.add_argument("--chunks", type=int, default=4, help="ppl chunks per run")
+    p.add_argument("--threads", default="2,1", help="comma-separated thread counts")
+    p.add_argument("--pairs", type=int, default=5, help="rounds: one run of every arm each")
+    p.add_argument("--before", help="another numattn build, run as a third arm (--weights gguf)")
+    a = p.parse_args()
+    arms = ["gguf", "f32"] + (["gguf-before"] if a.before else [])
+    for t in [int(s) for s in a.threads.split(",")]:
+        res = {w: [] for w in arms}
+        before = loadavg()
+        for i in range(a.pairs):
+            order = arms[i % len(arms):] + arms[:i % len(arms)]
+            if i % 2 == 1:
+                order.reverse()
+            for w in order:
+                r = run_ppl(a, w, t)
+                res[w].append(r)
+                print(f"threads {t} round {i} {w:11s}: {r['tokens_per_s']:.1f} tok/s, "
+                      f"ppl {r['ppl']!r}, load {loadavg()}", file=sys.stderr, flush=True)
+        after = loadavg()
+        med = {w: statistics.median(r["tokens_per_s"] for r in rs) for w, rs in res.items()}
+        print(f"## threads {t}, ctx {a.ctx}, chunks {a.chunks}, {a.pairs} rotating rounds; "
+              f"load average before {before}, after {after}")
+        for w in arms:
+            tps = ", ".join(f"{r['tokens_per_s']:.1f}" for r in res[w])
+            print(f"{w:11s} tok/s: {tps}  median {med[w]:.1f}, / float32 {med[w] / med['f32']:.3f}")
+        phases = res["gguf"][0].get("profile_s", {}).keys()
+        print("phase medians (s per run): " + "; ".join(
+            f"{k} " + " / ".join(f"{statistics.median(r['profile_s'][k] for r in res[w]):.3f}"
+                                 for w in arms) for k in phases) + f" ({' / '.join(arms)})")
+        ref = res["f32"][0]["ppl"]
+        rel = max(abs(r["ppl"] - ref) / ref for rs in res.values() for r in rs)
+        print(f"ppl in place {res['gguf'][0]['ppl']!r}, float32 {ref!r}, "
+              + (f"before {res['gguf-before'][0]['ppl']!r}, " if a.before else "") +
+              f"largest relative difference {rel:.2e}")
+
+
+if __name__ == "__main__":
+    main()
