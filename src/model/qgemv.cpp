@@ -201,7 +201,12 @@ std::vector<CpuPath> available_cpu_paths() {
 CpuPath default_cpu_path() {
   static const CpuPath p = [] {
     if (const char* env = std::getenv("NUMATTN_CPU_PATH"); env != nullptr && *env != '\0') {
-      const CpuPath want = parse_cpu_path(env);
+      CpuPath want = CpuPath::kPortable;
+      try {
+        want = parse_cpu_path(env);
+      } catch (const Error& e) {
+        throw Error(std::string("NUMATTN_CPU_PATH: ") + e.what());
+      }
       NUMATTN_CHECK(cpu_path_available(want),
                     "NUMATTN_CPU_PATH={}: this CPU (or build) cannot run that path", env);
       return want;
@@ -380,6 +385,11 @@ void GemvSplitTuner::record(std::uint64_t bytes, bool split, double seconds) {
 
 double GemvSplitTuner::mean_seconds_per_byte(std::uint64_t bytes, bool split) const {
   return groups_[group_of(bytes)].arm[split ? 1 : 0].mean;
+}
+
+void check_quant_environment() {
+  (void)default_cpu_path();
+  (void)fixed_split_bytes();
 }
 
 GemvSplitStats gemv_split_stats() { return t_split_stats; }

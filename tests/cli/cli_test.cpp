@@ -105,6 +105,21 @@ TEST(Cli, ErrorsExitNonZeroWithAMessage) {
   EXPECT_NE(out.find("--check-rows"), std::string::npos);
 }
 
+// The environment variables of the quantized products are checked before a command runs: a bad
+// value is the first and only thing printed, naming the variable.
+TEST(Cli, BadQuantEnvironmentFailsBeforeAnyOutput) {
+  std::string out;
+  for (const char* bad : {"NUMATTN_GEMV_SPLIT=abc", "NUMATTN_GEMV_SPLIT=-5", "NUMATTN_GEMV_SPLIT=0",
+                          "NUMATTN_GEMV_SPLIT=12abc", "NUMATTN_CPU_PATH=bogus"}) {
+    const std::string var = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_EQ(test::run_command(std::string(bad) + " " + cli() + " methods 2>&1", &out), 1) << bad << ": " << out;
+    EXPECT_EQ(out.rfind("error: " + var, 0), 0u) << bad << ": " << out;
+  }
+  for (const char* good : {"NUMATTN_GEMV_SPLIT=auto", "NUMATTN_GEMV_SPLIT=32768", "NUMATTN_CPU_PATH=portable"}) {
+    EXPECT_EQ(test::run_command(std::string(good) + " " + cli() + " methods 2>&1", &out), 0) << good << ": " << out;
+  }
+}
+
 TEST(Cli, NpyInterfaceMatchesAnIndependentComputation) {
   namespace fs = std::filesystem;
   const test::ScratchDir scratch;

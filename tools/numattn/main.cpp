@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "common/blas_restart.h"
 #include "numattn/core/error.h"
+#include "numattn/model/qgemv.h"
 
 namespace numattn::cli {
 std::vector<CommandEntry>& command_table() {
@@ -59,7 +60,10 @@ int main(int argc, char** argv) {
   CLI::App app{"numattn: attention computed, approximated, transformed and studied numerically"};
   app.require_subcommand(1);
   // After a successful parse (so --help and flag errors answer at once), before the subcommand.
-  app.parse_complete_callback([argv] { numattn::tools::restart_with_fast_blas_kernels(argv); });
+  app.parse_complete_callback([argv] {
+    numattn::tools::restart_with_fast_blas_kernels(argv);
+    numattn::check_quant_environment();  // a bad NUMATTN_CPU_PATH / NUMATTN_GEMV_SPLIT fails here
+  });
   auto table = numattn::cli::command_table();
   std::sort(table.begin(), table.end(), [](auto& a, auto& b) { return a.order < b.order; });
   for (auto& e : table) e.add(app);

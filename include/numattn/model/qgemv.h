@@ -186,6 +186,12 @@ class GemvSplitTuner {
   Group groups_[65];
 };
 
+/// Reads the environment variables of the quantized products (NUMATTN_CPU_PATH,
+/// NUMATTN_GEMV_SPLIT) and throws numattn::Error naming the variable when a value is invalid.
+/// Both are otherwise read at the first product; the CLI calls this before a command runs, so a
+/// bad value fails before any output.
+void check_quant_environment();
+
 /// How quant_linear splits decode products on the calling thread, counted since the last reset
 /// (`numattn bench-model` reports the split share).
 struct GemvSplitStats {
