@@ -345,18 +345,35 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
 
 int GemvSplitTuner::group_of(std::uint64_t bytes) { return std::bit_width(bytes); }
 
+void GemvSplitTuner::Arm::add(double v) {
+  window[samples % kWindow] = v;
+  ++samples;
+}
+
+double GemvSplitTuner::Arm::estimate() const {
+  const std::uint32_t n = std::min(samples, kWindow);
+  if (n == 0) return 0;
+  double sum = 0, top = window[0];
+  for (std::uint32_t i = 0; i < n; ++i) {
+    sum += window[i];
+    top = std::max(top, window[i]);
+  }
+  return n < 5 ? sum / n : (sum - top) / (n - 1);
+}
+
 bool GemvSplitTuner::choose(std::uint64_t bytes) {
   Group& g = groups_[group_of(bytes)];
+  if (g.trial_left > 0) return g.trial_split;
   if (g.arm[0].samples < kWarmup || g.arm[1].samples < kWarmup) {
     return g.arm[1].samples <= g.arm[0].samples;
   }
-  if (g.trial_left > 0) return g.trial_split;
-  const bool best = g.arm[1].mean <= g.arm[0].mean;
+  const bool best = g.arm[1].estimate() <= g.arm[0].estimate();
   if (++g.since >= g.interval) {
     g.since = 0;
     g.trial_left = kTrial;
     g.trial_split = !best;
-    g.trial_sum = 0;
+    // The other choice's samples are old news: the trial's products replace them.
+    g.arm[g.trial_split ? 1 : 0].samples = 0;
     return !best;
   }
   return best;
@@ -364,27 +381,16 @@ bool GemvSplitTuner::choose(std::uint64_t bytes) {
 
 void GemvSplitTuner::record(std::uint64_t bytes, bool split, double seconds) {
   Group& g = groups_[group_of(bytes)];
-  const double v = seconds / static_cast<double>(std::max<std::uint64_t>(bytes, 1));
   Arm& a = g.arm[split ? 1 : 0];
-  if (g.trial_left > 0 && split == g.trial_split) {
-    // The other choice's mean is old news: the trial's products replace it. Several products,
-    // not one, so that one lucky fork on a busy machine does not look like a free core.
-    g.trial_sum += v;
-    if (--g.trial_left == 0) {
-      a.mean = g.trial_sum / kTrial;
-      a.samples += kTrial;
-      const bool won = a.mean < g.arm[split ? 0 : 1].mean;
-      g.interval = won ? kMinInterval : std::min(kMaxInterval, 2 * g.interval);
-    }
-    return;
+  a.add(seconds / static_cast<double>(std::max<std::uint64_t>(bytes, 1)));
+  if (g.trial_left > 0 && split == g.trial_split && --g.trial_left == 0) {
+    const bool won = a.estimate() < g.arm[split ? 0 : 1].estimate();
+    g.interval = won ? kMinInterval : std::min(kMaxInterval, 2 * g.interval);
   }
-  // A plain mean over the warm-up samples, then an exponential one that forgets in ~4 samples.
-  a.mean = a.samples < kWarmup ? a.mean + (v - a.mean) / (a.samples + 1) : a.mean + kAlpha * (v - a.mean);
-  ++a.samples;
 }
 
 double GemvSplitTuner::mean_seconds_per_byte(std::uint64_t bytes, bool split) const {
-  return groups_[group_of(bytes)].arm[split ? 1 : 0].mean;
+  return groups_[group_of(bytes)].arm[split ? 1 : 0].estimate();
 }
 
 void check_quant_environment() {

@@ -145,15 +145,23 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
 /// cores are free, a whole scheduler time slice (milliseconds) when another process holds a
 /// core and a worker waits to run. Which one wins is a property of the machine's load at the
 /// moment, not of the matrix, so it is measured: products are grouped by size (powers of two
-/// of the bytes read), each group keeps a running mean (EWMA) of the seconds per byte of each
-/// choice and takes the cheaper one; every `interval`-th product of the group starts a trial of
-/// the other choice (`kTrial` products, whose mean replaces that choice's old mean). The
-/// interval doubles (up to `kMaxInterval`) each time a trial loses and drops back to
-/// `kMinInterval` when it wins. So a steady machine pays kTrial products in kMaxInterval, load
-/// that arrives while splitting shows in the next split, and load that leaves is found within
-/// kMaxInterval products of the group (a few tokens of a 30-layer model). Both choices compute
-/// every output row with the same instructions in the same order, so the choice never changes
-/// a result.
+/// of the bytes read), each group keeps the seconds per byte of the last `kWindow` products of
+/// each choice and takes the choice with the smaller trimmed mean (the largest sample of a
+/// full window left out); every `interval`-th product of the group starts a trial of the other
+/// choice (`kTrial` products, which replace that choice's window). The interval doubles (up to
+/// `kMaxInterval`) each time a trial loses and drops back to `kMinInterval` when it wins. So a
+/// steady machine pays kTrial products in kMaxInterval, load that arrives while splitting shows
+/// after two slow splits, and load that leaves is found within kMaxInterval products of the
+/// group (a few tokens of a 30-layer model).
+/// Why trimmed: on a virtual machine about 1% of products, split or not, stall for 0.1–1 ms
+/// (the host runs something else on a vCPU); a split waits for both threads, so it meets twice
+/// as many. A plain running mean let those stalls make splitting look no better than one
+/// thread for SmolLM2's 0.2–1 MiB products, although their medians split are 1.5× faster and
+/// splitting every product decoded 15–20% faster (docs/model-runner.md). Dropping the largest
+/// of `kWindow` samples ignores an isolated stall; load that stalls a sizeable share of the
+/// splits still puts two stalls in most windows and moves the choice to one thread.
+/// Both choices compute every output row with the same instructions in the same order, so the
+/// choice never changes a result.
 ///
 /// Not thread-safe: quant_linear keeps one per calling thread.
 class GemvSplitTuner {
@@ -162,25 +170,28 @@ class GemvSplitTuner {
   static constexpr std::uint32_t kTrial = 3;         ///< products of a trial of the other choice
   static constexpr std::uint32_t kMinInterval = 16;  ///< products between two trials
   static constexpr std::uint32_t kMaxInterval = 512;
-  static constexpr double kAlpha = 0.25;              ///< EWMA weight of a new measurement
+  static constexpr std::uint32_t kWindow = 8;        ///< samples kept per choice
 
   /// Whether the next product reading `bytes` should be split.
   bool choose(std::uint64_t bytes);
   /// Records how long a product reading `bytes` took (`split`: as chosen; call once per choose).
   void record(std::uint64_t bytes, bool split, double seconds);
-  /// Running mean of seconds per byte of a choice in the group of `bytes` (0 before any).
+  /// Seconds per byte of a choice in the group of `bytes` as the tuner sees it: the mean of
+  /// its last kWindow samples (fewer before that), without the largest one once there are at
+  /// least five (a trial's kTrial samples count in full); 0 before any sample.
   double mean_seconds_per_byte(std::uint64_t bytes, bool split) const;
 
  private:
   struct Arm {
-    double mean = 0;
-    std::uint32_t samples = 0;
+    double window[kWindow] = {};
+    std::uint32_t samples = 0;  ///< since the last trial replaced the window
+    void add(double v);
+    double estimate() const;
   };
   struct Group {
     Arm arm[2];
     std::uint32_t since = 0, interval = kMinInterval, trial_left = 0;
     bool trial_split = false;
-    double trial_sum = 0;
   };
   static int group_of(std::uint64_t bytes);
   Group groups_[65];
