@@ -972,7 +972,7 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
       const float* g = gu.data() + t * 2 * F;
       const float* u = g + F;
       float* a = act.data() + t * F;
-      for (std::int64_t i = 0; i < F; ++i) a[i] = g[i] / (1.f + simd::exp_f32(-g[i])) * u[i];
+      simd::silu_mul(g, u, a, F);
     }
     lap(main, &ForwardProfile::ffn_act);
     gemm(act.data() + t0 * F, n, F, L.w_down, L.w_down_q, E, x.data() + t0 * E, true);

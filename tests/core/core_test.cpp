@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -73,6 +74,44 @@ TEST(Simd, ExpMatchesStdExp) {
   EXPECT_EQ(simd::exp_f32(-INFINITY), 0.0f);
   EXPECT_EQ(simd::exp_f32(-1000.f), 0.0f);
   EXPECT_EQ(simd::exp_f32(0.f), 1.0f);
+}
+
+// The array forms run the 8/16-lane overloads and finish in scalar code: every length from
+// 0 to 40 covers whole vectors plus every tail, with values that hit the clamps.
+TEST(Simd, ArrayExpAndSiluMulMatchDoubleOnEveryTail) {
+  for (std::int64_t n = 0; n <= 40; ++n) {
+    std::vector<float> x(static_cast<std::size_t>(n)), y(x.size()), u(x.size()), a(x.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float v = static_cast<float>(std::sin(1.7 * static_cast<double>(i) + 0.3 * static_cast<double>(n)) * 30.0);
+      x[static_cast<std::size_t>(i)] = i % 11 == 5 ? -1000.f : i % 13 == 7 ? 95.f : v;
+      u[static_cast<std::size_t>(i)] = static_cast<float>(std::cos(0.9 * static_cast<double>(i))) + 0.5f;
+    }
+    simd::exp_f32(x.data(), y.data(), n);
+    simd::silu_mul(x.data(), u.data(), a.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      const double xd = x[k];
+      const double e = std::exp(std::min(xd, 88.0));
+      if (xd < -87.4) {
+        EXPECT_EQ(y[k], 0.f) << "n=" << n << " i=" << i;
+      } else {
+        EXPECT_LE(std::abs(y[k] - e) / e, 4e-7) << "n=" << n << " i=" << i << " x=" << xd;
+      }
+      // g·σ(g)·u in double, with e^{−g} saturated at e^88 as exp_f32 does.
+      const double ref = xd / (1.0 + std::exp(std::min(-xd, 88.0))) * static_cast<double>(u[k]);
+      EXPECT_LE(std::abs(a[k] - ref), 1e-6 * std::abs(ref) + 1e-37) << "n=" << n << " i=" << i << " g=" << xd;
+    }
+  }
+  // NaN stays NaN in both, in the vector body and in the tail.
+  std::vector<float> x(19, 1.f), y(19), a(19);
+  x[3] = x[18] = std::nanf("");
+  simd::exp_f32(x.data(), y.data(), 19);
+  simd::silu_mul(x.data(), x.data(), a.data(), 19);
+  for (std::size_t i : {std::size_t{3}, std::size_t{18}}) {
+    EXPECT_TRUE(std::isnan(y[i]));
+    EXPECT_TRUE(std::isnan(a[i]));
+  }
+  EXPECT_FLOAT_EQ(y[0], std::exp(1.f));
 }
 
 TEST(Tensor, BnhdViewIsAPermutation) {
