@@ -83,33 +83,28 @@ TEST(GemvSplitTuner, FollowsAChangeOfLoad) {
   EXPECT_LT(lag, static_cast<int>(GemvSplitTuner::kMaxInterval + GemvSplitTuner::kTrial) + 10);
 }
 
+// Drives a fresh tuner for `calls` products: one thread takes 1.6e-10 s per byte, a split
+// 1e-10 except every `period`-th split, which stalls at 1e-9. Returns how many were split.
+int drive_with_stalls(int calls, int period) {
+  const std::uint64_t bytes = 400000;
+  GemvSplitTuner t;
+  int splits = 0;
+  for (int i = 0; i < calls; ++i) {
+    const bool s = t.choose(bytes);
+    const double cost = !s ? 1.6e-10 : (splits % period == period - 1) ? 1e-9 : 1e-10;
+    splits += s ? 1 : 0;
+    t.record(bytes, s, cost * static_cast<double>(bytes));
+  }
+  return splits;
+}
+
 TEST(GemvSplitTuner, IgnoresRareStalls) {
   // One split in 32 stalls 10× (a vCPU the host took away for a moment); splitting is still
   // faster in total (mean 1.28e-10 against 1.6e-10 s per byte), but a running mean would
   // flee to one thread after every stall until the next trial.
-  const std::uint64_t bytes = 400000;
-  GemvSplitTuner t;
-  int splits = 0, split_calls = 0;
-  const int calls = 4000;
-  for (int i = 0; i < calls; ++i) {
-    const bool s = t.choose(bytes);
-    double cost = 1.6e-10;
-    if (s) cost = (split_calls++ % 32 == 7) ? 1e-9 : 1e-10;
-    splits += s ? 1 : 0;
-    t.record(bytes, s, cost * static_cast<double>(bytes));
-  }
-  EXPECT_GT(splits, calls * 9 / 10);
+  EXPECT_GT(drive_with_stalls(4000, 32), 4000 * 9 / 10);
   // Stalls in half the splits are load, not noise: one thread wins.
-  GemvSplitTuner u;
-  splits = split_calls = 0;
-  for (int i = 0; i < calls; ++i) {
-    const bool s = u.choose(bytes);
-    double cost = 1.6e-10;
-    if (s) cost = (split_calls++ % 2 == 1) ? 1e-9 : 1e-10;
-    splits += s ? 1 : 0;
-    u.record(bytes, s, cost * static_cast<double>(bytes));
-  }
-  EXPECT_LT(splits, calls / 10);
+  EXPECT_LT(drive_with_stalls(4000, 2), 4000 / 10);
 }
 
 TEST(GemvSplitTuner, SizeGroupsAreIndependent) {
