@@ -893,83 +893,69 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
                   const QuantMatrix& wq, std::int64_t out, float* y, bool acc, const float* deq) {
     linear(gemm_ctx, act_, xr, rows, in, wf, wq, out, y, acc, 0, deq);
   };
-  // Prefill with weights in place: the token blocks all multiply by the same matrices, so the
-  // team dequantizes the in-place matrices of each region (W_o, W_gate|up, W_down of layer l,
-  // Wq|Wk|Wv of layer l + 1) once, each thread a share of the rows of each, into a float32
-  // buffer that every block's sgemm then reads; without it each thread dequantized every
-  // matrix into its own tile (quant_linear), twice the work on 2 threads and two copies of the
-  // layer competing for the last-level cache. The sgemm calls are then those of float32
-  // storage. Two buffers: each thread dequantizes its share of the next region's matrices at
-  // the end of its part of this region, and the attention between the regions (a team call)
-  // is the wait that makes them complete, so sharing adds no synchronisation but the first
-  // region's. A matrix that would take a buffer past kSharedFloats keeps quant_linear's own
-  // tiles (a 1B+ model's FFN would need hundreds of MiB). The buffers exist only here (never
-  // in a decode step), grow to the largest region's need and are not zero-filled (the
-  // dequantizer writes every float before a GEMM reads it).
-  constexpr std::int64_t kSharedFloats = std::int64_t{1} << 22;  // 16 MiB per buffer
+  // Prefill with weights in place: the token blocks all multiply by the same matrices, so
+  // before each region the team dequantizes the in-place matrices that region reads (W_o,
+  // W_gate|up, W_down of layer l, Wq|Wk|Wv of layer l + 1), each thread a share of the rows of
+  // each, into one float32 buffer that every block's sgemm then reads; without it each thread
+  // dequantized every matrix into its own tile (quant_linear), twice the work on 2 threads and
+  // two copies of the layer competing for the last-level cache. The sgemm calls are then those
+  // of float32 storage. A matrix that would take the buffer past kSharedFloats keeps
+  // quant_linear's own tiles (a 1B+ model's FFN would need hundreds of MiB). The buffer is only
+  // allocated here (never for a decode step) and grows to the largest layer's need, not
+  // zero-filled (the dequantizer writes every float before a GEMM reads it).
+  constexpr std::int64_t kSharedFloats = std::int64_t{1} << 22;  // 16 MiB
   const bool share = by_tokens && w_.in_place() && N / nt > kQuantGemvMaxBatch;
+  std::unique_ptr<float[]> shared_buf;
+  std::int64_t shared_cap = 0;
   struct SharedWeights {
     const float *wqkv = nullptr, *wo = nullptr, *gate_up = nullptr, *down = nullptr;
-  };
-  // The matrices of one region, where they go, and the pointers the region's GEMMs read.
-  struct SharePlan {
-    std::array<const QuantMatrix*, 4> m{};
-    std::array<float*, 4> dst{};
-    SharedWeights w;
-  };
-  std::array<std::unique_ptr<float[]>, 2> shared_buf;
-  std::array<std::int64_t, 2> shared_cap{};
-  // The plan of the region running post(post_l) (post_l < 0: none) and pre(pre_l) (pre_l
-  // outside the layers: none), in buffer `b`.
-  auto plan_share = [&](std::int64_t post_l, std::int64_t pre_l, std::size_t b) {
-    SharePlan sp;
-    if (!share) return sp;
-    std::array<const float**, 4> to{};
+  } sw;
+  // Fills `sw` for a region running post(post_l) (post_l < 0: none) and pre(pre_l) (pre_l
+  // outside the layers: none).
+  auto share_weights = [&](std::int64_t post_l, std::int64_t pre_l) {
+    sw = {};
+    if (!share) return;
+    std::array<std::pair<const QuantMatrix*, const float**>, 4> mats{};
     std::size_t k = 0;
-    auto add = [&](const QuantMatrix& m, const float** ptr) {
-      sp.m[k] = &m;
-      to[k++] = ptr;
-    };
-    if (post_l >= 0 && post_l < h.n_layer) {
+    if (post_l >= 0) {
       const LlamaLayer& L = w_.layers[static_cast<std::size_t>(post_l)];
-      add(L.wo_q, &sp.w.wo);
-      add(L.w_gate_up_q, &sp.w.gate_up);
-      add(L.w_down_q, &sp.w.down);
+      mats[k++] = {&L.wo_q, &sw.wo};
+      mats[k++] = {&L.w_gate_up_q, &sw.gate_up};
+      mats[k++] = {&L.w_down_q, &sw.down};
     }
-    if (pre_l >= 0 && pre_l < h.n_layer) add(w_.layers[static_cast<std::size_t>(pre_l)].wqkv_q, &sp.w.wqkv);
-    std::array<std::int64_t, 4> offset{};
+    if (pre_l >= 0 && pre_l < h.n_layer)
+      mats[k++] = {&w_.layers[static_cast<std::size_t>(pre_l)].wqkv_q, &sw.wqkv};
     std::int64_t total = 0;
+    std::array<std::int64_t, 4> offset{};
     for (std::size_t i = 0; i < k; ++i) {
-      const std::int64_t size = sp.m[i]->rows() * sp.m[i]->cols;
-      if (sp.m[i]->empty() || total + size > kSharedFloats) {
-        sp.m[i] = nullptr;
+      const QuantMatrix& m = *mats[i].first;
+      const std::int64_t size = m.rows() * m.cols;
+      if (m.empty() || total + size > kSharedFloats) {
+        mats[i].first = nullptr;
         continue;
       }
       offset[i] = total;
       total += size;
     }
-    if (total == 0) return SharePlan{};
-    if (shared_cap[b] < total) {
-      shared_buf[b].reset();
-      shared_buf[b] = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(total));
-      shared_cap[b] = total;
+    if (total == 0) return;
+    if (shared_cap < total) {
+      shared_buf.reset();
+      shared_buf = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(total));
+      shared_cap = total;
     }
+    parallel_for(ctx, nt, [&](std::int64_t p) {
+      for (std::size_t i = 0; i < k; ++i) {
+        if (mats[i].first == nullptr) continue;
+        const QuantMatrix& m = *mats[i].first;
+        const std::int64_t r0 = m.rows() * p / nt, r1 = m.rows() * (p + 1) / nt;
+        m.dequantize_rows(r0, r1, shared_buf.get() + offset[i] + r0 * m.cols);
+      }
+    });
     for (std::size_t i = 0; i < k; ++i)
-      if (sp.m[i] != nullptr) *to[i] = sp.dst[i] = shared_buf[b].get() + offset[i];
-    return sp;
+      if (mats[i].first != nullptr) *mats[i].second = shared_buf.get() + offset[i];
+    // Booked with the GEMMs, where quant_linear's own dequantization is.
+    timer.lap(&ForwardProfile::ffn_gemm);
   };
-  // Thread p's share (of nt) of a plan: rows [r·p/nt, r·(p+1)/nt) of each matrix.
-  auto fill_share = [&](const SharePlan& sp, std::int64_t p) {
-    for (std::size_t i = 0; i < sp.m.size(); ++i) {
-      if (sp.m[i] == nullptr) continue;
-      const QuantMatrix& m = *sp.m[i];
-      const std::int64_t r0 = m.rows() * p / nt, r1 = m.rows() * (p + 1) / nt;
-      m.dequantize_rows(r0, r1, sp.dst[i] + r0 * m.cols);
-    }
-  };
-  SharedWeights sw;   // what the running region's GEMMs read (null: quant_linear's tiles)
-  SharePlan next;     // what its threads dequantize for the region after it
-  std::size_t next_buf = 0;
   // The timer only follows the first thread: other threads do the same work in parallel.
   auto lap = [&](bool main, double ForwardProfile::*slot) {
     if (main) timer.lap(slot);
@@ -1076,19 +1062,11 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     }
     parallel_for(ctx, nt, [&](std::int64_t p) {
       f(N * p / nt, N * (p + 1) / nt, p == 0);
-      fill_share(next, p);
     });
     timer.lap(&ForwardProfile::sync);
   };
 
-  if (share) {
-    // The first region's matrices: the one wait sharing adds to a forward call.
-    const SharePlan first = plan_share(-1, 0, 1);
-    parallel_for(ctx, nt, [&](std::int64_t p) { fill_share(first, p); });
-    sw = first.w;
-    next = plan_share(0, 1, 0);
-    timer.lap(&ForwardProfile::ffn_gemm);  // with the GEMMs, where quant_linear dequantizes
-  }
+  share_weights(-1, 0);
   region([&](std::int64_t t0, std::int64_t t1, bool main) { pre(0, t0, t1, main); });
   for (std::int64_t l = 0; l < h.n_layer; ++l) {
     const std::int64_t nk = p0 + N;
@@ -1108,8 +1086,7 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
       mla_attend(*Ll.mla, mexec, mq.data(), N, kc, nk, *attn[static_cast<std::size_t>(l)],
                  team ? ctx : ExecContext{1}, mexec == MlaExec::kAbsorbed ? mlat.data() : att.data());
       timer.lap(&ForwardProfile::attention);
-      sw = next.w;
-      next = plan_share(l + 1, l + 2, next_buf ^= 1);
+      share_weights(l, l + 1);
       region([&](std::int64_t t0, std::int64_t t1, bool main) {
         post(l, t0, t1, main);
         if (l + 1 < h.n_layer) pre(l + 1, t0, t1, main);
@@ -1147,8 +1124,7 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     // Parallel over heads inside; a decode step's attention is too small to wake the team.
     attn[static_cast<std::size_t>(l)]->run(p, by_tokens ? ctx : ExecContext{1});
     timer.lap(&ForwardProfile::attention);
-    sw = next.w;
-    next = plan_share(l + 1, l + 2, next_buf ^= 1);
+    share_weights(l, l + 1);
     region([&](std::int64_t t0, std::int64_t t1, bool main) {
       post(l, t0, t1, main);
       if (l + 1 < h.n_layer) pre(l + 1, t0, t1, main);
