@@ -1,10 +1,8 @@
 #include "numattn/model/llama.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
-#include <memory>
 
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
@@ -92,31 +90,21 @@ void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t
 // The same product with a weight held either way (LlamaLayer: float32 or in place). With 8-bit
 // activations a decode product runs quant_linear's integer kernels, and a prefill rounds x to
 // the same x̂ before its float32 panels, so that prefill and decode still agree up to float32
-// summation order (and ppl, which prefills, measures what decode computes). `deq`, when not
-// null, holds all of `wq` dequantized (QuantMatrix::dequantize_rows, shared by forward()'s
-// token blocks): a prefill product then reads it instead of dequantizing its own panels.
+// summation order (and ppl, which prefills, measures what decode computes).
 void linear(const ExecContext& ctx, Activations act, const float* x, std::int64_t n, std::int64_t in,
             const std::vector<float>& wf, const QuantMatrix& wq, std::int64_t out, float* y,
-            bool accumulate, std::int64_t ldy = 0, const float* deq = nullptr) {
-  if (wq.empty()) {
-    linear(ctx, x, n, in, wf.data(), out, y, accumulate, ldy);
-    return;
-  }
-  if (n <= kQuantGemvMaxBatch) {
-    quant_linear(ctx, wq, x, n, y, accumulate, ldy, default_cpu_path(), act);
-    return;
-  }
-  const float* xs = x;
-  if (act == Activations::kQ8) {
-    thread_local std::vector<float> xhat;
-    xhat.assign(x, x + n * in);
-    round_activations_q8(xhat.data(), n, in);
-    xs = xhat.data();
-  }
-  if (deq != nullptr) {
-    linear(ctx, xs, n, in, deq, wq.rows(), y, accumulate, ldy);
+            bool accumulate, std::int64_t ldy = 0) {
+  if (!wq.empty()) {
+    if (act == Activations::kQ8 && n > kQuantGemvMaxBatch) {
+      thread_local std::vector<float> xhat;
+      xhat.assign(x, x + n * in);
+      round_activations_q8(xhat.data(), n, in);
+      quant_linear(ctx, wq, xhat.data(), n, y, accumulate, ldy);
+    } else {
+      quant_linear(ctx, wq, x, n, y, accumulate, ldy, default_cpu_path(), act);
+    }
   } else {
-    quant_linear(ctx, wq, xs, n, y, accumulate, ldy);
+    linear(ctx, x, n, in, wf.data(), out, y, accumulate, ldy);
   }
 }
 
@@ -890,71 +878,8 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
   const bool by_tokens = nt > 1 && N >= 16 * nt;
   const ExecContext gemm_ctx = by_tokens ? ExecContext{1} : ctx;
   auto gemm = [&](const float* xr, std::int64_t rows, std::int64_t in, const std::vector<float>& wf,
-                  const QuantMatrix& wq, std::int64_t out, float* y, bool acc, const float* deq) {
-    linear(gemm_ctx, act_, xr, rows, in, wf, wq, out, y, acc, 0, deq);
-  };
-  // Prefill with weights in place: the token blocks all multiply by the same matrices, so
-  // before each region the team dequantizes the in-place matrices that region reads (W_o,
-  // W_gate|up, W_down of layer l, Wq|Wk|Wv of layer l + 1), each thread a share of the rows of
-  // each, into one float32 buffer that every block's sgemm then reads; without it each thread
-  // dequantized every matrix into its own tile (quant_linear), twice the work on 2 threads and
-  // two copies of the layer competing for the last-level cache. The sgemm calls are then those
-  // of float32 storage. A matrix that would take the buffer past kSharedFloats keeps
-  // quant_linear's own tiles (a 1B+ model's FFN would need hundreds of MiB). The buffer is only
-  // allocated here (never for a decode step) and grows to the largest layer's need, not
-  // zero-filled (the dequantizer writes every float before a GEMM reads it).
-  constexpr std::int64_t kSharedFloats = std::int64_t{1} << 22;  // 16 MiB
-  const bool share = by_tokens && w_.in_place() && N / nt > kQuantGemvMaxBatch;
-  std::unique_ptr<float[]> shared_buf;
-  std::int64_t shared_cap = 0;
-  struct SharedWeights {
-    const float *wqkv = nullptr, *wo = nullptr, *gate_up = nullptr, *down = nullptr;
-  } sw;
-  // Fills `sw` for a region running post(post_l) (post_l < 0: none) and pre(pre_l) (pre_l
-  // outside the layers: none).
-  auto share_weights = [&](std::int64_t post_l, std::int64_t pre_l) {
-    sw = {};
-    if (!share) return;
-    std::array<std::pair<const QuantMatrix*, const float**>, 4> mats{};
-    std::size_t k = 0;
-    if (post_l >= 0) {
-      const LlamaLayer& L = w_.layers[static_cast<std::size_t>(post_l)];
-      mats[k++] = {&L.wo_q, &sw.wo};
-      mats[k++] = {&L.w_gate_up_q, &sw.gate_up};
-      mats[k++] = {&L.w_down_q, &sw.down};
-    }
-    if (pre_l >= 0 && pre_l < h.n_layer)
-      mats[k++] = {&w_.layers[static_cast<std::size_t>(pre_l)].wqkv_q, &sw.wqkv};
-    std::int64_t total = 0;
-    std::array<std::int64_t, 4> offset{};
-    for (std::size_t i = 0; i < k; ++i) {
-      const QuantMatrix& m = *mats[i].first;
-      const std::int64_t size = m.rows() * m.cols;
-      if (m.empty() || total + size > kSharedFloats) {
-        mats[i].first = nullptr;
-        continue;
-      }
-      offset[i] = total;
-      total += size;
-    }
-    if (total == 0) return;
-    if (shared_cap < total) {
-      shared_buf.reset();
-      shared_buf = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(total));
-      shared_cap = total;
-    }
-    parallel_for(ctx, nt, [&](std::int64_t p) {
-      for (std::size_t i = 0; i < k; ++i) {
-        if (mats[i].first == nullptr) continue;
-        const QuantMatrix& m = *mats[i].first;
-        const std::int64_t r0 = m.rows() * p / nt, r1 = m.rows() * (p + 1) / nt;
-        m.dequantize_rows(r0, r1, shared_buf.get() + offset[i] + r0 * m.cols);
-      }
-    });
-    for (std::size_t i = 0; i < k; ++i)
-      if (mats[i].first != nullptr) *mats[i].second = shared_buf.get() + offset[i];
-    // Booked with the GEMMs, where quant_linear's own dequantization is.
-    timer.lap(&ForwardProfile::ffn_gemm);
+                  const QuantMatrix& wq, std::int64_t out, float* y, bool acc) {
+    linear(gemm_ctx, act_, xr, rows, in, wf, wq, out, y, acc);
   };
   // The timer only follows the first thread: other threads do the same work in parallel.
   auto lap = [&](bool main, double ForwardProfile::*slot) {
@@ -978,12 +903,12 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     const std::int64_t vr = L.vo_rank;  // factored VO: the value row is U = V'·xn (R wide)
     if (!L.v_bd) {
       linear(gemm_ctx, act_, xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, vr > 0 ? (Hq + Hkv) * D + vr : h.qkv_rows(),
-             qkv.data() + t0 * R, false, R, sw.wqkv);
+             qkv.data() + t0 * R, false, R);
     } else {
       // BDA: Q|K through the stacked GEMM, V' through the fused BD projection, both written
       // into their slots of the same qkv rows.
       linear(gemm_ctx, act_, xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, (Hq + Hkv) * D,
-             qkv.data() + t0 * R, false, R, sw.wqkv);
+             qkv.data() + t0 * R, false, R);
       L.v_bd->project(xn.data() + t0 * E, n, E, qkv.data() + t0 * R + (Hq + Hkv) * D, R,
                       transform::InputOrder::kOriginal, ExecContext{1});
     }
@@ -1034,14 +959,14 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
           for (std::int64_t i = 0; i < vr; ++i) z[i] += mu[i] * o[i];
         }
       }
-      gemm(vz.data() + t0 * vr, n, vr, L.wo, L.wo_q, E, x.data() + t0 * E, true, sw.wo);
+      gemm(vz.data() + t0 * vr, n, vr, L.wo, L.wo_q, E, x.data() + t0 * E, true);
     } else {
-      gemm(att.data() + t0 * aw, n, aw, L.wo, L.wo_q, E, x.data() + t0 * E, true, sw.wo);
+      gemm(att.data() + t0 * aw, n, aw, L.wo, L.wo_q, E, x.data() + t0 * E, true);
     }
     lap(main, &ForwardProfile::o_gemm);
     rms_norm_rows(x.data() + t0 * E, L.ffn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
     lap(main, &ForwardProfile::norm);
-    gemm(xn.data() + t0 * E, n, E, L.w_gate_up, L.w_gate_up_q, 2 * F, gu.data() + t0 * 2 * F, false, sw.gate_up);
+    gemm(xn.data() + t0 * E, n, E, L.w_gate_up, L.w_gate_up_q, 2 * F, gu.data() + t0 * 2 * F, false);
     lap(main, &ForwardProfile::ffn_gemm);
     for (std::int64_t t = t0; t < t1; ++t) {
       const float* g = gu.data() + t * 2 * F;
@@ -1050,7 +975,7 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
       for (std::int64_t i = 0; i < F; ++i) a[i] = g[i] / (1.f + simd::exp_f32(-g[i])) * u[i];
     }
     lap(main, &ForwardProfile::ffn_act);
-    gemm(act.data() + t0 * F, n, F, L.w_down, L.w_down_q, E, x.data() + t0 * E, true, sw.down);
+    gemm(act.data() + t0 * F, n, F, L.w_down, L.w_down_q, E, x.data() + t0 * E, true);
     lap(main, &ForwardProfile::ffn_gemm);
   };
   // Runs `f(t0, t1, main)` on each thread's token block (or once on all tokens), and books the
@@ -1066,7 +991,6 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     timer.lap(&ForwardProfile::sync);
   };
 
-  share_weights(-1, 0);
   region([&](std::int64_t t0, std::int64_t t1, bool main) { pre(0, t0, t1, main); });
   for (std::int64_t l = 0; l < h.n_layer; ++l) {
     const std::int64_t nk = p0 + N;
@@ -1086,7 +1010,6 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
       mla_attend(*Ll.mla, mexec, mq.data(), N, kc, nk, *attn[static_cast<std::size_t>(l)],
                  team ? ctx : ExecContext{1}, mexec == MlaExec::kAbsorbed ? mlat.data() : att.data());
       timer.lap(&ForwardProfile::attention);
-      share_weights(l, l + 1);
       region([&](std::int64_t t0, std::int64_t t1, bool main) {
         post(l, t0, t1, main);
         if (l + 1 < h.n_layer) pre(l + 1, t0, t1, main);
@@ -1124,7 +1047,6 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
     // Parallel over heads inside; a decode step's attention is too small to wake the team.
     attn[static_cast<std::size_t>(l)]->run(p, by_tokens ? ctx : ExecContext{1});
     timer.lap(&ForwardProfile::attention);
-    share_weights(l, l + 1);
     region([&](std::int64_t t0, std::int64_t t1, bool main) {
       post(l, t0, t1, main);
       if (l + 1 < h.n_layer) pre(l + 1, t0, t1, main);

@@ -96,14 +96,12 @@ TEST(InPlace, TinyModelEqualsFloat32StorageEveryTypeAndBda) {
     }
 }
 
-// Prefill by token blocks (N >= 16 per thread) with weights in place: the team dequantizes each
-// layer's matrices once into one shared float32 buffer, each thread a share of every matrix's
-// rows, and every block's GEMM reads it. 2 and 3 threads (row shares that do not divide the
-// matrices evenly) against float32 storage with the same threads and against the in-place
-// model on 1 thread (quant_linear's own panels): a row share left undequantized would leave
-// garbage or zeros in the buffer, off by O(1). Also with BD Attention (W_o' float32, Q|K in
-// place: only part of the layer shared) and with 8-bit activations (x rounded to x̂ first).
-TEST(InPlace, PrefillByTokenBlocksSharesDequantizedWeights) {
+// Prefill by token blocks (N >= 16 per thread: each thread runs every product of a layer on its
+// rows) with weights in place, 2 and 3 threads (token blocks and panel row counts that do not
+// divide evenly), against float32 storage on the same threads and against the in-place model on
+// 1 thread (one block): a block computed from the wrong rows or panels is off by O(1). Also with
+// BD Attention (W_o' float32, Q|K in place) and with 8-bit activations (x rounded to x̂ first).
+TEST(InPlace, PrefillByTokenBlocksEqualsFloat32AndOneThread) {
   std::vector<std::int32_t> prompt(quick() ? 60 : 100);
   std::mt19937 rng(7);
   for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % 64);
