@@ -111,7 +111,7 @@ TEST(InPlace, PrefillByTokenBlocksEqualsFloat32AndOneThread) {
               : std::vector<GgmlType>{GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::F16};
   for (GgmlType type : types) {
     const std::string path =
-        test::write_gguf(test::make_tiny(false), "inplace_shared_" + ggml_type_name(type) + ".gguf", type);
+        test::write_gguf(test::make_tiny(false), "inplace_blocks_" + ggml_type_name(type) + ".gguf", type);
     for (bool bda : {false, true})
       for (Activations act : {Activations::kF32, Activations::kQ8}) {
         if (act == Activations::kQ8 && (bda || type != GgmlType::Q4_1)) continue;
