@@ -10,13 +10,19 @@ For each thread count, --pairs rounds of `numattn ppl --weights gguf` and `--wei
 every arm alike; --before adds a third arm, another build's `--weights gguf` (the in-place path
 before a change). Prints every run's tokens/s and PPL, then per thread count the medians of
 tokens/s and of each forward phase (profile_s), the ratio of the medians to float32, the
-largest relative PPL difference, and the load average before and after. The machine may be
+best run of each arm and its ratio to float32's best (the run least disturbed by other load), the
+median CPU seconds per run (user + system of the whole process: not inflated by time spent
+descheduled, but including the load, which dequantizes every weight with --weights f32, so
+compare it between the two in-place arms; with OMP_WAIT_POLICY=passive in the environment
+waiting threads sleep instead of spinning), the largest relative PPL difference, and the load
+average before and after. The machine may be
 shared: compare ratios measured in the same minutes, not absolute figures.
 Only the standard library is used.
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,10 +34,15 @@ def run_ppl(a, arm, threads):
     cmd = [exe, "ppl", "--model", a.model, "--text", a.text, "--ctx", str(a.ctx),
            "--chunks", str(a.chunks), "--weights", weights, "--threads", str(threads),
            "--format", "json"]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     row = json.loads(out)
     if isinstance(row, list):
         row = row[0]
+    # CPU seconds of the whole process (load and tokenization included), which time the
+    # process spends descheduled does not inflate.
+    row["cpu_s"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return row
 
 
@@ -67,9 +78,15 @@ def main():
         med = {w: statistics.median(r["tokens_per_s"] for r in rs) for w, rs in res.items()}
         print(f"## threads {t}, ctx {a.ctx}, chunks {a.chunks}, {a.pairs} rotating rounds; "
               f"load average before {before}, after {after}")
+        best_f32 = max(r["tokens_per_s"] for r in res["f32"])
         for w in arms:
             tps = ", ".join(f"{r['tokens_per_s']:.1f}" for r in res[w])
-            print(f"{w:11s} tok/s: {tps}  median {med[w]:.1f}, / float32 {med[w] / med['f32']:.3f}")
+            best = max(r["tokens_per_s"] for r in res[w])
+            print(f"{w:11s} tok/s: {tps}  median {med[w]:.1f}, / float32 {med[w] / med['f32']:.3f}; "
+                  f"best {best:.1f}, / float32 best {best / best_f32:.3f}")
+        cpu = {w: statistics.median(r["cpu_s"] for r in rs) for w, rs in res.items()}
+        print("CPU s per run (median): " + ", ".join(f"{w} {cpu[w]:.2f}" for w in arms) +
+              (f"; before / in place {cpu['gguf-before'] / cpu['gguf']:.3f}" if a.before else ""))
         phases = res["gguf"][0].get("profile_s", {}).keys()
         print("phase medians (s per run): " + "; ".join(
             f"{k} " + " / ".join(f"{statistics.median(r['profile_s'][k] for r in res[w]):.3f}"

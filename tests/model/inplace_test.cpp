@@ -96,6 +96,49 @@ TEST(InPlace, TinyModelEqualsFloat32StorageEveryTypeAndBda) {
     }
 }
 
+// Prefill by token blocks (N >= 16 per thread: each thread runs every product of a layer on its
+// rows) with weights in place, 2 and 3 threads (token blocks and panel row counts that do not
+// divide evenly), against float32 storage on the same threads and against the in-place model on
+// 1 thread (one block): a block computed from the wrong rows or panels is off by O(1). Also with
+// BD Attention (W_o' float32, Q|K in place) and with 8-bit activations (x rounded to x̂ first).
+TEST(InPlace, PrefillByTokenBlocksEqualsFloat32AndOneThread) {
+  std::vector<std::int32_t> prompt(quick() ? 60 : 100);
+  std::mt19937 rng(7);
+  for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % 64);
+  const std::vector<std::int32_t> follow = {4, 44, 19};
+  const std::vector<GgmlType> types =
+      quick() ? std::vector<GgmlType>{GgmlType::Q4_1}
+              : std::vector<GgmlType>{GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::F16};
+  for (GgmlType type : types) {
+    const std::string path =
+        test::write_gguf(test::make_tiny(false), "inplace_blocks_" + ggml_type_name(type) + ".gguf", type);
+    for (bool bda : {false, true})
+      for (Activations act : {Activations::kF32, Activations::kQ8}) {
+        if (act == Activations::kQ8 && (bda || type != GgmlType::Q4_1)) continue;
+        LlamaModel one = LlamaModel::load(path, ExecContext{1});
+        one.set_activations(act);
+        if (bda) apply_bda(one, "vo");
+        const std::vector<double> ref1 = run(one, prompt, follow, ExecContext{1});
+        for (int threads : {2, 3}) {
+          SCOPED_TRACE(::testing::Message() << ggml_type_name(type) << " bda=" << bda << " q8="
+                                            << (act == Activations::kQ8) << " threads=" << threads);
+          ASSERT_GE(static_cast<int>(prompt.size()), 16 * threads);  // the by-tokens prefill
+          const ExecContext ctx{threads};
+          LlamaModel inp = LlamaModel::load(path, ctx);
+          inp.set_activations(act);
+          if (bda) apply_bda(inp, "vo");
+          const std::vector<double> got = run(inp, prompt, follow, ctx);
+          EXPECT_LE(max_diff(got, ref1), 1e-5);
+          if (act == Activations::kF32) {
+            LlamaModel f32 = LlamaModel::load(path, ctx, WeightStorage::kF32);
+            if (bda) apply_bda(f32, "vo");
+            EXPECT_LE(max_diff(got, run(f32, prompt, follow, ctx)), 1e-5);
+          }
+        }
+      }
+  }
+}
+
 TEST(InPlace, CaptureSeesTheSameQkvAndCopiesOutliveTheLoader) {
   const test::TinyTensors T = test::make_tiny(false);
   const std::string path = test::write_gguf(T, "inplace_cap.gguf", GgmlType::Q8_0);
