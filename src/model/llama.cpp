@@ -113,8 +113,7 @@ void rms_norm_rows(const float* x, const float* w, float* y, std::int64_t n, std
   for (std::int64_t t = 0; t < n; ++t) {
     const float* xr = x + t * e;
     float* yr = y + t * e;
-    double ss = 0;
-    for (std::int64_t i = 0; i < e; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const double ss = simd::sum_squares_f64(xr, e);
     const auto r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(e) + eps));
     for (std::int64_t i = 0; i < e; ++i) yr[i] = xr[i] * r * w[i];
   }

@@ -114,6 +114,20 @@ TEST(Simd, ArrayExpAndSiluMulMatchDoubleOnEveryTail) {
   EXPECT_FLOAT_EQ(y[0], std::exp(1.f));
 }
 
+TEST(Simd, SumSquaresF64MatchesASequentialSumOnEveryTail) {
+  for (std::int64_t n = 0; n <= 40; ++n) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i)
+      x[static_cast<std::size_t>(i)] = static_cast<float>(std::sin(0.7 * static_cast<double>(i + n)) * (i % 7 == 3 ? 3e18 : 1.0));
+    double ref = 0;
+    for (float v : x) ref += static_cast<double>(v) * v;
+    EXPECT_NEAR(simd::sum_squares_f64(x.data(), n), ref, 1e-14 * ref) << "n=" << n;
+  }
+  std::vector<float> big(1000, 3e19f);  // ≈ 9e38 per term: beyond float, fine in double
+  const double b = 3e19f;
+  EXPECT_NEAR(simd::sum_squares_f64(big.data(), 1000), 1000 * b * b, 1e-12 * 1000 * b * b);
+}
+
 TEST(Tensor, BnhdViewIsAPermutation) {
   std::vector<float> buf(2 * 3 * 4 * 5);
   for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
