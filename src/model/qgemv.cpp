@@ -358,7 +358,7 @@ double GemvSplitTuner::Arm::estimate() const {
     sum += window[i];
     top = std::max(top, window[i]);
   }
-  return n < 5 ? sum / n : (sum - top) / (n - 1);
+  return n < kTrimFrom ? sum / n : (sum - top) / (n - 1);
 }
 
 bool GemvSplitTuner::choose(std::uint64_t bytes) {

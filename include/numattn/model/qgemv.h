@@ -146,8 +146,8 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const fl
 /// core and a worker waits to run. Which one wins is a property of the machine's load at the
 /// moment, not of the matrix, so it is measured: products are grouped by size (powers of two
 /// of the bytes read), each group keeps the seconds per byte of the last `kWindow` products of
-/// each choice and takes the choice with the smaller trimmed mean (the largest sample of a
-/// full window left out); every `interval`-th product of the group starts a trial of the other
+/// each choice and takes the choice with the smaller trimmed mean (the largest sample left out
+/// once there are `kTrimFrom`); every `interval`-th product of the group starts a trial of the other
 /// choice (`kTrial` products, which replace that choice's window). The interval doubles (up to
 /// `kMaxInterval`) each time a trial loses and drops back to `kMinInterval` when it wins. So a
 /// steady machine pays kTrial products in kMaxInterval, load that arrives while splitting shows
@@ -171,14 +171,15 @@ class GemvSplitTuner {
   static constexpr std::uint32_t kMinInterval = 16;  ///< products between two trials
   static constexpr std::uint32_t kMaxInterval = 512;
   static constexpr std::uint32_t kWindow = 8;        ///< samples kept per choice
+  static constexpr std::uint32_t kTrimFrom = 5;      ///< samples from which the largest is dropped
 
   /// Whether the next product reading `bytes` should be split.
   bool choose(std::uint64_t bytes);
   /// Records how long a product reading `bytes` took (`split`: as chosen; call once per choose).
   void record(std::uint64_t bytes, bool split, double seconds);
   /// Seconds per byte of a choice in the group of `bytes` as the tuner sees it: the mean of
-  /// its last kWindow samples (fewer before that), without the largest one once there are at
-  /// least five (a trial's kTrial samples count in full); 0 before any sample.
+  /// its last kWindow samples (fewer before that), without the largest one once there are
+  /// kTrimFrom (a trial's kTrial samples count in full); 0 before any sample.
   double mean_seconds_per_byte(std::uint64_t bytes, bool split) const;
 
  private:
