@@ -1043,8 +1043,10 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
                  : TensorView<const float>(vc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
     p.out = TensorView<float>(att.data(), {1, Hq, N, vw}, {N * Hq * vw, vw, Hq * vw, 1});
     p.causal = Causal::kBottomRight;
-    // Parallel over heads inside; a decode step's attention is too small to wake the team.
-    attn[static_cast<std::size_t>(l)]->run(p, by_tokens ? ctx : ExecContext{1});
+    // The method decides whether a problem is worth the team: a decode step is at short
+    // contexts (exact.flash: below ~1 MFLOP), not at long ones, where reading the KV cache
+    // with both cores halves the time.
+    attn[static_cast<std::size_t>(l)]->run(p, ctx);
     timer.lap(&ForwardProfile::attention);
     region([&](std::int64_t t0, std::int64_t t1, bool main) {
       post(l, t0, t1, main);

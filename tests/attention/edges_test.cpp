@@ -100,7 +100,8 @@ TEST(Edges, GarbageInKeysNoQuerySeesLeavesAnEmptyRowEmpty) {
 TEST(Edges, AMinusInfLogitIsNotDroppedSilently) {
   // k = -inf against all-positive queries gives every logit of that key -inf: a softmax drops
   // it without a NaN anywhere (before, +inf in K zeroed rows and -inf vanished).
-  for (const char* spec : {"exact.naive", "exact.flash", "exact.flash(split_kv=4,block_k=16)"}) {
+  for (const char* spec : {"exact.naive", "exact.flash", "exact.flash(split_kv=4,block_k=16)", "exact.flash(key_lanes=64)",
+                           "exact.flash(key_lanes=64,split_kv=4,block_k=16)"}) {
     for (float bad : {-kInf, kInf}) {
       RandomProblem prob(small(8, 1, 1, 300, 16));
       for (float& x : prob.q_data()) x = std::abs(x) + 0.1f;
@@ -122,11 +123,11 @@ TEST(Edges, SplitKvPartialsCarryNonFiniteValuesToTheMerge) {
                  : t == "k" ? at(prob.k_data(), p.k, idx[0], idx[1], idx[2], idx[3])
                             : at(prob.v_data(), p.v, idx[0], idx[1], idx[2], idx[3]);
       x = bad;
-      const NonFiniteInput e = refusal([&] {
-        create_method("exact.flash(split_kv=7)")->run(prob.problem(), ExecContext{3});
-      });
-      EXPECT_EQ(e.tensor(), t);
-      EXPECT_EQ(e.index(), idx) << t << " " << bad;
+      for (const char* spec : {"exact.flash(split_kv=7)", "exact.flash(split_kv=7,key_lanes=64)"}) {
+        const NonFiniteInput e = refusal([&] { create_method(spec)->run(prob.problem(), ExecContext{3}); });
+        EXPECT_EQ(e.tensor(), t) << spec;
+        EXPECT_EQ(e.index(), idx) << spec << " " << t << " " << bad;
+      }
     }
 }
 

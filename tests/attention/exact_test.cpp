@@ -201,8 +201,55 @@ TEST_P(ExactMatrix, BitwiseDeterministicAtFixedThreadCount) {
   EXPECT_EQ(a.out_data(), b.out_data());
 }
 
-INSTANTIATE_TEST_SUITE_P(Exact, ExactMatrix, ::testing::Values("exact.naive", "exact.flash"),
-                         [](const auto& info) { return info.param == "exact.naive" ? "naive" : "flash"; });
+// exact.flash three ways: default kernel choice, key lanes for every problem of up to 64 rows
+// per kv head (the decoding kernel on the whole matrix: D tails, Nq > 1, masks, windows),
+// and query lanes for every problem (decoding included).
+INSTANTIATE_TEST_SUITE_P(Exact, ExactMatrix,
+                         ::testing::Values("exact.naive", "exact.flash", "exact.flash(key_lanes=64)",
+                                           "exact.flash(key_lanes=0)"),
+                         [](const auto& info) {
+                           const std::string& p = info.param;
+                           return p == "exact.naive" ? std::string("naive")
+                                  : p == "exact.flash" ? std::string("flash")
+                                  : p.find("=64") != std::string::npos ? std::string("flash_key_lanes")
+                                                                       : std::string("flash_query_lanes");
+                         });
+
+TEST(ExactFlash, KeyLanesEqualQueryLanesOnDecodeShapes) {
+  // Decoding GQA groups (G = 3 as SmolLM2, 4, 1) over the KV cache's [position, head, dim]
+  // rows, one to three queries, several kv heads per block and, with 96 heads, two blocks per
+  // batch (21 kv heads fill 63 of the 64 rows, then 11); D with and without a SIMD tail; large
+  // logits; split-KV forced; 1 and 2 threads. Key lanes and query lanes must each meet the
+  // exact tolerance.
+  struct Shape {
+    index_t b, hq, hkv, nq, nk, d;
+  };
+  for (const Shape& s : {Shape{1, 9, 3, 1, 700, 64}, Shape{2, 12, 4, 2, 300, 40}, Shape{1, 96, 32, 1, 129, 64},
+                         Shape{1, 4, 1, 3, 1000, 128}, Shape{2, 2, 2, 1, 77, 5}}) {
+    for (const char* split : {"0", "3"})
+      for (int threads : {1, 2}) {
+        ProblemConfig cfg;
+        cfg.batch = s.b;
+        cfg.heads = s.hq;
+        cfg.kv_heads = s.hkv;
+        cfg.n = s.nq;
+        cfg.n_kv = s.nk;
+        cfg.d = s.d;
+        cfg.causal = Causal::kBottomRight;
+        cfg.layout = Layout::kBNHD;
+        cfg.logit_scale = 30;
+        cfg.seed = static_cast<std::uint64_t>(s.hq * 131 + s.nk);
+        RandomProblem kl(cfg), ql(cfg);
+        const std::string what = fmt::format("B={} Hq={} Hkv={} Nq={} Nk={} D={} split_kv={} threads={}", s.b, s.hq,
+                                             s.hkv, s.nq, s.nk, s.d, split, threads);
+        create_method(fmt::format("exact.flash(key_lanes=64,split_kv={})", split))->run(kl.problem(), ExecContext{threads});
+        create_method(fmt::format("exact.flash(key_lanes=0,split_kv={})", split))->run(ql.problem(), ExecContext{threads});
+        const ReferenceRows ref = reference_all(kl.problem(), ExecContext{2});
+        expect_exact(compare_with_reference(kl.problem(), ref), "key lanes " + what);
+        expect_exact(compare_with_reference(ql.problem(), ref), "query lanes " + what);
+      }
+  }
+}
 
 TEST(ExactFlash, ErrorWithinTwiceNaive) {
   // The FlashAttention acceptance rule: flash's error ≤ 2× the same-precision naive error.

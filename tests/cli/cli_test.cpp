@@ -46,7 +46,7 @@ TEST(Cli, RunPrintsOneJsonObject) {
                     "--causal bottom-right --format json --threads 2");
   ASSERT_TRUE(j.is_object());
   expect_run_schema(j);
-  EXPECT_EQ(j["method"], "exact.flash(block_q=64,block_k=256,split_kv=0)");
+  EXPECT_EQ(j["method"], "exact.flash(block_q=64,block_k=256,split_kv=0,key_lanes=-1)");
   EXPECT_EQ(j["n_kv"], 130);
   EXPECT_EQ(j["causal"], "bottom-right");
   EXPECT_LT(j["rel_fro_error"].get<double>(), 1e-5);

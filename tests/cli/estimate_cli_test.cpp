@@ -52,7 +52,7 @@ TEST(EstimateCli, AdvisePrintsTheChoiceAndEveryCandidate) {
                           "--method sparse.window --method sparse.topk --format json --threads 2");
   ASSERT_TRUE(j.is_object());
   EXPECT_EQ(j["tol"], 0.05);
-  EXPECT_EQ(j["baseline"]["spec"], "exact.flash(block_q=64,block_k=256,split_kv=0)");
+  EXPECT_EQ(j["baseline"]["spec"], "exact.flash(block_q=64,block_k=256,split_kv=0,key_lanes=-1)");
   ASSERT_TRUE(j["candidates"].is_array());
   EXPECT_GE(j["candidates"].size(), 5u);
   bool exact_seen = false;

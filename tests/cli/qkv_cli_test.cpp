@@ -163,9 +163,9 @@ TEST(QkvCli, SweepGivesOneRowPerValue) {
     const json rows = cli_json("bench " + input + " --method 'exact.flash(block_k=32)' --sweep "
                                "block_q=8,16,32 --reps 1 --format json --gemm-size 64");
     ASSERT_EQ(rows.size(), 4u) << input;
-    const char* expect[] = {"exact.flash(block_q=8,block_k=32,split_kv=0)",
-                            "exact.flash(block_q=16,block_k=32,split_kv=0)",
-                            "exact.flash(block_q=32,block_k=32,split_kv=0)"};
+    const char* expect[] = {"exact.flash(block_q=8,block_k=32,split_kv=0,key_lanes=-1)",
+                            "exact.flash(block_q=16,block_k=32,split_kv=0,key_lanes=-1)",
+                            "exact.flash(block_q=32,block_k=32,split_kv=0,key_lanes=-1)"};
     for (int i = 0; i < 3; ++i) {
       const json& r = rows[static_cast<std::size_t>(i) + 1];
       EXPECT_EQ(r["method"], expect[i]);

@@ -62,27 +62,48 @@ struct Plan {
   index_t items = 0;    ///< B·Hkv·nblk
   index_t splits = 1;   ///< key-range splits per block (split-KV)
   int threads = 1;      ///< threads actually used
+  index_t hpi = 1;      ///< kv heads per item (key lanes: as many as 64 rows hold; else 1)
+  bool key_lanes = false;  ///< the block's rows in scratch rows, keys and dims in lanes (attend_rows)
+  index_t lds = 0;         ///< row stride of the logit tile in key lanes (block_k rounded up to W)
 };
 
-/// Below this many flops (upper bound) a problem runs on one thread (see make_plan).
+/// Key lanes by default for up to half a SIMD vector of rows per kv head. Measured on the 2-core
+/// Zen 3 VM (AVX2, W = 8), 1 thread, decode (Nq = 1), D = 64, `numattn bench --layout bnhd`,
+/// µs per call at Nk = 256 / 2048, query lanes → key lanes: G = 1: 17.6 / 106 → 7.4 / 38;
+/// G = 3 (Hq = 9): 49 / 308 → 30 / 209; G = 4: 15.6 / 110 → 12.7 / 67; G = 6: 12.4 / 107 →
+/// 18.8 / 118; G = 8: 17.3 / 103 → 15.5 / 140. AVX-512 (W = 16) is assumed to scale alike.
+index_t auto_key_lanes() { return W / 2; }
+
+/// Below this many flops (upper bound) a problem runs on one thread (see make_plan). Key
+/// lanes (decoding) stream K and V at about the speed one core reads memory, so a second
+/// core pays off sooner: a SmolLM2 layer (9 heads, Nk = 512, 1.2 MFLOP) decodes in ~40 µs on
+/// one core.
 constexpr double kMinParallelFlops = 8e6;
+constexpr double kMinParallelFlopsKeyLanes = 1e6;
 
 Plan make_plan(const AttentionProblem& p, const ParamValues& pv, int threads) {
   Plan pl;
   pl.G = p.group();
   pl.rows = pl.G * p.n_q();
-  const index_t want = std::min<index_t>(pv.get_int("block_q"), pl.rows);
+  const index_t kl = pv.get_int("key_lanes");
+  pl.key_lanes = pl.rows <= (kl < 0 ? auto_key_lanes() : kl);
+  // Key lanes take all rows of several kv heads as one block (at most 64 = kMaxCI·W rows):
+  // with the KV cache's [position, kv head, dim] rows, a tile of keys is then one contiguous
+  // stream of memory instead of one strided pass per kv head.
+  pl.hpi = pl.key_lanes ? std::min<index_t>(p.kv_heads(), flash::kMaxCI * W / pl.rows) : 1;
+  const index_t want = pl.key_lanes ? pl.hpi * pl.rows : std::min<index_t>(pv.get_int("block_q"), pl.rows);
   pl.ci = static_cast<int>(std::clamp<index_t>((want + W - 1) / W, 1, flash::kMaxCI));
   pl.br = pl.ci * W;
   pl.bk = std::clamp<index_t>(pv.get_int("block_k"), 1, p.n_kv());
+  pl.lds = (pl.bk + W - 1) / W * W;
   pl.nblk = (pl.rows + pl.br - 1) / pl.br;
-  pl.items = p.batch() * p.kv_heads() * pl.nblk;
+  pl.items = p.batch() * ((p.kv_heads() + pl.hpi - 1) / pl.hpi) * pl.nblk;
   // Small problems run on one thread: a parallel region costs ~10 µs to fork and join on an
   // idle machine and up to a scheduler period (milliseconds) on a loaded one, which is more
   // than the whole work below ~8 MFLOP (~60 µs on one core). Bound: every row sees every key.
-  const double flops_bound = 2.0 * static_cast<double>(pl.items * pl.br) *
+  const double flops_bound = 2.0 * static_cast<double>(p.batch() * p.heads() * p.n_q()) *
                              static_cast<double>(p.n_kv()) * static_cast<double>(p.d_qk() + p.d_v());
-  pl.threads = flops_bound < kMinParallelFlops ? 1 : std::max(1, threads);
+  pl.threads = flops_bound < (pl.key_lanes ? kMinParallelFlopsKeyLanes : kMinParallelFlops) ? 1 : std::max(1, threads);
   threads = pl.threads;
   index_t s = pv.get_int("split_kv");
   if (s == 0) {
@@ -96,16 +117,27 @@ Plan make_plan(const AttentionProblem& p, const ParamValues& pv, int threads) {
   return pl;
 }
 
-/// Per-thread scratch of one block.
+/// A pass of the key-lane kernels over a tile: rows [r0, r0 + nr) of the block, all of one kv
+/// head whose keys and values start at k and v.
+struct RowPass {
+  index_t r0, nr;
+  const float* k;
+  const float* v;
+};
+
+/// Per-thread scratch of one block (key lanes: qt holds q rows, s holds [br][lds] logits and
+/// orow the [br][Dv] output rows).
 struct Scratch {
-  AlignedFloats qt, s, ot, m, l;
+  AlignedFloats qt, s, ot, m, l, orow;
   std::vector<index_t> qi, head;
+  std::vector<RowPass> passes;
   std::vector<index_t> kb, ke;  ///< visible key range of each lane (kb ≥ ke: none)
   void reserve(const AttentionProblem& p, const Plan& pl) {
     const auto br = static_cast<std::size_t>(pl.br);
     qt.resize(static_cast<std::size_t>(p.d_qk()) * br);
-    s.resize(static_cast<std::size_t>(pl.bk) * br);
+    s.resize(static_cast<std::size_t>(pl.lds) * br);
     ot.resize(static_cast<std::size_t>(p.d_v()) * br);
+    if (pl.key_lanes) orow.resize(static_cast<std::size_t>(p.d_v()) * br);
     m.resize(br);
     l.resize(br);
     qi.resize(br);
@@ -122,21 +154,36 @@ struct State {
   float* ot;
 };
 
-/// One work item: rows [r0, r0 + nrows) of (b, hk).
+/// One work item: rows [r0, r0 + nrows) of batch b from kv head hk on. Row gr of the item
+/// (row_of) belongs to kv head hk + gr / Plan::rows, and within it to the (query, head) pair
+/// gr mod Plan::rows in query-major order.
 struct Item {
   index_t b, hk, r0, nrows;
 };
 
 Item item_of(const AttentionProblem& p, const Plan& pl, index_t w) {
-  const index_t blk = w % pl.nblk, bh = w / pl.nblk;
-  const index_t r0 = blk * pl.br;
-  return {bh / p.kv_heads(), bh % p.kv_heads(), r0, std::min(pl.br, pl.rows - r0)};
+  const index_t groups = (p.kv_heads() + pl.hpi - 1) / pl.hpi;
+  const index_t blk = w % pl.nblk, bg = w / pl.nblk;
+  const index_t r0 = blk * pl.br, hk = bg % groups * pl.hpi;
+  const index_t nrows = pl.key_lanes ? std::min(pl.hpi, p.kv_heads() - hk) * pl.rows : std::min(pl.br, pl.rows - r0);
+  return {bg / groups, hk, r0, nrows};
+}
+
+/// Query index and kv head of row r of an item, and its query head.
+struct RowId {
+  index_t qi, kvh, head;
+};
+
+RowId row_of(const Plan& pl, const Item& it, index_t r) {
+  const index_t gr = it.r0 + r, kvh = it.hk + gr / pl.rows, g = gr % pl.rows;
+  return {g / pl.G, kvh, kvh * pl.G + g % pl.G};
 }
 
 /// Union of the visible key ranges of the item's rows ([0, 0) when none is visible).
 KeyRange item_keys(const AttentionProblem& p, const Plan& pl, const Item& it) {
   index_t lo = p.n_kv(), hi = 0;
-  const index_t i_first = it.r0 / pl.G, i_last = (it.r0 + it.nrows - 1) / pl.G;
+  const index_t i_first = it.nrows > pl.rows ? 0 : row_of(pl, it, 0).qi;
+  const index_t i_last = it.nrows > pl.rows ? p.n_q() - 1 : row_of(pl, it, it.nrows - 1).qi;
   for (index_t i = i_first; i <= i_last; ++i) {
     const KeyRange kr = p.key_range(i);
     if (kr.empty()) continue;
@@ -182,23 +229,19 @@ void mask_tile(const AttentionProblem& p, const Scratch& ws, index_t nrows, inde
   }
 }
 
-/// Attends the item's rows to keys [keys.begin, keys.end) into `st` (reset first).
-template <int CI>
-void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys,
-                  Scratch& ws, State st) {
-  constexpr int BR = CI * W;
-  const index_t dk = p.d_qk(), dv = p.d_v(), n = it.nrows;
-  const float scale = static_cast<float>(p.effective_scale());
-
-  // Lanes: query index, head, visible key range clipped to `keys`.
+/// Sets the lanes (query index, head, visible key range clipped to `keys`) of the item's rows
+/// and of the padding lanes up to `br` (empty range), and returns the union of the ranges
+/// ([keys.end, keys.begin) when no row sees a key).
+KeyRange set_lanes(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys, index_t br,
+                   Scratch& ws) {
   index_t lo = keys.end, hi = keys.begin;
-  for (index_t r = 0; r < BR; ++r) {
+  for (index_t r = 0; r < br; ++r) {
     ws.kb[r] = 1;
     ws.ke[r] = 0;
-    if (r >= n) continue;
-    const index_t gr = it.r0 + r;
-    ws.qi[r] = gr / pl.G;
-    ws.head[r] = it.hk * pl.G + gr % pl.G;
+    if (r >= it.nrows) continue;
+    const RowId id = row_of(pl, it, r);
+    ws.qi[r] = id.qi;
+    ws.head[r] = id.head;
     const KeyRange kr = p.key_range(ws.qi[r]);
     const index_t b = std::max(kr.begin, keys.begin), e = std::min(kr.end, keys.end);
     if (b >= e) continue;
@@ -207,6 +250,46 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
     lo = std::min(lo, b);
     hi = std::max(hi, e);
   }
+  return {lo, hi};
+}
+
+/// Calls f(j0, cols, full) for the key tiles of [span.begin, span.end) that some of the n rows
+/// sees; `full`: every row sees every key of the tile and there is no mask. The span is cut at
+/// the edges of the key range that every row sees, so that causal or window boundaries get
+/// narrow masked tiles of their own instead of masking (and computing) a whole block_k-wide
+/// tile around the diagonal; within a segment the tiles have equal widths (≤ block_k), since a
+/// 1-key remainder tile would still pay a whole tile's fixed costs (softmax statistics,
+/// loading and storing the accumulator).
+template <class F>
+void for_each_tile(const AttentionProblem& p, const Scratch& ws, index_t n, KeyRange span, index_t bk, F&& f) {
+  const index_t lo = span.begin, hi = span.end;
+  index_t fb = lo, fe = hi;
+  for (index_t r = 0; r < n; ++r) fb = std::max(fb, ws.kb[r]), fe = std::min(fe, ws.ke[r]);
+  const index_t cut1 = std::clamp(fb, lo, hi), cut2 = std::clamp(fe, cut1, hi);
+  const bool has_mask = p.mask.kind != MaskKind::kNone;
+  for (index_t j0 = lo; j0 < hi;) {
+    const index_t seg_end = j0 < cut1 ? cut1 : j0 < cut2 ? cut2 : hi;
+    const index_t left = seg_end - j0, ntiles = (left + bk - 1) / bk;
+    const index_t cols = (left + ntiles - 1) / ntiles, j1 = j0 + cols;
+    const index_t jt = j0;
+    j0 = j1;
+    bool any = false, full = !has_mask;
+    for (index_t r = 0; r < n; ++r) {
+      any |= ws.kb[r] < j1 && ws.ke[r] > jt;
+      full &= ws.kb[r] <= jt && ws.ke[r] >= j1;
+    }
+    if (any) f(jt, cols, full);
+  }
+}
+
+/// Attends the item's rows to keys [keys.begin, keys.end) into `st` (reset first).
+template <int CI>
+void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys,
+                  Scratch& ws, State st) {
+  constexpr int BR = CI * W;
+  const index_t dk = p.d_qk(), dv = p.d_v(), n = it.nrows;
+  const float scale = static_cast<float>(p.effective_scale());
+  const KeyRange span = set_lanes(p, pl, it, keys, BR, ws);
 
   // qt = scale·Qᵀ (zero in the padding lanes, whose results are never read).
   float* qt = ws.qt.data();
@@ -223,32 +306,11 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
   R vlow[CI];  // smallest raw logit per lane over all tiles
   for (int c = 0; c < CI; ++c) vlow[c] = Vec::set1(std::numeric_limits<float>::infinity());
 
-  const bool has_mask = p.mask.kind != MaskKind::kNone;
   const float* kbase = p.k.row(it.b, it.hk, 0);
   const float* vbase = p.v.row(it.b, it.hk, 0);
   const index_t ldk = p.k.stride[2], ldv = p.v.stride[2];
   float* s = ws.s.data();
-  // Tiles: [lo, hi) is cut at the edges of the key range that every row sees, [fb, fe), so
-  // that causal or window boundaries get narrow masked tiles of their own instead of masking
-  // (and computing) a whole block_k-wide tile around the diagonal.
-  index_t fb = lo, fe = hi;
-  for (index_t r = 0; r < n; ++r) fb = std::max(fb, ws.kb[r]), fe = std::min(fe, ws.ke[r]);
-  const index_t cut1 = std::clamp(fb, lo, hi), cut2 = std::clamp(fe, cut1, hi);
-  // Within a segment the tiles have equal widths (≤ block_k): a 1-key remainder tile would
-  // still pay a whole tile's fixed costs (softmax statistics, loading and storing all of ot).
-  for (index_t j0 = lo; j0 < hi;) {
-    const index_t seg_end = j0 < cut1 ? cut1 : j0 < cut2 ? cut2 : hi;
-    const index_t left = seg_end - j0, ntiles = (left + pl.bk - 1) / pl.bk;
-    const index_t cols = (left + ntiles - 1) / ntiles, j1 = j0 + cols;
-    const index_t jt = j0;
-    j0 = j1;
-    // Skip tiles no row sees; mask only tiles some row sees in part.
-    bool any = false, full = !has_mask;
-    for (index_t r = 0; r < n; ++r) {
-      any |= ws.kb[r] < j1 && ws.ke[r] > jt;
-      full &= ws.kb[r] <= jt && ws.ke[r] >= j1;
-    }
-    if (!any) continue;
+  for_each_tile(p, ws, n, span, pl.bk, [&](index_t jt, index_t cols, bool full) {
     R vmax[CI], mu[CI], corr[CI];
     for (int c = 0; c < CI; ++c) vmax[c] = Vec::set1(kNegInf);
     flash::qk_tile<CI>(qt, dk, kbase + jt * ldk, ldk, cols, s, vmax, vlow);
@@ -283,7 +345,7 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
     for (int c = 0; c < CI; ++c)
       Vec::store(st.l + c * W, Vec::fmadd(Vec::load(st.l + c * W), corr[c], sum[c]));
     flash::pv_tile<CI>(s, cols, vbase + jt * ldv, ldv, dv, st.ot, corr, rescale);
-  }
+  });
   // A -inf logit (from an infinite input or float32 overflow) got weight 0 without a trace:
   // make the lane's normaliser NaN so that run() settles the row. NaN and +inf logits need
   // nothing here: exp_cut, the rescale and P·V carry them into l and ot.
@@ -291,11 +353,141 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
     Vec::store(st.l + c * W, Vec::add(Vec::load(st.l + c * W), Vec::nan_where_neginf(vlow[c])));
 }
 
+/// exp_cut of one value (a row's rescale factor in key lanes).
+float exp_cut1(float x) {
+  alignas(64) float b[W];
+  Vec::store(b, Vec::exp_cut(Vec::set1(x)));
+  return b[0];
+}
+
+/// Hides the logits s[0, cols) of lane r (keys j0 + ·) that the causal rule, window or masks
+/// hide and applies the additive mask: mask_tile for one row of a key-lane tile.
+void mask_row(const AttentionProblem& p, const Scratch& ws, index_t r, index_t j0, index_t cols, float* s) {
+  const index_t kb = ws.kb[r], ke = ws.ke[r], qi = ws.qi[r];
+  for (index_t j = 0; j < cols; ++j) {
+    const index_t key = j0 + j;
+    if (key < kb || key >= ke) {
+      s[j] = kNegInf;
+    } else if (p.mask.kind == MaskKind::kBool) {
+      if (!p.mask.allowed[qi * p.mask.ld + key]) s[j] = kNegInf;
+    } else if (p.mask.kind == MaskKind::kAdditive) {
+      const float a = p.mask.additive[qi * p.mask.ld + key];
+      s[j] = !(a > kNegInf) || s[j] == kNegInf ? kNegInf : s[j] + a;
+    }
+  }
+}
+
+/// attend_block in key lanes (flash_kernels.h, "Key lanes"): the same online softmax, per row.
+void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys,
+                 Scratch& ws, State st) {
+  const index_t dk = p.d_qk(), dv = p.d_v(), n = it.nrows, br = pl.br, lds = pl.lds;
+  const float scale = static_cast<float>(p.effective_scale());
+  const KeyRange span = set_lanes(p, pl, it, keys, br, ws);
+
+  float* q = ws.qt.data();
+  for (index_t r = 0; r < n; ++r) {
+    const float* qr = p.q.row(it.b, ws.head[r], ws.qi[r]);
+    for (index_t d = 0; d < dk; ++d) q[r * dk + d] = scale * qr[d];
+  }
+  for (index_t r = 0; r < br; ++r) st.m[r] = kNegInf, st.l[r] = 0.f;
+  float* o = ws.orow.data();
+  std::fill(o, o + n * dv, 0.f);
+  // Smallest raw logit and rescale factor of each row (n ≤ 64 = kMaxCI·W).
+  float low[flash::kMaxCI * W], corr[flash::kMaxCI * W];
+  std::fill(low, low + n, std::numeric_limits<float>::infinity());
+
+  const index_t ldk = p.k.stride[2], ldv = p.v.stride[2], rpk = pl.rows;
+  float* s = ws.s.data();
+  constexpr int NR = flash::kRowsPerPass;
+  std::vector<RowPass>& passes = ws.passes;
+  passes.clear();
+  for (index_t h0 = 0; h0 < n; h0 += rpk) {
+    const index_t kvh = it.hk + h0 / rpk;
+    for (index_t r0 = h0; r0 < h0 + rpk; r0 += NR)
+      passes.push_back({r0, std::min<index_t>(NR, h0 + rpk - r0), p.k.row(it.b, kvh, 0), p.v.row(it.b, kvh, 0)});
+  }
+  for_each_tile(p, ws, n, span, pl.bk, [&](index_t jt, index_t cols, bool full) {
+    for (const RowPass& ps : passes) {
+      float* sr = s + ps.r0 * lds;
+      const float* qr = q + ps.r0 * dk;
+      const float* kt = ps.k + jt * ldk;
+      switch (ps.nr) {
+        case 1: flash::qk_rows_tile<1>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+        case 2: flash::qk_rows_tile<2>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+        case 3: flash::qk_rows_tile<3>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+        default: flash::qk_rows_tile<NR>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+      }
+    }
+    const index_t padded = (cols + W - 1) / W * W;
+    bool rescale = false;
+    for (index_t r = 0; r < n; ++r) {
+      float* sr = s + r * lds;
+      // Raw minimum (for the -inf check, as vlow in attend_block), then the visible maximum.
+      R vmin = Vec::set1(std::numeric_limits<float>::infinity()), vmax = Vec::set1(kNegInf);
+      index_t j = 0;
+      for (; j + W <= cols; j += W) {
+        const R x = Vec::load(sr + j);
+        vmin = Vec::min(vmin, x);
+        vmax = Vec::max(vmax, x);
+      }
+      alignas(64) float b[W];
+      Vec::store(b, vmin);
+      float lo = *std::min_element(b, b + W);
+      for (index_t t = j; t < cols; ++t) lo = std::min(lo, sr[t]);
+      low[r] = std::min(low[r], lo);
+      float mx = kNegInf;
+      if (full) {
+        Vec::store(b, vmax);
+        for (int c = 0; c < W; ++c) mx = std::max(mx, b[c]);
+        for (index_t t = j; t < cols; ++t) mx = std::max(mx, sr[t]);
+      } else {
+        mask_row(p, ws, r, jt, cols, sr);
+        for (index_t t = 0; t < cols; ++t) mx = std::max(mx, sr[t]);
+      }
+      // Online softmax, as in attend_block: a row that has seen nothing keeps m = -inf and
+      // shifts by 0, so that exp gives 0, not NaN.
+      const float mn = std::max(st.m[r], mx);
+      const float mu = mn == kNegInf ? 0.f : mn;
+      corr[r] = exp_cut1(st.m[r] - mu);
+      rescale |= corr[r] != 1.f;
+      st.m[r] = mn;
+      std::fill(sr + cols, sr + padded, kNegInf);  // exp gives 0 there
+      const R vmu = Vec::set1(mu);
+      R sum = Vec::zero();
+      for (index_t t = 0; t < padded; t += W) {
+        const R e = Vec::exp_cut(Vec::sub(Vec::load(sr + t), vmu));
+        Vec::store(sr + t, e);
+        sum = Vec::add(sum, e);
+      }
+      st.l[r] = st.l[r] * corr[r] + Vec::hsum(sum);
+    }
+    for (const RowPass& ps : passes) {
+      const float* pr = s + ps.r0 * lds;
+      float* orow = o + ps.r0 * dv;
+      const float* vt = ps.v + jt * ldv;
+      const float* cr = corr + ps.r0;
+      switch (ps.nr) {
+        case 1: flash::pv_rows_tile<1>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+        case 2: flash::pv_rows_tile<2>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+        case 3: flash::pv_rows_tile<3>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+        default: flash::pv_rows_tile<NR>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+      }
+    }
+  });
+  // The -inf check of attend_block, and the state in its layout (lanes = rows) for
+  // merge_state and finish_block.
+  for (index_t r = 0; r < n; ++r)
+    if (low[r] == kNegInf) st.l[r] = std::numeric_limits<float>::quiet_NaN();
+  for (index_t d = 0; d < dv; ++d)
+    for (index_t r = 0; r < br; ++r) st.ot[d * br + r] = r < n ? o[r * dv + d] : 0.f;
+}
+
 /// Writes out = ot / l and lse = m + log l for the item's rows.
 void finish_block(const AttentionProblem& p, const Plan& pl, const Item& it, const State& st) {
   const index_t dv = p.d_v(), br = pl.br;
   for (index_t r = 0; r < it.nrows; ++r) {
-    const index_t gr = it.r0 + r, i = gr / pl.G, h = it.hk * pl.G + gr % pl.G;
+    const RowId id = row_of(pl, it, r);
+    const index_t i = id.qi, h = id.head;
     // l ≥ 1 for a row that saw a key (its maximum has weight 1), 0 for an empty row, NaN for a
     // row run() must settle; NaN must reach the output.
     const float l = st.l[r];
@@ -362,14 +554,22 @@ const MethodInfo& FlashAttention::describe() {
         {"block_k", ParamType::kInt, "256", 1, 65536, {}, "keys per tile"},
         {"split_kv", ParamType::kInt, "0", 0, 1024,
          {}, "key-range splits per query block (0 = automatic: split when blocks < 2×threads)"},
+        {"key_lanes", ParamType::kInt, "-1", -1, 64, {},
+         "a (batch, kv head) with at most this many rows (GQA group × queries) runs in key lanes, "
+         "the decoding kernel (-1 = automatic: fewer rows than SIMD lanes; 0 = never)"},
     };
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
               .window = true, .lse = true, .decode = true};
     // One SIMD vector of rows, ragged key tiles and forced splits reach the branches the
-    // defaults do not (partial blocks, 1..RJ-1 key tails, split-KV merging at every shape).
+    // defaults do not (partial blocks, 1..RJ-1 key tails, split-KV merging at every shape);
+    // key_lanes = 64 runs every problem of up to 64 rows per kv head in key lanes (all row
+    // groups, key and dim tails), key_lanes = 0 runs decoding in query lanes.
     m.accuracy = AccuracyContract::exact({{{"block_q", "16"}, {"block_k", "7"}},
                                           {{"block_q", "40"}, {"block_k", "33"}, {"split_kv", "3"}},
-                                          {{"split_kv", "2"}}});
+                                          {{"split_kv", "2"}},
+                                          {{"key_lanes", "64"}, {"block_k", "13"}},
+                                          {{"key_lanes", "64"}, {"split_kv", "3"}},
+                                          {{"key_lanes", "0"}}});
     return m;
   }();
   return info;
@@ -381,7 +581,7 @@ std::size_t FlashAttention::workspace_bytes(const AttentionProblem& p, const Exe
   const Plan pl = make_plan(p, params_, ctx.num_threads());
   const auto br = static_cast<std::size_t>(pl.br);
   const std::size_t per_thread =
-      sizeof(float) * br * static_cast<std::size_t>(p.d_qk() + pl.bk + p.d_v() + 2) +
+      sizeof(float) * br * static_cast<std::size_t>(p.d_qk() + pl.lds + (pl.key_lanes ? 2 : 1) * p.d_v() + 2) +
       4 * sizeof(index_t) * br;
   const auto units = static_cast<std::size_t>(pl.items * pl.splits);
   std::size_t partial = 2 * sizeof(index_t) * units;  // schedule: costs and order
@@ -395,7 +595,7 @@ void FlashAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
   const Plan pl = make_plan(p, params_, ctx.num_threads());
   const int threads = pl.threads;
   const ExecContext run_ctx{threads};
-  const BlockFn block = block_fn_for<1>(pl.ci);
+  const BlockFn block = pl.key_lanes ? &attend_rows : block_fn_for<1>(pl.ci);
   const index_t units = pl.items * pl.splits, dv = p.d_v();
 
   // Work units (item, split) are handed out one at a time from a shared counter: on a machine

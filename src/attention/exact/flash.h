@@ -25,11 +25,17 @@ namespace numattn {
 ///
 /// Kernels (flash_kernels.h): query rows sit in the SIMD lanes, so S = K·(scale·Q)ᵀ and
 /// O += Vᵀ·P are register-blocked broadcast-FMA loops that read K and V rows in place, and the
-/// softmax statistics are vertical vector ops. AVX-512 (16 lanes), AVX2+FMA (8 lanes) or a
-/// portable fallback, chosen at compile time; all give the same algorithm.
+/// softmax statistics are vertical vector ops. Decoding, where a kv head has fewer rows (G·Nq)
+/// than half a vector, would leave most lanes idle: there the head dimension sits in the lanes
+/// ("key lanes"), a logit is a dot product reduced across lanes, P·V broadcasts a probability
+/// against a V row, and one block holds the rows of as many kv heads as 64 rows allow, so a
+/// tile of the KV cache's [position, kv head, dim] rows is read as one stream (1.5–2.8× faster
+/// per decode step on AVX2 for G = 1..4, docs/model-runner.md). AVX-512 (16 lanes), AVX2+FMA
+/// (8 lanes) or a portable fallback, chosen at compile time; all give the same algorithm.
 ///
 /// Parameters: `block_q` rows per block (rounded up to whole SIMD vectors, at most 64),
-/// `block_k` keys per tile, `split_kv` key-range splits per block (0 = automatic).
+/// `block_k` keys per tile, `split_kv` key-range splits per block (0 = automatic), `key_lanes`
+/// the most rows per kv head that run in key lanes (-1 = automatic: half a vector; 0 = never).
 ///
 /// Cost: 2·Nq·Nk·(Dk+Dv) flops per query head (about half for causal), no BLAS calls;
 /// workspace O(threads·64·(Dk + Dv + block_k)) floats plus, when split, 64·(Dv+2) floats per

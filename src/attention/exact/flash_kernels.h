@@ -49,6 +49,18 @@ struct Vec {
   static R set1(float x) { return _mm512_set1_ps(x); }
   static R load(const float* p) { return _mm512_load_ps(p); }
   static void store(float* p, R v) { _mm512_store_ps(p, v); }
+  static R loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, R v) { _mm512_storeu_ps(p, v); }
+  /// out[i] = Σ lanes of a[i], i < 4.
+  static void hsum4(const R* a, float* out) {
+    __m256 h[4];
+    for (int i = 0; i < 4; ++i)
+      h[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+  }
+  static float hsum(R a) { return _mm512_reduce_add_ps(a); }
   static R fmadd(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
   static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
   static R add(R a, R b) { return _mm512_add_ps(a, b); }
@@ -87,6 +99,17 @@ struct Vec {
   static R set1(float x) { return _mm256_set1_ps(x); }
   static R load(const float* p) { return _mm256_load_ps(p); }
   static void store(float* p, R v) { _mm256_store_ps(p, v); }
+  static R loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void storeu(float* p, R v) { _mm256_storeu_ps(p, v); }
+  static void hsum4(const R* a, float* out) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+  }
+  static float hsum(R a) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+  }
   static R fmadd(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
   static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
   static R add(R a, R b) { return _mm256_add_ps(a, b); }
@@ -122,6 +145,12 @@ struct Vec {
   static void store(float* p, R a) {
     for (int i = 0; i < 4; ++i) p[i] = a.v[i];
   }
+  static R loadu(const float* p) { return load(p); }
+  static void storeu(float* p, R a) { store(p, a); }
+  static void hsum4(const R* a, float* out) {
+    for (int i = 0; i < 4; ++i) out[i] = (a[i].v[0] + a[i].v[1]) + (a[i].v[2] + a[i].v[3]);
+  }
+  static float hsum(R a) { return (a.v[0] + a.v[1]) + (a.v[2] + a.v[3]); }
   static R fmadd(R a, R b, R c) {
     for (int i = 0; i < 4; ++i) c.v[i] += a.v[i] * b.v[i];
     return c;
@@ -255,6 +284,103 @@ inline void pv_tile(const float* p, index_t cols, const float* v, index_t ldv, i
   if (d + 4 <= dv) pv_kernel<4, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale), d += 4;
   if (d + 2 <= dv) pv_kernel<2, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale), d += 2;
   if (d < dv) pv_kernel<1, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale);
+}
+
+// ---- Key lanes: blocks of few rows (decoding) ----
+//
+// A decode step of a GQA group is G rows (3 for SmolLM2, 4 for Llama-3-8B): in query lanes
+// most of a vector's lanes would be padding, and every K and V element is broadcast once per
+// block whatever the number of rows. Here the lanes run over the head dimension instead and
+// each row is a row of scratch:
+//   q  [n][Dk]   the rows' queries, pre-multiplied by the scale,
+//   s  [n][lds]  logits, then probabilities, of one key tile (row = query row, column = key),
+//   o  [n][Dv]   the unnormalised output,
+//   S-tile:  s[r][j] = Σ_d q[r][d]·K[j][d]   (a K row loaded once for all rows; one horizontal
+//                                            sum per logit, four at a time)
+//   O-tile:  o[r][:] += Σ_j s[r][j]·V[j][:]  (a V row loaded once, a probability broadcast)
+// so the work per key is ~(Dk + Dv)·n/W FMAs instead of (Dk + Dv) broadcasts and FMAs.
+
+/// Most rows a key-lane kernel holds in registers (rows beyond run in further passes over
+/// the tile, which is then in cache): n·4 accumulators + n query vectors + 1 key vector fit
+/// the 16 AVX2 registers for n = 3 and the 32 AVX-512 registers for n = 4.
+constexpr int kRowsPerPass = W >= 16 ? 4 : 3;
+
+/// s[r·lds + jj] = Σ_d q[r·ldq + d]·k[jj·ldk + d] for NR rows and KJ (1 or 4) keys.
+template <int NR, int KJ>
+inline void qk_rows_kernel(const float* q, index_t ldq, index_t dk, const float* k, index_t ldk,
+                           float* s, index_t lds) {
+  R acc[NR][KJ];
+  NUMATTN_UNROLL for (int r = 0; r < NR; ++r) NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) acc[r][j] = Vec::zero();
+  index_t d = 0;
+  for (; d + W <= dk; d += W) {
+    R qv[NR];
+    NUMATTN_UNROLL for (int r = 0; r < NR; ++r) qv[r] = Vec::loadu(q + r * ldq + d);
+    NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) {
+      const R kv = Vec::loadu(k + j * ldk + d);
+      NUMATTN_UNROLL for (int r = 0; r < NR; ++r) acc[r][j] = Vec::fmadd(qv[r], kv, acc[r][j]);
+    }
+  }
+  NUMATTN_UNROLL for (int r = 0; r < NR; ++r) {
+    float sum[KJ];
+    if constexpr (KJ == 4) {
+      Vec::hsum4(acc[r], sum);
+    } else {
+      NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) sum[j] = Vec::hsum(acc[r][j]);
+    }
+    for (index_t t = d; t < dk; ++t)
+      NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) sum[j] += q[r * ldq + t] * k[j * ldk + t];
+    NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) s[r * lds + j] = sum[j];
+  }
+}
+
+/// The S-tile of NR rows for `cols` keys.
+template <int NR>
+inline void qk_rows_tile(const float* q, index_t ldq, index_t dk, const float* k, index_t ldk,
+                         index_t cols, float* s, index_t lds) {
+  index_t j = 0;
+  for (; j + 4 <= cols; j += 4) qk_rows_kernel<NR, 4>(q, ldq, dk, k + j * ldk, ldk, s + j, lds);
+  for (; j < cols; ++j) qk_rows_kernel<NR, 1>(q, ldq, dk, k + j * ldk, ldk, s + j, lds);
+}
+
+/// o[r][c·W + ·] = (rescale ? corr[r]·o : o) + Σ_j p[r·ldp + j]·v_j[c·W + ·] for NR rows and DC
+/// vectors of value dims (the tile's sum is added once: blocked summation, as pv_kernel).
+template <int NR, int DC>
+inline void pv_rows_kernel(const float* p, index_t ldp, index_t cols, const float* v, index_t ldv,
+                           float* o, index_t ldo, const float* corr, bool rescale) {
+  R acc[NR][DC];
+  NUMATTN_UNROLL for (int r = 0; r < NR; ++r) NUMATTN_UNROLL for (int c = 0; c < DC; ++c) acc[r][c] = Vec::zero();
+  for (index_t j = 0; j < cols; ++j) {
+    R vv[DC];
+    NUMATTN_UNROLL for (int c = 0; c < DC; ++c) vv[c] = Vec::loadu(v + j * ldv + c * W);
+    NUMATTN_UNROLL for (int r = 0; r < NR; ++r) {
+      const R pb = Vec::set1(p[r * ldp + j]);
+      NUMATTN_UNROLL for (int c = 0; c < DC; ++c) acc[r][c] = Vec::fmadd(pb, vv[c], acc[r][c]);
+    }
+  }
+  NUMATTN_UNROLL for (int r = 0; r < NR; ++r) NUMATTN_UNROLL for (int c = 0; c < DC; ++c) {
+    float* oo = o + r * ldo + c * W;
+    Vec::storeu(oo, rescale ? Vec::fmadd(Vec::loadu(oo), Vec::set1(corr[r]), acc[r][c])
+                            : Vec::add(Vec::loadu(oo), acc[r][c]));
+  }
+}
+
+/// The O-tile of NR rows over all `dv` value dims: blocks of DC vectors (Dv = 64 in one pass
+/// for one row, two passes for 2..3 rows on AVX2, one for up to 4 rows on AVX-512), single
+/// vectors, then a scalar tail of dv mod W dims.
+template <int NR>
+inline void pv_rows_tile(const float* p, index_t ldp, index_t cols, const float* v, index_t ldv,
+                         index_t dv, float* o, index_t ldo, const float* corr, bool rescale) {
+  constexpr int DC = W >= 16 ? 4 : NR == 1 ? 8 : 4;
+  index_t d = 0;
+  for (; d + DC * W <= dv; d += DC * W) pv_rows_kernel<NR, DC>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale);
+  for (; d + W <= dv; d += W) pv_rows_kernel<NR, 1>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale);
+  for (; d < dv; ++d)
+    for (int r = 0; r < NR; ++r) {
+      float sum = 0.f;
+      for (index_t j = 0; j < cols; ++j) sum += p[r * ldp + j] * v[j * ldv + d];
+      float& od = o[r * ldo + d];
+      od = rescale ? std::fma(od, corr[r], sum) : od + sum;
+    }
 }
 
 }  // namespace numattn::flash
