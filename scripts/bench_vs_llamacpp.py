@@ -3,7 +3,8 @@
 
 Runs, interleaved and repeated, `numattn bench-model --ctx 0 --decode N` (one token of
 context, then N decoded one at a time: llama-bench's tg test) and `llama-bench -n N -p 0 -r 1`
-for each thread count, so both see the same machine load minute by minute; prints each pair,
+for each thread count, so both see the same machine load minute by minute (with --depth D:
+`--ctx D` and `-d D`, decoding after D tokens of context); prints each pair,
 then the medians and their ratio, and numattn's same-run roofline fraction (bytes per token
 over the measured streaming-read bandwidth).
 
@@ -12,6 +13,7 @@ build it from the llama-cpp-python source distribution).
 
   scripts/bench_vs_llamacpp.py /tmp/llb/bin/llama-bench --threads 1,2 --reps 5
   scripts/bench_vs_llamacpp.py /tmp/llb/bin/llama-bench --numattn-args="--activations q8"
+  scripts/bench_vs_llamacpp.py /tmp/llb/bin/llama-bench --threads 2 --depth 512
 """
 import argparse
 import csv
@@ -32,7 +34,7 @@ def run(cmd):
 
 
 def numattn_decode(args, threads):
-    out = run([args.numattn, "bench-model", "--model", args.model, "--ctx", "0", "--decode",
+    out = run([args.numattn, "bench-model", "--model", args.model, "--ctx", str(args.depth), "--decode",
                str(args.tokens), "--threads", str(threads), "--reps", "1", "--format", "csv"]
               + shlex.split(args.numattn_args))
     rows = list(csv.DictReader(io.StringIO(out)))
@@ -44,7 +46,7 @@ def numattn_decode(args, threads):
 
 def llama_decode(args, threads):
     out = run([args.llama_bench, "-m", args.model, "-n", str(args.tokens), "-p", "0", "-t",
-               str(threads), "-r", "1", "-o", "json"])
+               str(threads), "-d", str(args.depth), "-r", "1", "-o", "json"])
     rows = [r for r in json.loads(out) if r.get("n_gen", 0) > 0]
     if not rows:
         sys.exit(f"llama-bench printed no generation row:\n{out}")
@@ -61,6 +63,9 @@ def main():
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default 64)")
     ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="tokens of context before decoding (numattn --ctx, llama-bench -d; default 0: "
+                         "llama-bench's tg test, numattn one token)")
     ap.add_argument("--numattn-args", default="",
                     help="extra arguments for numattn bench-model, one shell-quoted string "
                          "(e.g. --numattn-args='--activations q8')")
@@ -70,9 +75,11 @@ def main():
             sys.exit(f"{what} not found: {path}")
     if args.reps < 1 or args.tokens < 1:
         sys.exit("--reps and --tokens must be at least 1")
+    if args.depth < 0:
+        sys.exit("--depth must be at least 0")
     threads = [int(t) for t in args.threads.split(",") if t]
     res = {t: {"numattn": [], "llama": [], "roof": [], "bw": []} for t in threads}
-    print(f"model {args.model}, {args.tokens} tokens decoded after 1, {args.reps} interleaved repetitions"
+    print(f"model {args.model}, {args.tokens} tokens decoded after {max(1, args.depth)}, {args.reps} interleaved repetitions"
           + (f", numattn arguments {args.numattn_args}" if args.numattn_args else ""))
     for rep in range(args.reps):
         for t in threads:
