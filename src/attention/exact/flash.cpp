@@ -401,10 +401,15 @@ void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyR
   constexpr int NR = flash::kRowsPerPass;
   std::vector<RowPass>& passes = ws.passes;
   passes.clear();
+  // A kv head's rows in as few passes as NR allows, of balanced sizes (G = 4 on AVX2: 2 + 2,
+  // not 3 + 1, whose one-row pass would cost as many loads as a three-row one).
+  const index_t npass = (rpk + NR - 1) / NR;
   for (index_t h0 = 0; h0 < n; h0 += rpk) {
     const index_t kvh = it.hk + h0 / rpk;
-    for (index_t r0 = h0; r0 < h0 + rpk; r0 += NR)
-      passes.push_back({r0, std::min<index_t>(NR, h0 + rpk - r0), p.k.row(it.b, kvh, 0), p.v.row(it.b, kvh, 0)});
+    for (index_t i = 0; i < npass; ++i) {
+      const index_t a = h0 + rpk * i / npass, b = h0 + rpk * (i + 1) / npass;
+      passes.push_back({a, b - a, p.k.row(it.b, kvh, 0), p.v.row(it.b, kvh, 0)});
+    }
   }
   for_each_tile(p, ws, n, span, pl.bk, [&](index_t jt, index_t cols, bool full) {
     for (const RowPass& ps : passes) {

@@ -305,12 +305,13 @@ inline void pv_tile(const float* p, index_t cols, const float* v, index_t ldv, i
 /// the 16 AVX2 registers for n = 3 and the 32 AVX-512 registers for n = 4.
 constexpr int kRowsPerPass = W >= 16 ? 4 : 3;
 
-/// s[r·lds + jj] = Σ_d q[r·ldq + d]·k[jj·ldk + d] for NR rows and KJ (1 or 4) keys.
+/// s[r·lds + jj] = Σ_d q[r·ldq + d]·k[jj·ldk + d] for NR rows and KJ (1..4) keys.
 template <int NR, int KJ>
 inline void qk_rows_kernel(const float* q, index_t ldq, index_t dk, const float* k, index_t ldk,
                            float* s, index_t lds) {
-  R acc[NR][KJ];
-  NUMATTN_UNROLL for (int r = 0; r < NR; ++r) NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) acc[r][j] = Vec::zero();
+  static_assert(KJ >= 1 && KJ <= 4);
+  R acc[NR][4];
+  NUMATTN_UNROLL for (int r = 0; r < NR; ++r) NUMATTN_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = Vec::zero();
   index_t d = 0;
   for (; d + W <= dk; d += W) {
     R qv[NR];
@@ -321,11 +322,11 @@ inline void qk_rows_kernel(const float* q, index_t ldq, index_t dk, const float*
     }
   }
   NUMATTN_UNROLL for (int r = 0; r < NR; ++r) {
-    float sum[KJ];
-    if constexpr (KJ == 4) {
-      Vec::hsum4(acc[r], sum);
+    float sum[4];
+    if constexpr (KJ == 1) {
+      sum[0] = Vec::hsum(acc[r][0]);
     } else {
-      NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) sum[j] = Vec::hsum(acc[r][j]);
+      Vec::hsum4(acc[r], sum);  // unused accumulators are zero
     }
     for (index_t t = d; t < dk; ++t)
       NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) sum[j] += q[r * ldq + t] * k[j * ldk + t];
@@ -333,12 +334,15 @@ inline void qk_rows_kernel(const float* q, index_t ldq, index_t dk, const float*
   }
 }
 
-/// The S-tile of NR rows for `cols` keys.
+/// The S-tile of NR rows for `cols` keys, KJ keys at a time: NR·KJ accumulators, NR query
+/// vectors and a key vector stay in registers (3 × 3 on AVX2's 16, whose 3 × 4 made GCC reload
+/// the queries at every FMA; 4 × 4 on AVX-512's 32), so a key vector load feeds NR FMAs.
 template <int NR>
 inline void qk_rows_tile(const float* q, index_t ldq, index_t dk, const float* k, index_t ldk,
                          index_t cols, float* s, index_t lds) {
+  constexpr int KJ = W >= 16 || NR < 3 ? 4 : 3;
   index_t j = 0;
-  for (; j + 4 <= cols; j += 4) qk_rows_kernel<NR, 4>(q, ldq, dk, k + j * ldk, ldk, s + j, lds);
+  for (; j + KJ <= cols; j += KJ) qk_rows_kernel<NR, KJ>(q, ldq, dk, k + j * ldk, ldk, s + j, lds);
   for (; j < cols; ++j) qk_rows_kernel<NR, 1>(q, ldq, dk, k + j * ldk, ldk, s + j, lds);
 }
 
@@ -364,13 +368,13 @@ inline void pv_rows_kernel(const float* p, index_t ldp, index_t cols, const floa
   }
 }
 
-/// The O-tile of NR rows over all `dv` value dims: blocks of DC vectors (Dv = 64 in one pass
-/// for one row, two passes for 2..3 rows on AVX2, one for up to 4 rows on AVX-512), single
-/// vectors, then a scalar tail of dv mod W dims.
+/// The O-tile of NR rows over all `dv` value dims: blocks of DC vectors, NR·DC accumulators
+/// with DC value vectors in registers (AVX2: 8, 4, 3 vectors for 1, 2, 3 rows; AVX-512: 4),
+/// single vectors, then a scalar tail of dv mod W dims.
 template <int NR>
 inline void pv_rows_tile(const float* p, index_t ldp, index_t cols, const float* v, index_t ldv,
                          index_t dv, float* o, index_t ldo, const float* corr, bool rescale) {
-  constexpr int DC = W >= 16 ? 4 : NR == 1 ? 8 : 4;
+  constexpr int DC = W >= 16 ? 4 : NR == 1 ? 8 : NR == 2 ? 4 : 3;
   index_t d = 0;
   for (; d + DC * W <= dv; d += DC * W) pv_rows_kernel<NR, DC>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale);
   for (; d + W <= dv; d += W) pv_rows_kernel<NR, 1>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale);
