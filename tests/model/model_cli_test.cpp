@@ -109,6 +109,13 @@ TEST(ModelCli, BenchModelRowsAndWeightsFlag) {
   expect_cli_error("bench-model --model " + q + " --ctx 4,x", {"error: --ctx: ", "'x'"});
   expect_cli_error("bench-model --model " + q + " --decode 0", {"error: --decode: "});
   expect_cli_error("bench-model --model " + q + " --ctx 250 --decode 10", {"error: --ctx: ", "256"});
+  // The warm-up decodes before the rows: none at all, or as many as the context holds.
+  ASSERT_EQ(cli("bench-model --model " + q + " --ctx 0 --decode 1 --bandwidth-mib 4 --warmup 0").rc, 0);
+  ASSERT_EQ(cli("bench-model --model " + q + " --ctx 0 --decode 1 --bandwidth-mib 4 --warmup 255").rc, 0);
+  expect_cli_error("bench-model --model " + q + " --ctx 0 --decode 1 --warmup 256", {"error: --warmup: ", "256"});
+  const Result neg = cli("bench-model --model " + q + " --warmup -1");
+  EXPECT_NE(neg.rc, 0);
+  EXPECT_NE(neg.out.find("--warmup"), std::string::npos) << neg.out;
 }
 
 }  // namespace NUMATTN_UNITY_ID

@@ -23,7 +23,7 @@ namespace {
 struct BenchModelOptions {
   std::string model = "default", ctx = "0,128,512", weights = "gguf", format = "md",
               activations = "f32";
-  std::int64_t decode = 64;
+  std::int64_t decode = 64, warmup = 1;
   int threads = 0, reps = 1;
   double bandwidth_mib = 0;
   MlaCliOptions mla;
@@ -52,6 +52,12 @@ void add_bench_model(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"gguf", "f32"}));
   add_activations_option(*sub, &o->activations, true);
+  sub->add_option("--warmup", o->warmup,
+                  "untimed decode steps of each model form before any measurement (llama-bench's "
+                  "default warm-up is one generated token): the first touch of the mapped "
+                  "weights and other first-use costs stay out of the timings")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   sub->add_option("--reps", o->reps, "repetitions of each row (the median is reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
@@ -92,6 +98,8 @@ void add_bench_model(CLI::App& app) {
       NUMATTN_CHECK_OPTION(std::max<std::int64_t>(L, 1) + o->decode <= hp.n_ctx_train, "ctx",
                            "{} + {} decoded tokens exceed the model's trained context {}", L,
                            o->decode, hp.n_ctx_train);
+    NUMATTN_CHECK_OPTION(1 + o->warmup <= hp.n_ctx_train, "warmup",
+                         "1 + {} warm-up tokens exceed the model's trained context {}", o->warmup, hp.n_ctx_train);
     const auto t_load = std::chrono::steady_clock::now();
     LlamaModel loaded = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
     const double load_s = seconds_since(t_load);
@@ -138,6 +146,15 @@ void add_bench_model(CLI::App& app) {
       double prefill, decode, split_share;
     };
     std::vector<Measured> ms;
+    for (const Form& f : forms) {
+      if (o->warmup == 0) break;
+      KvCache cache = f.model.make_cache(1 + o->warmup);
+      std::vector<float> logits = f.model.forward(tokens(1, 1), cache, ctx);
+      for (std::int64_t i = 0; i < o->warmup; ++i) {
+        const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        logits = f.model.forward({next}, cache, ctx);
+      }
+    }
     for (std::int64_t L : lens) {
       const std::int64_t n_prompt = std::max<std::int64_t>(L, 1);
       std::vector<std::vector<double>> pre_f(forms.size()), dec_f(forms.size());
