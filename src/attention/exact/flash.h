@@ -29,7 +29,7 @@ namespace numattn {
 /// than half a vector, would leave most lanes idle: there the head dimension sits in the lanes
 /// ("key lanes"), a logit is a dot product reduced across lanes, P·V broadcasts a probability
 /// against a V row, and one block holds the rows of as many kv heads as 64 rows allow, so a
-/// tile of the KV cache's [position, kv head, dim] rows is read as one stream (1.5–2.8× faster
+/// tile of the KV cache's [position, kv head, dim] rows is read as one stream (1.1–5× faster
 /// per decode step on AVX2 for G = 1..4, docs/model-runner.md). AVX-512 (16 lanes), AVX2+FMA
 /// (8 lanes) or a portable fallback, chosen at compile time; all give the same algorithm.
 ///
