@@ -1043,10 +1043,12 @@ std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, 
                  : TensorView<const float>(vc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
     p.out = TensorView<float>(att.data(), {1, Hq, N, vw}, {N * Hq * vw, vw, Hq * vw, 1});
     p.causal = Causal::kBottomRight;
-    // The method decides whether a problem is worth the team: a decode step is at short
-    // contexts (exact.flash: below ~1 MFLOP), not at long ones, where reading the KV cache
-    // with both cores halves the time.
-    attn[static_cast<std::size_t>(l)]->run(p, ctx);
+    // A decode step's attention gets the team only from ~1 MFLOP of exact attention on (Nk ≈
+    // 430 for SmolLM2), where reading the KV cache with every core pays for waking them; below,
+    // a method that forks per head would spend more on the fork than on the work. exact.flash
+    // applies the same bound itself.
+    const double att_flops = 2.0 * static_cast<double>(Hq * N * nk * (D + vw));
+    attn[static_cast<std::size_t>(l)]->run(p, by_tokens || att_flops >= 1e6 ? ctx : ExecContext{1});
     timer.lap(&ForwardProfile::attention);
     region([&](std::int64_t t0, std::int64_t t1, bool main) {
       post(l, t0, t1, main);
