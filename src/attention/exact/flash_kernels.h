@@ -54,9 +54,13 @@ struct Vec {
   /// out[i] = Σ lanes of a[i], i < 4.
   static void hsum4(const R* a, float* out) {
     __m256 h[4];
-    for (int i = 0; i < 4; ++i)
-      h[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]),
-                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
+    // Zero-masked extracts: GCC 12's plain extract (and the 512→256 cast built on it) reads
+    // an undefined register and warns (bug 105593).
+    for (int i = 0; i < 4; ++i) {
+      const __m512d x = _mm512_castps_pd(a[i]);
+      h[i] = _mm256_add_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xFF, x, 0)),
+                           _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xFF, x, 1)));
+    }
     const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
   }
