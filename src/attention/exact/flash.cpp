@@ -59,7 +59,7 @@ struct Plan {
   index_t br = 0;       ///< block rows = ci·W (lanes; the last block may be partial)
   index_t bk = 0;       ///< keys per tile
   index_t nblk = 0;     ///< blocks per (b, kv head)
-  index_t items = 0;    ///< B·Hkv·nblk
+  index_t items = 0;    ///< B·⌈Hkv/hpi⌉·nblk
   index_t splits = 1;   ///< key-range splits per block (split-KV)
   int threads = 1;      ///< threads actually used
   index_t hpi = 1;      ///< kv heads per item (key lanes: as many as 64 rows hold; else 1)
@@ -169,14 +169,14 @@ Item item_of(const AttentionProblem& p, const Plan& pl, index_t w) {
   return {bg / groups, hk, r0, nrows};
 }
 
-/// Query index and kv head of row r of an item, and its query head.
+/// Query index and query head of row r of an item.
 struct RowId {
-  index_t qi, kvh, head;
+  index_t qi, head;
 };
 
 RowId row_of(const Plan& pl, const Item& it, index_t r) {
   const index_t gr = it.r0 + r, kvh = it.hk + gr / pl.rows, g = gr % pl.rows;
-  return {g / pl.G, kvh, kvh * pl.G + g % pl.G};
+  return {g / pl.G, kvh * pl.G + g % pl.G};
 }
 
 /// Union of the visible key ranges of the item's rows ([0, 0) when none is visible).
