@@ -201,6 +201,18 @@ KeyRange split_keys(const Plan& pl, KeyRange all, index_t s) {
   return {b, std::min(all.end, b + chunk)};
 }
 
+/// The logit s of query qi and key `key` under the problem's boolean or additive mask: -inf
+/// where the mask hides the key (false; -inf or NaN entries), else s plus the additive entry.
+/// +inf or a NaN logit of a visible key stays non-finite (the row is settled by run()).
+inline float masked_logit(const AttentionProblem& p, index_t qi, index_t key, float s) {
+  if (p.mask.kind == MaskKind::kBool) return p.mask.allowed[qi * p.mask.ld + key] ? s : kNegInf;
+  if (p.mask.kind == MaskKind::kAdditive) {
+    const float a = p.mask.additive[qi * p.mask.ld + key];
+    return !(a > kNegInf) || s == kNegInf ? kNegInf : s + a;
+  }
+  return s;
+}
+
 /// Hides the logits of a boundary tile (keys [j0, j0 + cols)) that the causal rule, window or
 /// masks hide, applies the additive mask, and returns the tile's per-lane maximum in `vmax`.
 template <int CI>
@@ -214,17 +226,8 @@ void mask_tile(const AttentionProblem& p, const Scratch& ws, index_t nrows, inde
     const index_t key = j0 + j;
     for (int r = 0; r < BR; ++r)
       if (key < kb[r] || key >= ke[r]) srow[r] = kNegInf;
-    if (p.mask.kind == MaskKind::kBool) {
-      for (index_t r = 0; r < nrows; ++r)
-        if (!p.mask.allowed[ws.qi[r] * p.mask.ld + key]) srow[r] = kNegInf;
-    } else if (p.mask.kind == MaskKind::kAdditive) {
-      // -inf and NaN entries hide the key; +inf or a NaN logit of a visible key stays non-finite
-      // (the row is settled by run()).
-      for (index_t r = 0; r < nrows; ++r) {
-        const float a = p.mask.additive[ws.qi[r] * p.mask.ld + key];
-        srow[r] = !(a > kNegInf) || srow[r] == kNegInf ? kNegInf : srow[r] + a;
-      }
-    }
+    if (p.mask.kind != MaskKind::kNone)
+      for (index_t r = 0; r < nrows; ++r) srow[r] = masked_logit(p, ws.qi[r], key, srow[r]);
     for (int c = 0; c < CI; ++c) vmax[c] = Vec::max(vmax[c], Vec::load(srow + c * W));
   }
 }
@@ -366,14 +369,7 @@ void mask_row(const AttentionProblem& p, const Scratch& ws, index_t r, index_t j
   const index_t kb = ws.kb[r], ke = ws.ke[r], qi = ws.qi[r];
   for (index_t j = 0; j < cols; ++j) {
     const index_t key = j0 + j;
-    if (key < kb || key >= ke) {
-      s[j] = kNegInf;
-    } else if (p.mask.kind == MaskKind::kBool) {
-      if (!p.mask.allowed[qi * p.mask.ld + key]) s[j] = kNegInf;
-    } else if (p.mask.kind == MaskKind::kAdditive) {
-      const float a = p.mask.additive[qi * p.mask.ld + key];
-      s[j] = !(a > kNegInf) || s[j] == kNegInf ? kNegInf : s[j] + a;
-    }
+    s[j] = key < kb || key >= ke ? kNegInf : masked_logit(p, qi, key, s[j]);
   }
 }
 
