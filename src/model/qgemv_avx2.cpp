@@ -63,6 +63,13 @@ struct V {
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
   }
+  static void halves2(const std::uint8_t* p, F& a, F& b) {
+    int v;
+    memcpy(&v, p, 4);
+    const __m128 h = _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+    a = _mm256_broadcastss_ps(h);
+    b = _mm256_broadcastss_ps(_mm_movehdup_ps(h));
+  }
   // Integer kernels: one block of 32 bytes per step.
   static constexpr int kQBlocks = 1;
   static I qload(const std::int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }

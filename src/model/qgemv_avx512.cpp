@@ -63,6 +63,13 @@ struct V {
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
   }
+  static void halves2(const std::uint8_t* p, F& a, F& b) {
+    int v;
+    memcpy(&v, p, 4);
+    const __m128 h = _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+    a = _mm512_broadcastss_ps(h);
+    b = _mm512_broadcastss_ps(_mm_movehdup_ps(h));
+  }
   // Integer kernels: two blocks of 32 bytes per step, lanes 0-7 the first block's, 8-15 the
   // second's.
   static constexpr int kQBlocks = 2;
