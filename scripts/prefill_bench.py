@@ -3,12 +3,14 @@
 
     scripts/prefill_bench.py [--numattn build/bin/numattn] [--model default] [--text default]
                              [--ctx 512] [--chunks 4] [--threads 2,1] [--pairs 5]
-                             [--before OTHER_NUMATTN]
+                             [--before OTHER_NUMATTN] [--then OLD_NUMATTN]
 
 For each thread count, --pairs rounds of `numattn ppl --weights gguf` and `--weights f32`
 (--format json), the order rotating from one round to the next so that a change of load hits
 every arm alike; --before adds a third arm, another build's `--weights gguf` (the in-place path
-before a change). Prints every run's tokens/s and PPL, then per thread count the medians of
+before a change); --then adds another, a build from before weights were kept in place (its `ppl`
+has no --weights: float32 weights always), so that the in-place prefill can be compared with
+the prefill the project had then, not only with today's float32 path. Prints every run's tokens/s and PPL, then per thread count the medians of
 tokens/s and of each forward phase (profile_s), the ratio of the medians to float32, the
 best run of each arm and its ratio to float32's best (the run least disturbed by other load), the
 median CPU seconds per run (user + system of the whole process: not inflated by time spent
@@ -30,10 +32,11 @@ import sys
 
 def run_ppl(a, arm, threads):
     weights = "gguf" if arm.startswith("gguf") else "f32"
-    exe = a.before if arm == "gguf-before" else a.numattn
+    exe = {"gguf-before": a.before, "f32-then": a.then}.get(arm, a.numattn)
     cmd = [exe, "ppl", "--model", a.model, "--text", a.text, "--ctx", str(a.ctx),
-           "--chunks", str(a.chunks), "--weights", weights, "--threads", str(threads),
-           "--format", "json"]
+           "--chunks", str(a.chunks), "--threads", str(threads), "--format", "json"]
+    if arm != "f32-then":
+        cmd += ["--weights", weights]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -44,6 +47,11 @@ def run_ppl(a, arm, threads):
     # process spends descheduled does not inflate.
     row["cpu_s"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return row
+
+
+def phase_median(rows, phase):
+    times = [r.get("profile_s", {}).get(phase) for r in rows]
+    return "-" if None in times else f"{statistics.median(times):.3f}"
 
 
 def loadavg():
@@ -60,8 +68,10 @@ def main():
     p.add_argument("--threads", default="2,1", help="comma-separated thread counts")
     p.add_argument("--pairs", type=int, default=5, help="rounds: one run of every arm each")
     p.add_argument("--before", help="another numattn build, run as a third arm (--weights gguf)")
+    p.add_argument("--then", help="a numattn build from before weights in place (float32 "
+                   "weights, no --weights flag), run as another arm")
     a = p.parse_args()
-    arms = ["gguf", "f32"] + (["gguf-before"] if a.before else [])
+    arms = ["gguf", "f32"] + (["gguf-before"] if a.before else []) + (["f32-then"] if a.then else [])
     for t in [int(s) for s in a.threads.split(",")]:
         res = {w: [] for w in arms}
         before = loadavg()
@@ -89,12 +99,12 @@ def main():
               (f"; before / in place {cpu['gguf-before'] / cpu['gguf']:.3f}" if a.before else ""))
         phases = res["gguf"][0].get("profile_s", {}).keys()
         print("phase medians (s per run): " + "; ".join(
-            f"{k} " + " / ".join(f"{statistics.median(r['profile_s'][k] for r in res[w]):.3f}"
-                                 for w in arms) for k in phases) + f" ({' / '.join(arms)})")
+            f"{k} " + " / ".join(phase_median(res[w], k) for w in arms) for k in phases) + f" ({' / '.join(arms)})")
         ref = res["f32"][0]["ppl"]
         rel = max(abs(r["ppl"] - ref) / ref for rs in res.values() for r in rs)
         print(f"ppl in place {res['gguf'][0]['ppl']!r}, float32 {ref!r}, "
-              + (f"before {res['gguf-before'][0]['ppl']!r}, " if a.before else "") +
+              + (f"before {res['gguf-before'][0]['ppl']!r}, " if a.before else "")
+              + (f"then {res['f32-then'][0]['ppl']!r}, " if a.then else "") +
               f"largest relative difference {rel:.2e}")
 
 
