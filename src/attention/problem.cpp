@@ -100,6 +100,11 @@ void validate(const AttentionProblem& p) {
   if (p.mask.kind == MaskKind::kAdditive)
     NUMATTN_CHECK(p.mask.additive && p.mask.ld >= p.n_kv(),
                   "attention: additive mask needs [Nq, Nk] data");
+  // Any other negative value would silently mean "unbounded" to the kernels (they test >= 0).
+  NUMATTN_CHECK(p.window_left >= -1 && p.window_right >= -1,
+                "attention: window_left = {} and window_right = {}: each must be >= 0 (keys on "
+                "that side of the diagonal) or -1 (unbounded)",
+                p.window_left, p.window_right);
   NUMATTN_CHECK(!p.scale || (std::isfinite(*p.scale) &&
                               std::abs(*p.scale) <= std::numeric_limits<float>::max()),
                 "attention: scale {} must be finite and at most {:.4g} in magnitude (float32)",

@@ -272,6 +272,7 @@ BasisDecomposition& BasisDecomposition::set_rank(index_t r) {
   return *this;
 }
 BasisDecomposition& BasisDecomposition::set_tolerance(double tol) {
+  NUMATTN_CHECK(std::isfinite(tol) && tol >= 0, "BasisDecomposition: tolerance {} must be a finite number >= 0", tol);
   tol_ = tol;
   rank_req_ = 0;
   return *this;

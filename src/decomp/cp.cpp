@@ -27,6 +27,7 @@ CpAls& CpAls::set_max_iterations(int it) {
   return *this;
 }
 CpAls& CpAls::set_tolerance(double tol) {
+  NUMATTN_CHECK(std::isfinite(tol) && tol >= 0, "CpAls: tolerance {} must be a finite number >= 0", tol);
   tol_ = tol;
   return *this;
 }

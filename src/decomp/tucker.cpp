@@ -72,6 +72,7 @@ Tucker& Tucker::set_max_iterations(int it) {
   return *this;
 }
 Tucker& Tucker::set_tolerance(double tol) {
+  NUMATTN_CHECK(std::isfinite(tol) && tol >= 0, "Tucker: tolerance {} must be a finite number >= 0", tol);
   tol_ = tol;
   return *this;
 }

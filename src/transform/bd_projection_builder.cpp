@@ -26,6 +26,10 @@ BdProjection build_bd_projection(index_t d_in, index_t heads, index_t head_dim, 
   NUMATTN_CHECK(bias.empty() || static_cast<index_t>(bias.size()) == out,
                 "projection bias has {} values, expected {}", bias.size(), out);
   NUMATTN_CHECK(w.allFinite(), "projection weight has NaN or Inf entries");
+  // NaN would compare false with every κ (every head silently dense).
+  NUMATTN_CHECK(kappa_threshold >= 0,
+                "kappa_threshold {} must be >= 0 (below 1 every head stays dense, as κ >= 1; +inf "
+                "keeps none dense)", kappa_threshold);
 
   std::vector<MatrixXd> hw;
   hw.reserve(static_cast<std::size_t>(heads));

@@ -211,6 +211,24 @@ TEST(Edges, ValidateRefusesAScaleBeyondFloat32) {
   EXPECT_NO_THROW(validate(prob.problem()));
 }
 
+TEST(Edges, ValidateRefusesAWindowBelowMinusOne) {
+  RandomProblem prob(small(1, 1, 4, 4, 2));
+  for (auto [l, r] : {std::pair<index_t, index_t>{-2, -1}, {-1, -7}, {3, -2}}) {
+    prob.problem().window_left = l;
+    prob.problem().window_right = r;
+    try {
+      validate(prob.problem());
+      ADD_FAILURE() << "window " << l << ", " << r << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("must be >= 0 (keys on that side of the diagonal) or -1"),
+                std::string::npos) << e.what();
+    }
+  }
+  prob.problem().window_left = -1;
+  prob.problem().window_right = 0;
+  EXPECT_NO_THROW(validate(prob.problem()));
+}
+
 TEST(Edges, AllFiniteSeesEveryNonFiniteValueAtEveryPosition) {
   std::vector<float> x(37, 1.f);
   x[5] = -0.f;

@@ -148,6 +148,45 @@ TEST(CliEdges, ABenchRowThatFailsKeepsTheSweepAndHoldsNullNotStrings) {
   }
 }
 
+// A real or window flag out of its domain is refused by name, before any work: NaN must not pass
+// for "not given" (--scale, --tol had NaN or -1 as that sentinel), nor a negative window other
+// than -1 for "unbounded", nor a NaN κ threshold for "every head dense".
+TEST(CliEdges, OutOfDomainRealsAndWindowsAreRefusedByName) {
+  const std::string npy = test::temp_path("bd_w.npy");
+  {
+    std::vector<double> w(6 * 4);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = std::sin(1.0 + static_cast<double>(i));
+    npy::write(npy, {6, 4}, w.data());
+  }
+  const std::pair<std::string, std::string> cases[] = {
+      {"run --n 8 --d 8 --heads 1 --scale nan", "--scale: nan is not a finite number"},
+      {"run --n 8 --d 8 --heads 1 --scale 1,inf", "--scale: inf is not a finite number"},
+      {"run --n 8 --d 8 --heads 1 --logit-scale -inf", "--logit-scale: -inf is not a finite number"},
+      {"bench --n 8 --d 8 --heads 1 --logit-scale nan", "--logit-scale: nan is not a finite number"},
+      {"run --n 8 --d 8 --heads 1 --window-left -5", "window_left = -5 and window_right = -1: each must be >= 0"},
+      {"run --n 8 --d 8 --heads 1 --method exact.naive --window-right -2", "window_right = -2"},
+      {"bd --in " + npy + " --tol nan", "--tol: must be a finite number >= 0, got nan"},
+      {"bd --in " + npy + " --tol -1", "--tol: must be a finite number >= 0, got -1"},
+      {"bd --in " + npy + " --rank -2", "--rank: must be >= 0"},
+      {"convert --out " + test::temp_path("k.gguf") + " --kappa-threshold nan", "--kappa-threshold: must be >= 0"},
+      {"convert --out " + test::temp_path("k.gguf") + " --kappa-threshold -1", "--kappa-threshold: must be >= 0"},
+  };
+  for (const auto& [args, want] : cases) {
+    int rc = 0;
+    const std::string out = run(args, &rc);
+    EXPECT_NE(rc, 0) << args << "\n" << out;
+    EXPECT_EQ(out.rfind("error: ", 0), 0u) << args << "\n" << out;
+    EXPECT_NE(out.find(want), std::string::npos) << args << "\n" << out;
+  }
+  // The sentinels themselves still mean what they say.
+  int rc = 0;
+  const std::string ok = run("run --n 8 --d 8 --heads 1 --window-left -1 --window-right 2 --format json", &rc, true);
+  EXPECT_EQ(rc, 0) << ok;
+  EXPECT_EQ(nlohmann::json::parse(ok)["status"], "ok") << ok;
+  EXPECT_EQ(run("bd --in " + npy + " --tol 0", &rc, true).find("error"), std::string::npos);
+  EXPECT_EQ(rc, 0);
+}
+
 }  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -4,11 +4,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "numattn/core/error.h"
 #include "numattn/core/rng.h"
 #include "numattn/decomp/basis_decomposition.h"
+#include "numattn/decomp/cp.h"
+#include "numattn/decomp/tucker.h"
 #include "support/test_util.h"
 
 namespace numattn::decomp {
@@ -83,6 +86,19 @@ TEST(BasisDecomposition, LosslessInFloat64AllStrategiesAndForms) {
                 (form == BdForm::kRows ? one.rows() : one.cols()) - r);
     }
   }
+}
+
+// Tolerances out of their domain are refused where they are set, by every decomposition that
+// takes one (NaN used to mean "no tolerance" to callers that tested tol >= 0).
+TEST(BasisDecomposition, NonFiniteOrNegativeTolerancesAreRefused) {
+  for (double bad : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {
+    EXPECT_THROW(BasisDecomposition().set_tolerance(bad), Error) << bad;
+    EXPECT_THROW(CpAls().set_tolerance(bad), Error) << bad;
+    EXPECT_THROW(Tucker().set_tolerance(bad), Error) << bad;
+  }
+  EXPECT_NO_THROW(BasisDecomposition().set_tolerance(0));
+  EXPECT_NO_THROW(CpAls().set_tolerance(0));
+  EXPECT_NO_THROW(Tucker().set_tolerance(1e-3));
 }
 
 TEST(BasisDecomposition, AutomaticResolvesToPivotedOrMaxmin) {

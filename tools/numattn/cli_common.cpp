@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <utility>
 
 #include "numattn/analysis/estimate.h"
 #include "numattn/analysis/metrics.h"
@@ -141,7 +142,11 @@ std::vector<ProblemConfig> ProblemFlags::expand() const {
   auto LS = reals("logit-scale", logit_scale);
   std::vector<double> SC;
   if (!scale.empty()) SC = reals("scale", scale);
-  else SC = {std::nan("")};
+  // NaN below stands for "no --scale"; a NaN or infinity given would pass for it or poison q.
+  for (const auto& [flag, values] : {std::pair{"scale", &SC}, std::pair{"logit-scale", &LS}})
+    for (double v : *values)
+      NUMATTN_CHECK(std::isfinite(v), "--{}: {} is not a finite number", flag, v);
+  if (scale.empty()) SC = {std::nan("")};
   std::vector<Causal> C;
   for (auto& c : split_list(causal)) C.push_back(parse_causal(c));
   std::vector<Dist> DI;

@@ -1,7 +1,9 @@
 // numattn bd: Basis Decomposition of a matrix (or of several sharing one basis) from .npy files.
 #include <algorithm>
 #include <iostream>
+#include <cmath>
 #include <memory>
+#include <optional>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -16,7 +18,7 @@ namespace {
 struct BdOptions {
   std::string in, u, v, out_prefix;
   long long rank = 0;
-  double tol = -1;
+  std::optional<double> tol;
   std::string axis = "rows";
   std::string strategy = "auto";
   std::string format = "json";
@@ -77,6 +79,9 @@ void add_bd(CLI::App& app) {
                   "write PREFIX.basis.npy (int64), PREFIX.B.npy, PREFIX.C.npy (float64)");
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o] {
+    NUMATTN_CHECK_OPTION(o->rank >= 0, "rank", "must be >= 0 (0 = from --tol), got {}", o->rank);
+    NUMATTN_CHECK_OPTION(!o->tol || (std::isfinite(*o->tol) && *o->tol >= 0), "tol",
+                         "must be a finite number >= 0, got {}", o->tol.value_or(0));
     if (!o->out_prefix.empty())
       check_outputs_distinct({{"--out-prefix", o->out_prefix + ".basis.npy"},
                               {"--out-prefix", o->out_prefix + ".B.npy"},
@@ -86,8 +91,8 @@ void add_bd(CLI::App& app) {
     bd.set_form(decomp::parse_form(o->axis)).set_strategy(decomp::parse_strategy(o->strategy));
     if (o->rank > 0)
       bd.set_rank(o->rank);
-    else if (o->tol >= 0)
-      bd.set_tolerance(o->tol);
+    else if (o->tol)
+      bd.set_tolerance(*o->tol);
     const bool lowrank = !o->u.empty() || !o->v.empty();
     NUMATTN_CHECK(lowrank != !o->in.empty(), "give either --in W.npy or --u U.npy --v V.npy");
     std::vector<decomp::MatrixXd> us, vs, ws;
@@ -97,7 +102,7 @@ void add_bd(CLI::App& app) {
       vs = load_matrices(o->v, "v");
       bd.compute_lowrank(us, vs);
     } else {
-      NUMATTN_CHECK(o->rank > 0 || o->tol >= 0, "give --rank R or --tol T");
+      NUMATTN_CHECK(o->rank > 0 || o->tol, "give --rank R or --tol T");
       ws = load_matrices(o->in, "in");
       bd.compute(ws);
     }

@@ -59,6 +59,9 @@ void add_convert(CLI::App& app) {
                       transform::tensor_spec_grammar());
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
+    NUMATTN_CHECK_OPTION(o->kappa_threshold >= 0, "kappa-threshold",
+                         "must be >= 0 (below 1 every head stays dense, as κ >= 1; inf keeps none "
+                         "dense), got {}", o->kappa_threshold);
     ExecContext ctx{o->threads};
     std::optional<transform::TensorSpec> tspec;
     if (!o->tensor.empty()) {

@@ -93,6 +93,7 @@ class BasisDecomposition {
   BasisDecomposition& set_rank(index_t r);
   /// Numerical rank from a tolerance instead of a fixed r: r = #{i : |R_ii| > tol·|R_00|} of a
   /// column-pivoted QR (maximum over the matrices). Ignored by compute_lowrank (r = U.cols()).
+  /// tol must be finite and >= 0 (Error).
   BasisDecomposition& set_tolerance(double tol);
   BasisDecomposition& set_form(BdForm f);
   BasisDecomposition& set_strategy(BasisStrategy s);

@@ -62,7 +62,7 @@ class CpAls {
  public:
   CpAls& set_rank(index_t r);
   CpAls& set_max_iterations(int it);
-  /// Stop when |fit_k − fit_{k−1}| < tol (default 1e-12).
+  /// Stop when |fit_k − fit_{k−1}| < tol (default 1e-12); tol must be finite and >= 0 (Error).
   CpAls& set_tolerance(double tol);
   CpAls& set_init(CpInit init);
   CpAls& set_seed(std::uint64_t seed);

@@ -54,6 +54,7 @@ class Tucker {
   Tucker& set_ranks(index_t r0, index_t r1, index_t r2);
   Tucker& set_method(TuckerMethod m);
   Tucker& set_max_iterations(int it);
+  /// HOOI stops when the fit changes by less than tol (default 1e-12); finite and >= 0 (Error).
   Tucker& set_tolerance(double tol);
   /// Mode 0 kept uncompressed with A0 = I (rank r0 ignored): the shared-factor model.
   Tucker& set_identity_mode0(bool on);
