@@ -148,9 +148,10 @@ TEST(CliEdges, ABenchRowThatFailsKeepsTheSweepAndHoldsNullNotStrings) {
   }
 }
 
-// A real or window flag out of its domain is refused by name, before any work: NaN must not pass
-// for "not given" (--scale, --tol had NaN or -1 as that sentinel), nor a negative window other
-// than -1 for "unbounded", nor a NaN κ threshold for "every head dense".
+// A flag out of its domain is refused by name, before any work: NaN must not pass for "not
+// given" (--scale, --tol had NaN or -1 as that sentinel), nor a negative window other than -1
+// for "unbounded", nor a NaN κ threshold for "every head dense", nor --reps 0 for one
+// repetition or a report's --reps/--chunks 0 or below for the preset.
 TEST(CliEdges, OutOfDomainRealsAndWindowsAreRefusedByName) {
   const std::string npy = test::temp_path("bd_w.npy");
   {
@@ -168,6 +169,13 @@ TEST(CliEdges, OutOfDomainRealsAndWindowsAreRefusedByName) {
       {"bd --in " + npy + " --tol nan", "--tol: must be a finite number >= 0, got nan"},
       {"bd --in " + npy + " --tol -1", "--tol: must be a finite number >= 0, got -1"},
       {"bd --in " + npy + " --rank -2", "--rank: must be >= 0"},
+      {"run --n 8 --d 8 --heads 1 --reps 0", "--reps: Value 0 not in range 1"},
+      {"bench --n 8 --d 8 --heads 1 --reps -3", "--reps: Value -3 not in range 1"},
+      {"bench --n 8 --d 8 --heads 1 --gemm-size 0", "--gemm-size: Value 0 not in range 1"},
+      {"run --n 8 --d 8 --heads 1 --check-rows -2", "--check-rows: Value -2 not in range -1"},
+      {"bench-bd --reps 0", "--reps: Value 0 not in range 1"},
+      {"report --out " + test::temp_path("rep") + " --chunks -1", "--chunks: Value -1 not in range 1"},
+      {"report --out " + test::temp_path("rep") + " --reps 0", "--reps: Value 0 not in range 1"},
       {"convert --out " + test::temp_path("k.gguf") + " --kappa-threshold nan", "--kappa-threshold: must be >= 0"},
       {"convert --out " + test::temp_path("k.gguf") + " --kappa-threshold -1", "--kappa-threshold: must be >= 0"},
   };

@@ -1,5 +1,6 @@
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <memory>
 
 #include "cli_common.h"
@@ -94,15 +95,22 @@ void add_bench(CLI::App& app) {
   sub->add_flag("--all", o->all, "every registered method (default parameters)");
   o->pf.add_to(*sub, true);
   add_common(*sub, &o->threads, &o->format);
-  sub->add_option("--reps", o->reps, "timed repetitions per row (median reported)")->capture_default_str();
-  sub->add_option("--check-rows", o->check_rows, "query rows sampled for the float64 check (0 = none)")
+  sub->add_option("--reps", o->reps, "timed repetitions per row (median reported)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  sub->add_option("--check-rows", o->check_rows,
+                  "query rows sampled for the float64 check (-1 = all up to 4096 rows, else 1024; "
+                  "0 = none)")
+      ->check(CLI::Range(-1LL, std::numeric_limits<long long>::max()))
       ->capture_default_str();
   o->est.add_to(*sub);
   sub->add_option("--recall", o->recall_k,
                   "K: add `topk_recall`, the mean top-K recall of each method's attention rows "
                   "(first head, --check-rows rows, probe V = I; Nk ≤ 8192; 0 = off)")
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--gemm-size", o->gemm_size, "size of the sgemm baseline (m = n = k)")->capture_default_str();
+  sub->add_option("--gemm-size", o->gemm_size, "size of the sgemm baseline (m = n = k)")
+      ->check(CLI::Range(1LL, 32768LL))
+      ->capture_default_str();
   sub->add_option("--qkv", o->qkv,
                   "a `numattn capture` directory: the problems are the captured q/k/v of --layer "
                   "(shape flags are refused; --causal, --scale, --logit-scale, --layout, "

@@ -49,6 +49,7 @@ void add_bench_bd(CLI::App& app) {
   sub->add_option("--tokens", o->tokens, "tokens n (list)")->capture_default_str();
   add_common(*sub, &o->threads, &o->format);
   sub->add_option("--reps", o->reps, "timed repetitions of each kernel (median)")
+      ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   sub->add_option("--seed", o->seed, "seed of the random weights and inputs")->capture_default_str();
   sub->add_option("--block-rows", o->block_rows,

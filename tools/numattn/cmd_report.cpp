@@ -308,20 +308,28 @@ void add_report(CLI::App& app) {
   sub->add_option("--layers", u.layers, "captured layers benchmarked (list; quick 15, full 0,7,15,23,29)");
   sub->add_option("--bench-methods", u.bench_methods,
                   "methods benchmarked (comma-separated specs; default: every registered method)");
-  sub->add_option("--reps", u.reps, "timed repetitions per benchmark row (quick 3, full 5)");
-  sub->add_option("--check-rows", u.check_rows, "rows checked against float64 per row (quick 128, full 256)");
-  sub->add_option("--gemm-size", u.gemm_size, "size of the benchmarks' sgemm baseline (quick 1024, full 2048)");
-  sub->add_option("--ctx", u.ctx, "perplexity context (512)");
-  sub->add_option("--chunks", u.chunks, "perplexity chunks per method (quick 1, full 20)");
+  sub->add_option("--reps", u.reps, "timed repetitions per benchmark row (quick 3, full 5)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--check-rows", u.check_rows, "rows checked against float64 per row (quick 128, full 256)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--gemm-size", u.gemm_size, "size of the benchmarks' sgemm baseline (quick 1024, full 2048)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--ctx", u.ctx, "perplexity context (512)")
+      ->check(CLI::Range(4, 1 << 20));
+  sub->add_option("--chunks", u.chunks, "perplexity chunks per method (quick 1, full 20)")
+      ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--ppl-methods", u.ppl_methods,
                   "methods of the perplexity table (comma-separated; default: every causal method "
                   "but exact.reference and dist.*)");
   sub->add_option("--bd-setups", u.bd_setups, "bd-study set-ups (quick mha768, full all three)");
-  sub->add_option("--bd-seeds", u.bd_seeds, "bd-study seeds (quick 1, full 3)");
-  sub->add_option("--bd-tokens", u.bd_tokens, "bd-study tokens (quick 128, full 256)");
+  sub->add_option("--bd-seeds", u.bd_seeds, "bd-study seeds (quick 1, full 3)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--bd-tokens", u.bd_tokens, "bd-study tokens (quick 128, full 256)")
+      ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--mla-ranks", u.mla_ranks,
                   "latent ranks of the MLA table (list; used when `numattn ppl` has --mla-rank)");
-  sub->add_option("--analyze-tokens", u.analyze_tokens, "tokens of `numattn analyze` (309, the survey's §9)");
+  sub->add_option("--analyze-tokens", u.analyze_tokens, "tokens of `numattn analyze` (309, the survey's §9)")
+      ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--analyze-layers", u.analyze_layers, "layers of `numattn analyze` (quick 0,15,29, full all)");
   sub->add_option("--python", o->python, "Python with matplotlib that draws the plots")->capture_default_str();
   sub->add_option("--plots-script", o->plots_script,

@@ -1,4 +1,5 @@
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 
@@ -180,10 +181,13 @@ void add_run(CLI::App& app) {
       ->capture_default_str();
   o->pf.add_to(*sub, false);
   add_common(*sub, &o->threads, &o->format);
-  sub->add_option("--reps", o->reps, "timed repetitions (median reported)")->capture_default_str();
+  sub->add_option("--reps", o->reps, "timed repetitions (median reported)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   sub->add_option("--check-rows", o->check_rows,
                   "query rows checked against the float64 reference (-1 = all up to 4096 rows, "
                   "else a sample of 1024; 0 = no check)")
+      ->check(CLI::Range(-1LL, std::numeric_limits<long long>::max()))
       ->capture_default_str();
   o->est.add_to(*sub);
   sub->add_option("--q", o->q, "query .npy ([N,D], [H,N,D] or [B,H,N,D]; [B,N,H,D] with --layout bnhd)");
