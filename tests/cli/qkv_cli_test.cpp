@@ -123,6 +123,8 @@ TEST(QkvCli, TheManifestIsCheckedAgainstTheFiles) {
   expect_cli_error("run --qkv " + esc + " --layer 0", {"files.0.q", "inside the directory"});
   const std::string fmt = write_capture(dir, "fmt", 4, 2, 8, 4, {0}, {{"format", "other"}});
   expect_cli_error("run --qkv " + fmt + " --layer 0", {"manifest.json", "numattn-qkv-capture"});
+  const std::string ver = write_capture(dir, "ver", 4, 2, 8, 4, {0}, {{"version", 2}});
+  expect_cli_error("run --qkv " + ver + " --layer 0", {"manifest.json", "version 2 is not one this numattn reads"});
   std::filesystem::create_directories(dir.file("empty"));
   expect_cli_error("run --qkv " + dir.file("empty") + " --layer 0", {"manifest.json"});
   expect_cli_error("run --qkv " + good + "/manifest.json --layer 0", {"error: --qkv: ", "not a directory"});

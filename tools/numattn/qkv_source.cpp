@@ -43,6 +43,10 @@ CapturedLayer read_capture(const std::string& dir, std::int64_t layer) {
   const Row& m = c.manifest;
   NUMATTN_CHECK(m.is_object() && m.value("format", std::string()) == "numattn-qkv-capture",
                 "{}: not a numattn capture manifest (\"format\": \"numattn-qkv-capture\" missing)", mpath);
+  // A later layout of the files would be misread silently as this one.
+  NUMATTN_CHECK(m.contains("version") && m["version"].is_number_integer() && m["version"].get<std::int64_t>() == 1,
+                "{}: capture manifest version {} is not one this numattn reads (1)", mpath,
+                m.contains("version") ? m["version"].dump() : std::string("(missing)"));
   NUMATTN_CHECK(m.contains("layers") && m["layers"].is_array(), "{}: 'layers' must be an array", mpath);
   std::vector<std::int64_t> layers;
   for (const auto& x : m["layers"]) {
