@@ -30,7 +30,7 @@ namespace {
 // ---- CPU features --------------------------------------------------------------------------
 
 struct CpuFeatures {
-  bool avx2 = false, avx512 = false;
+  bool avx2 = false, avx512 = false, avx512vnni = false;
 };
 
 CpuFeatures detect() {
@@ -51,6 +51,7 @@ CpuFeatures detect() {
              vl = (b >> 31) & 1;
   f.avx2 = os_avx && avx2 && fma && f16c;
   f.avx512 = f.avx2 && os_avx512 && avx512f && dq && bw && vl;
+  f.avx512vnni = f.avx512 && ((c >> 11) & 1);  // CPUID.(7,0):ECX[11] = AVX512_VNNI
 #endif
   return f;
 }
@@ -98,6 +99,7 @@ const qkern::KernelTable* portable_table() {
 
 const qkern::KernelTable* table(CpuPath p) {
   switch (p) {
+    case CpuPath::kAvx512Vnni: return qkern::avx512vnni_table();
     case CpuPath::kAvx512: return qkern::avx512_table();
     case CpuPath::kAvx2: return qkern::avx2_table();
     case CpuPath::kPortable: return portable_table();
@@ -166,19 +168,25 @@ float dot_generic(const GgmlTypeInfo& ti, GgmlType type, const std::uint8_t* row
 
 }  // namespace
 
+namespace {
+// Narrowest first: available_cpu_paths() and the default (its last) follow this order.
+constexpr CpuPath kAllPaths[] = {CpuPath::kPortable, CpuPath::kAvx2, CpuPath::kAvx512, CpuPath::kAvx512Vnni};
+}  // namespace
+
 const char* cpu_path_name(CpuPath p) {
   switch (p) {
     case CpuPath::kPortable: return "portable";
     case CpuPath::kAvx2: return "avx2";
     case CpuPath::kAvx512: return "avx512";
+    case CpuPath::kAvx512Vnni: return "avx512vnni";
   }
   return "?";
 }
 
 CpuPath parse_cpu_path(const std::string& name) {
-  for (CpuPath p : {CpuPath::kPortable, CpuPath::kAvx2, CpuPath::kAvx512})
+  for (CpuPath p : kAllPaths)
     if (name == cpu_path_name(p)) return p;
-  throw Error(fmt::format("unknown CPU path '{}': use portable, avx2 or avx512", name));
+  throw Error(fmt::format("unknown CPU path '{}': use portable, avx2, avx512 or avx512vnni", name));
 }
 
 bool cpu_path_available(CpuPath p) {
@@ -187,13 +195,14 @@ bool cpu_path_available(CpuPath p) {
     case CpuPath::kPortable: return true;
     case CpuPath::kAvx2: return features().avx2;
     case CpuPath::kAvx512: return features().avx512;
+    case CpuPath::kAvx512Vnni: return features().avx512vnni;
   }
   return false;
 }
 
 std::vector<CpuPath> available_cpu_paths() {
   std::vector<CpuPath> v;
-  for (CpuPath p : {CpuPath::kPortable, CpuPath::kAvx2, CpuPath::kAvx512})
+  for (CpuPath p : kAllPaths)
     if (cpu_path_available(p)) v.push_back(p);
   return v;
 }

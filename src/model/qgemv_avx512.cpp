@@ -1,7 +1,7 @@
-// AVX-512 kernels of quant_gemv (model/qgemv.h): the lane traits for 16 floats, the kernels
-// themselves are qgemv_simd.h's. Compiled for AVX-512 F/BW/VL/DQ + F16C + FMA by the pragma
-// below whatever the build's -march; called only when cpuid says the CPU has them
-// (qgemv.cpp). Nothing here has external linkage but avx512_table(): see qgemv_kernels.h.
+// AVX-512 kernels of quant_gemv (model/qgemv.h): the lane traits for 16 floats are
+// qgemv_avx512_lanes.h's, the kernels qgemv_simd.h's. Compiled for AVX-512 F/BW/VL/DQ + F16C +
+// FMA by the pragma below whatever the build's -march; called only when cpuid says the CPU has
+// them (qgemv.cpp). Nothing here has external linkage but avx512_table(): see qgemv_kernels.h.
 #include "qgemv_kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -21,102 +21,12 @@
 #include <immintrin.h>
 
 #include "qgemv_simd.h"
+#include "qgemv_avx512_lanes.h"
 
 namespace numattn::qkern {
 namespace {
 
-struct V {
-  static constexpr int kLanes = 16;
-  using F = __m512;
-  using I = __m512i;
-  static F zero() { return _mm512_setzero_ps(); }
-  static F load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-  static F add(F a, F b) { return _mm512_add_ps(a, b); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static F set1(float v) { return _mm512_set1_ps(v); }
-  static float hsum(F v) { return _mm512_reduce_add_ps(v); }
-  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
-  static I u8(const std::uint8_t* p) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static I s8(const std::uint8_t* p) {
-    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static I band(I a, int c) { return _mm512_and_si512(a, _mm512_set1_epi32(c)); }
-  static I bor(I a, I b) { return _mm512_or_si512(a, b); }
-  static I isub(I a, int c) { return _mm512_sub_epi32(a, _mm512_set1_epi32(c)); }
-  template <int kN>
-  static I srl(I a) { return _mm512_srli_epi32(a, kN); }
-  template <int kN>
-  static I sll(I a) { return _mm512_slli_epi32(a, kN); }
-  static F f16(const std::uint8_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-  static F bf16(const std::uint8_t* p) {  // bf16 = the top half of a float32
-    const I h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-  }
-  static float half(const std::uint8_t* p) {
-    unsigned short h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-  }
-  static void halves2(const std::uint8_t* p, F& a, F& b) {
-    int v;
-    memcpy(&v, p, 4);
-    const __m128 h = _mm_cvtph_ps(_mm_cvtsi32_si128(v));
-    a = _mm512_broadcastss_ps(h);
-    b = _mm512_broadcastss_ps(_mm_movehdup_ps(h));
-  }
-  // Integer kernels: two blocks of 32 bytes per step, lanes 0-7 the first block's, 8-15 the
-  // second's.
-  static constexpr int kQBlocks = 2;
-  static I qload(const std::int8_t* p) { return _mm512_loadu_si512(p); }
-  static I q8w(const std::uint8_t* p, std::int64_t stride) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + stride));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-  }
-  static I q4w(const std::uint8_t* p, std::int64_t stride) {
-    // [nibbles of block 0 | of block 1] -> low and high halves -> 128-bit lanes reordered to
-    // lo0, hi0, lo1, hi1.
-    const __m256i v = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)), 1);
-    const __m256i m = _mm256_set1_epi8(15);
-    const __m512i t = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m)),
-                                         _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
-    return _mm512_shuffle_i64x2(t, t, _MM_SHUFFLE(3, 1, 2, 0));
-  }
-  static I sub_i8(I a, int c) { return _mm512_sub_epi8(a, _mm512_set1_epi8(static_cast<char>(c))); }
-  static I abs_i8(I a) { return _mm512_abs_epi8(a); }
-  static I sign_i8(I x, I w) {  // AVX-512 has no vpsignb: negate under the mask of w's sign bits
-    return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
-  }
-  static I dot_u8i8(I u, I s) { return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)); }
-  static F scales(const float* s) {
-    return _mm512_insertf32x8(_mm512_set1_ps(s[0]), _mm256_set1_ps(s[1]), 1);
-  }
-  using M = __m128;  // lanes 1 and 3 accumulate m·s of the two blocks
-  static M mzero() { return _mm_setzero_ps(); }
-  static float msum(M m) {
-    return _mm_cvtss_f32(_mm_add_ss(_mm_shuffle_ps(m, m, 1), _mm_shuffle_ps(m, m, 3)));
-  }
-  static F scales_min(const std::uint8_t* p, std::int64_t stride, const float* xd, const float* xs, M& acc) {
-    int a, b;
-    memcpy(&a, p, 4);
-    memcpy(&b, p + stride, 4);
-    const __m128 t = _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi32(a, b, 0, 0)), _mm_setr_ps(xd[0], xs[0], xd[1], xs[1]));
-    acc = _mm_add_ps(acc, t);
-    // d0·xd0 over lanes 0-7, d1·xd1 over lanes 8-15
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
-                                 _mm512_castps128_ps512(t));
-  }
-};
-
-constexpr KernelTable kTable = simd::make_table<V>();
+constexpr KernelTable kTable = simd::make_table<V512<false>>();
 
 }  // namespace
 }  // namespace numattn::qkern

@@ -41,5 +41,6 @@ struct KernelTable {
 // nullptr when the path was not compiled (another architecture than x86-64).
 const KernelTable* avx2_table();
 const KernelTable* avx512_table();
+const KernelTable* avx512vnni_table();
 
 }  // namespace numattn::qkern

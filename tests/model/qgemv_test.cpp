@@ -125,11 +125,13 @@ TEST(QGemv, PathsAreNamedAndPortableAlwaysRuns) {
   ASSERT_FALSE(paths.empty());
   EXPECT_EQ(paths.front(), CpuPath::kPortable);
   EXPECT_TRUE(cpu_path_available(default_cpu_path()));
-  for (CpuPath p : {CpuPath::kPortable, CpuPath::kAvx2, CpuPath::kAvx512})
+  for (CpuPath p : {CpuPath::kPortable, CpuPath::kAvx2, CpuPath::kAvx512, CpuPath::kAvx512Vnni})
     EXPECT_EQ(parse_cpu_path(cpu_path_name(p)), p);
+  // VNNI is an extension of the AVX-512 path: never available without it.
+  if (cpu_path_available(CpuPath::kAvx512Vnni)) EXPECT_TRUE(cpu_path_available(CpuPath::kAvx512));
   EXPECT_THROW(parse_cpu_path("sse9"), Error);
   // A path the CPU lacks is refused, never run.
-  for (CpuPath p : {CpuPath::kAvx2, CpuPath::kAvx512}) {
+  for (CpuPath p : {CpuPath::kAvx2, CpuPath::kAvx512, CpuPath::kAvx512Vnni}) {
     if (cpu_path_available(p)) continue;
     QuantMatrix m;
     m.cols = 1;

@@ -13,13 +13,14 @@
 /// vector state), never only at compile time:
 /// | path | needs | specialised kernels |
 /// |---|---|---|
+/// | avx512vnni | avx512 + AVX-512 VNNI | as avx512 (the integer kernels below use VNNI) |
 /// | avx512 | AVX-512 F/BW/VL/DQ, F16C, FMA | F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q6_K |
 /// | avx2 | AVX2, F16C, FMA | F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q6_K |
 /// | portable | C++ only | none: every type by the generic kernel |
 /// The generic kernel (every dequantizable type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
 /// Q4_K, Q6_K) dequantizes one piece of a row at a time (at most 512 values, on the stack) with
 /// quant.h and multiplies it by x with the path's float32 dot product; the types without a
-/// specialised kernel on a vector path use it too. `NUMATTN_CPU_PATH=portable|avx2|avx512` in
+/// specialised kernel on a vector path use it too. `NUMATTN_CPU_PATH=portable|avx2|avx512|avx512vnni` in
 /// the environment lowers the default path (tests, benchmarks); a path the CPU lacks is refused.
 ///
 /// The vector paths share one kernel template (src/model/qgemv_simd.h) instantiated for 8 and
@@ -41,7 +42,8 @@
 /// product, so a product means the same thing whatever its parts' types.
 /// | path | integer kernels (x̂: int8 blocks of 32) |
 /// |---|---|
-/// | avx512 | Q8_0, Q4_0, Q4_1: two blocks per 512-bit step (AVX-512 BW) |
+/// | avx512vnni | Q8_0, Q4_0, Q4_1: as avx512, each byte dot product one vpdpbusd (same integers) |
+/// | avx512 | Q8_0, Q4_0, Q4_1: two blocks per 512-bit step (AVX-512 BW: vpmaddubsw + vpmaddwd) |
 /// | avx2 | Q8_0, Q4_0, Q4_1: one block per 256-bit step |
 /// | portable | Q8_0, Q4_0, Q4_1: scalar int32 sums |
 #pragma once
@@ -56,8 +58,8 @@
 namespace numattn {
 
 /// Instruction-set path of the quantized kernels.
-enum class CpuPath { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
-/// "portable", "avx2", "avx512".
+enum class CpuPath { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
+/// "portable", "avx2", "avx512", "avx512vnni".
 const char* cpu_path_name(CpuPath p);
 /// Parses a path name; throws numattn::Error naming the choices.
 CpuPath parse_cpu_path(const std::string& name);
