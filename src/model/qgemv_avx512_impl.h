@@ -1,9 +1,41 @@
-// Internal: the AVX-512 lane traits of the quant_gemv kernels (qgemv_simd.h's V, 16 float
-// lanes), shared by qgemv_avx512.cpp (kVnni = false) and qgemv_avx512vnni.cpp (kVnni = true:
-// the integer kernels' byte dot products through AVX-512 VNNI). Included only by those two,
-// after their target pragma and <immintrin.h>, <string.h> and qgemv_simd.h; everything here
-// is in an unnamed namespace (see qgemv_kernels.h for why nothing may have external linkage).
-#pragma once
+// Internal: the body of the two AVX-512 kernel-table translation units, qgemv_avx512.cpp
+// (NUMATTN_QGEMV_VNNI 0) and qgemv_avx512vnni.cpp (1), each of which defines that macro and
+// includes this file once. The lane traits for 16 floats (V512) feed qgemv_simd.h's kernels;
+// with VNNI the 8-bit-activation kernels' byte dot products are one vpdpbusd. Compiled for
+// AVX-512 F/BW/VL/DQ (+ VNNI) + F16C + FMA by the pragma below whatever the build's -march;
+// a table is used only when cpuid says the CPU has its features (qgemv.cpp). Nothing here
+// has external linkage but the table getter: see qgemv_kernels.h for why.
+#include "qgemv_kernels.h"
+
+#if !defined(NUMATTN_QGEMV_VNNI)
+#error "define NUMATTN_QGEMV_VNNI (0 or 1) before including qgemv_avx512_impl.h"
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <string.h>
+
+#if defined(__clang__)
+#if NUMATTN_QGEMV_VNNI
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma,avx2"))), apply_to = function)
+#else
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma,avx2"))), apply_to = function)
+#endif
+#else
+#pragma GCC push_options
+#if NUMATTN_QGEMV_VNNI
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma,avx2")
+#else
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma,avx2")
+#endif
+// GCC 12 reports the deliberately undefined pass-through operand of its own AVX-512
+// intrinsics (_mm512_undefined_*) as uninitialized when they are inlined under a target pragma.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include "qgemv_simd.h"
 
 namespace numattn::qkern {
 namespace {
@@ -109,5 +141,34 @@ struct V512 {
   }
 };
 
+constexpr KernelTable kTable = simd::make_table<V512<NUMATTN_QGEMV_VNNI != 0>>();
+
 }  // namespace
 }  // namespace numattn::qkern
+
+// Outside the pragma: the getter runs on any CPU (to learn the path exists), so it must not
+// be compiled for AVX-512 itself.
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+namespace numattn::qkern {
+#if NUMATTN_QGEMV_VNNI
+const KernelTable* avx512vnni_table() { return &kTable; }
+#else
+const KernelTable* avx512_table() { return &kTable; }
+#endif
+}  // namespace numattn::qkern
+
+#else  // not x86-64 GCC/Clang: the path does not exist
+namespace numattn::qkern {
+#if NUMATTN_QGEMV_VNNI
+const KernelTable* avx512vnni_table() { return nullptr; }
+#else
+const KernelTable* avx512_table() { return nullptr; }
+#endif
+}  // namespace numattn::qkern
+#endif
