@@ -20,8 +20,9 @@
 /// The generic kernel (every dequantizable type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
 /// Q4_K, Q6_K) dequantizes one piece of a row at a time (at most 512 values, on the stack) with
 /// quant.h and multiplies it by x with the path's float32 dot product; the types without a
-/// specialised kernel on a vector path use it too. `NUMATTN_CPU_PATH=portable|avx2|avx512|avx512vnni` in
-/// the environment lowers the default path (tests, benchmarks); a path the CPU lacks is refused.
+/// specialised kernel on a vector path use it too.
+/// `NUMATTN_CPU_PATH=portable|avx2|avx512|avx512vnni` in the environment lowers the default
+/// path (tests, benchmarks); a path the CPU lacks is refused.
 ///
 /// The vector paths share one kernel template (src/model/qgemv_simd.h) instantiated for 8 and
 /// 16 lanes: four rows per pass share each load of x and keep eight independent FMA chains,

@@ -22,7 +22,8 @@ struct BdHeadReport {
 /// basis S (|S| = head_dim) chosen by `strategy` over the heads' W_h (row form; maxmin for
 /// several heads, pivoted for one, see decomp/basis_decomposition.h), coefficients in float64,
 /// stored in float32. Heads with κ > `kappa_threshold` stay dense (pass +inf to never fall
-/// back, 0 to keep every head dense; negative or NaN is refused). `bias` (optional) is the projection's bias b; the stored bias is b_h·T_h.
+/// back, 0 to keep every head dense; negative or NaN is refused). `bias` (optional) is the
+/// projection's bias b; the stored bias is b_h·T_h.
 /// `report`, if given, gets S, κ and dense flags per head, and `basis_blocks` gets W_h[S,:]
 /// (= T_h^{-1}, what the partner side Q or O multiplies by).
 /// Throws numattn::Error if head_dim > d_in, the shapes disagree or `w` is not finite.
