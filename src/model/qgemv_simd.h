@@ -38,6 +38,14 @@ namespace numattn::qkern::simd {
 // 2·kLanes values as a block and finish a row's last cols % kElems values in scalar code
 // (their `value(row, j)`).
 
+// One fp16 at p in every lane (reads the 4 bytes at p: only where they lie inside a block).
+template <class V>
+typename V::F half_lanes(const std::uint8_t* p) {
+  typename V::F a, b;
+  V::halves2(p, a, b);
+  return a;
+}
+
 // Q8_0: fp16 d, int8 q[32]; d·Σ q·x (d·q is exact in float32, so factoring d out of a block
 // only rescales the block's rounded sum).
 template <class V>
@@ -48,8 +56,7 @@ struct Q8_0 {
     typename V::F t[2] = {V::zero(), V::zero()};
     for (int k = 0; k < kVec; ++k)
       t[k & 1] = V::fmadd(V::cvt(V::s8(p + 2 + k * V::kLanes)), V::load(x + k * V::kLanes), t[k & 1]);
-    typename V::F d, unused;
-    V::halves2(p, d, unused);  // d and the first two quants: 4 bytes inside the block
+    const typename V::F d = half_lanes<V>(p);  // d and the first two quants: inside the block
     acc[0] = V::fmadd(d, t[0], acc[0]);
     acc[1] = V::fmadd(d, t[1], acc[1]);
   }
@@ -233,8 +240,7 @@ void deq_q8_0(const std::uint8_t* row, float* dst, std::int64_t cols) {
   for (std::int64_t b = 0; b < cols / 32; ++b) {
     const std::uint8_t* p = row + b * 34;
     __builtin_prefetch(p + kDeqAhead, 0, 3);
-    typename V::F d, unused;
-    V::halves2(p, d, unused);
+    const typename V::F d = half_lanes<V>(p);
     for (int k = 0; k < 32; k += V::kLanes) V::store(dst + 32 * b + k, V::mul(V::cvt(V::s8(p + 2 + k)), d));
   }
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <utility>
 
 #include "numattn/analysis/estimate.h"
 #include "numattn/analysis/metrics.h"
@@ -129,8 +128,12 @@ std::vector<T> parse_list(const std::string& flag, const std::string& s, F conv)
 std::vector<long long> ints(const std::string& flag, const std::string& s) {
   return parse_list<long long>(flag, s, [](const std::string& x, std::size_t* p) { return std::stoll(x, p); });
 }
+// Finite values only: NaN stands for "no --scale" below, and an infinity would poison q.
 std::vector<double> reals(const std::string& flag, const std::string& s) {
-  return parse_list<double>(flag, s, [](const std::string& x, std::size_t* p) { return std::stod(x, p); });
+  std::vector<double> out =
+      parse_list<double>(flag, s, [](const std::string& x, std::size_t* p) { return std::stod(x, p); });
+  for (double v : out) NUMATTN_CHECK(std::isfinite(v), "--{}: {} is not a finite number", flag, v);
+  return out;
 }
 }  // namespace
 
@@ -142,11 +145,7 @@ std::vector<ProblemConfig> ProblemFlags::expand() const {
   auto LS = reals("logit-scale", logit_scale);
   std::vector<double> SC;
   if (!scale.empty()) SC = reals("scale", scale);
-  // NaN below stands for "no --scale"; a NaN or infinity given would pass for it or poison q.
-  for (const auto& [flag, values] : {std::pair{"scale", &SC}, std::pair{"logit-scale", &LS}})
-    for (double v : *values)
-      NUMATTN_CHECK(std::isfinite(v), "--{}: {} is not a finite number", flag, v);
-  if (scale.empty()) SC = {std::nan("")};
+  else SC = {std::nan("")};
   std::vector<Causal> C;
   for (auto& c : split_list(causal)) C.push_back(parse_causal(c));
   std::vector<Dist> DI;
