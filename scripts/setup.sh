@@ -4,6 +4,7 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config python3 python3-numpy python3-pip
       libopenblas-dev libeigen3-dev libfftw3-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev time
+      libsimde-dev
       libopenmpi-dev openmpi-bin)
 missing=()
 # The Python package (python/): venv and headers for the nanobind extension, pytest.

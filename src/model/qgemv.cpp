@@ -4,6 +4,7 @@
 #include "numattn/model/qgemv.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <chrono>
@@ -97,7 +98,10 @@ const qkern::KernelTable* portable_table() {
   return &t;
 }
 
-const qkern::KernelTable* table(CpuPath p) {
+// Tables the tests put in place of a path's own (qkern::set_test_table): index = CpuPath.
+std::atomic<const qkern::KernelTable*> g_test_tables[4] = {};
+
+const qkern::KernelTable* own_table(CpuPath p) {
   switch (p) {
     case CpuPath::kAvx512Vnni: return qkern::avx512vnni_table();
     case CpuPath::kAvx512: return qkern::avx512_table();
@@ -105,6 +109,15 @@ const qkern::KernelTable* table(CpuPath p) {
     case CpuPath::kPortable: return portable_table();
   }
   return nullptr;
+}
+
+const qkern::KernelTable* test_table(CpuPath p) {
+  return g_test_tables[static_cast<int>(p)].load(std::memory_order_acquire);
+}
+
+const qkern::KernelTable* table(CpuPath p) {
+  const qkern::KernelTable* t = test_table(p);
+  return t != nullptr ? t : own_table(p);
 }
 
 qkern::DotQ8Fn special_q8(const qkern::KernelTable& t, GgmlType type) {
@@ -189,8 +202,10 @@ CpuPath parse_cpu_path(const std::string& name) {
   throw Error(fmt::format("unknown CPU path '{}': use portable, avx2, avx512 or avx512vnni", name));
 }
 
-bool cpu_path_available(CpuPath p) {
-  if (table(p) == nullptr) return false;
+namespace {
+// The CPU (and the build) can run p's own table.
+bool cpu_runs(CpuPath p) {
+  if (own_table(p) == nullptr) return false;
   switch (p) {
     case CpuPath::kPortable: return true;
     case CpuPath::kAvx2: return features().avx2;
@@ -199,6 +214,9 @@ bool cpu_path_available(CpuPath p) {
   }
   return false;
 }
+}  // namespace
+
+bool cpu_path_available(CpuPath p) { return test_table(p) != nullptr || cpu_runs(p); }
 
 std::vector<CpuPath> available_cpu_paths() {
   std::vector<CpuPath> v;
@@ -216,14 +234,24 @@ CpuPath default_cpu_path() {
       } catch (const Error& e) {
         throw Error(std::string("NUMATTN_CPU_PATH: ") + e.what());
       }
-      NUMATTN_CHECK(cpu_path_available(want),
-                    "NUMATTN_CPU_PATH={}: this CPU (or build) cannot run that path", env);
+      NUMATTN_CHECK(cpu_runs(want), "NUMATTN_CPU_PATH={}: this CPU (or build) cannot run that path",
+                    env);
       return want;
     }
-    return available_cpu_paths().back();
+    // The CPU's own widest path: a test table never becomes the default.
+    CpuPath best = CpuPath::kPortable;
+    for (CpuPath c : kAllPaths)
+      if (cpu_runs(c)) best = c;
+    return best;
   }();
   return p;
 }
+
+namespace qkern {
+void set_test_table(CpuPath path, const KernelTable* t) {
+  g_test_tables[static_cast<int>(path)].store(t, std::memory_order_release);
+}
+}  // namespace qkern
 
 // ---- QuantMatrix ---------------------------------------------------------------------------
 

@@ -11,10 +11,18 @@
 #error "define NUMATTN_QGEMV_VNNI (0 or 1) before including qgemv_avx512_impl.h"
 #endif
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// NUMATTN_QGEMV_EMULATED 1: the tests' build of the same code over SIMDe's portable
+// intrinsics, which the includer has already included (tests/support/qgemv_emulated.h): no target
+// pragma, no <immintrin.h>, and the getter is emulated_avx512[vnni]_table().
+#if !defined(NUMATTN_QGEMV_EMULATED)
+#define NUMATTN_QGEMV_EMULATED 0
+#endif
+
+#if NUMATTN_QGEMV_EMULATED || (defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)))
 #include <string.h>
 
-#if defined(__clang__)
+#if NUMATTN_QGEMV_EMULATED
+#elif defined(__clang__)
 #if NUMATTN_QGEMV_VNNI
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma,avx2"))), apply_to = function)
 #else
@@ -33,7 +41,9 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+#if !NUMATTN_QGEMV_EMULATED
 #include <immintrin.h>
+#endif
 
 #include "qgemv_simd.h"
 
@@ -148,7 +158,8 @@ constexpr KernelTable kTable = simd::make_table<V512<NUMATTN_QGEMV_VNNI != 0>>()
 
 // Outside the pragma: the getter runs on any CPU (to learn the path exists), so it must not
 // be compiled for AVX-512 itself.
-#if defined(__clang__)
+#if NUMATTN_QGEMV_EMULATED
+#elif defined(__clang__)
 #pragma clang attribute pop
 #else
 #pragma GCC diagnostic pop
@@ -156,7 +167,11 @@ constexpr KernelTable kTable = simd::make_table<V512<NUMATTN_QGEMV_VNNI != 0>>()
 #endif
 
 namespace numattn::qkern {
-#if NUMATTN_QGEMV_VNNI
+#if NUMATTN_QGEMV_EMULATED && NUMATTN_QGEMV_VNNI
+const KernelTable* emulated_avx512vnni_table() { return &kTable; }
+#elif NUMATTN_QGEMV_EMULATED
+const KernelTable* emulated_avx512_table() { return &kTable; }
+#elif NUMATTN_QGEMV_VNNI
 const KernelTable* avx512vnni_table() { return &kTable; }
 #else
 const KernelTable* avx512_table() { return &kTable; }

@@ -10,6 +10,10 @@
 
 #include <cstdint>
 
+namespace numattn {
+enum class CpuPath;  // numattn/model/qgemv.h
+}
+
 namespace numattn::qkern {
 
 // out[i] = (out[i] if accumulate, else 0) + Σ_j w_ij·x_j for `rows` consecutive rows of
@@ -42,5 +46,11 @@ struct KernelTable {
 const KernelTable* avx2_table();
 const KernelTable* avx512_table();
 const KernelTable* avx512vnni_table();
+
+// For tests: `path` runs table `t` (nullptr: its own again) and counts as available, whatever
+// the CPU; default_cpu_path() never picks such a path. tests/support/qgemv_emulated.h puts the
+// AVX-512 tables, compiled over SIMDe's portable intrinsics, in place on CPUs without AVX-512,
+// so the kernel tests check them on every machine.
+void set_test_table(CpuPath path, const KernelTable* t);
 
 }  // namespace numattn::qkern
