@@ -1,6 +1,7 @@
-// SIMDe's portable AVX-512 / F16C intrinsics under their Intel names, for the emulated
-// kernel tables (qgemv_emulated.h), plus those that SIMDe 0.7.4 does not have. Include only
-// from a translation unit that includes nothing else using <immintrin.h>.
+// SIMDe's portable AVX-512 / F16C intrinsics under their Intel names, plus those that SIMDe
+// 0.7.4 lacks, for the emulated kernel tables (qgemv_emulated.h) and for the whole-tree
+// emulated AVX-512 build (scripts/check_avx512_emulated.sh, through emulated_avx512/immintrin.h).
+// Include only from a translation unit that includes nothing else using <immintrin.h>.
 #pragma once
 
 // (SIMDe passes 64-byte vectors by value, about which GCC warns without AVX-512: tests/CMakeLists.txt
@@ -65,4 +66,35 @@ static inline float _mm512_reduce_add_ps(simde__m512 a) {
 }
 static inline float _cvtsh_ss(unsigned short h) {
   return simde_float16_to_float32(simde_uint16_as_float16(h));
+}
+static inline simde__m512d _mm512_cvtps_pd(simde__m256 a) {
+  const simde__m256_private a_ = simde__m256_to_private(a);
+  simde__m512d_private r;
+  for (int i = 0; i < 8; ++i) r.f64[i] = a_.f32[i];
+  return simde__m512d_from_private(r);
+}
+// The reductions in the order of GCC's own (upper half onto lower, halving): only NaN
+// propagation and rounding could tell orders apart.
+static inline double _mm512_reduce_add_pd(simde__m512d a) {
+  simde__m512d_private v = simde__m512d_to_private(a);
+  for (int h = 4; h >= 1; h /= 2)
+    for (int i = 0; i < h; ++i) v.f64[i] = v.f64[i + h] + v.f64[i];
+  return v.f64[0];
+}
+static inline float _mm512_reduce_max_ps(simde__m512 a) {  // maxps(hi, lo): lo where either is NaN
+  simde__m512_private v = simde__m512_to_private(a);
+  for (int h = 8; h >= 1; h /= 2)
+    for (int i = 0; i < h; ++i) v.f32[i] = v.f32[i + h] > v.f32[i] ? v.f32[i + h] : v.f32[i];
+  return v.f32[0];
+}
+#define _MM_FROUND_NO_EXC SIMDE_MM_FROUND_NO_EXC
+typedef simde__mmask16 __mmask16;
+typedef simde__mmask8 __mmask8;
+#define _mm512_mask_cmp_ps_mask(k, a, b, imm) \
+  (static_cast<__mmask16>((k) & simde_mm512_cmp_ps_mask((a), (b), (imm))))
+static inline simde__m512 _mm512_maskz_loadu_ps(__mmask16 k, const void* p) {  // reads set lanes only
+  simde__m512_private r;
+  const float* f = static_cast<const float*>(p);
+  for (int i = 0; i < 16; ++i) r.f32[i] = ((k >> i) & 1) ? f[i] : 0.f;
+  return simde__m512_from_private(r);
 }
