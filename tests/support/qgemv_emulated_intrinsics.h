@@ -28,35 +28,28 @@ static inline simde__m512i _mm512_shuffle_i64x2(simde__m512i a, simde__m512i b, 
   }
   return simde__m512i_from_private(r);
 }
-static inline simde__m512 _mm512_cvtepi32_ps(simde__m512i a) {
-  const simde__m512i_private a_ = simde__m512i_to_private(a);
+// A 512-bit vector of 16 int32 / float lanes, lane i converted from v[i].
+template <class Lanes>
+static inline simde__m512i emu_i32x16(const Lanes& v) {
+  simde__m512i_private r;
+  for (int i = 0; i < 16; ++i) r.i32[i] = static_cast<int32_t>(v[i]);
+  return simde__m512i_from_private(r);
+}
+template <class Lanes>
+static inline simde__m512 emu_f32x16(const Lanes& v) {
   simde__m512_private r;
-  for (int i = 0; i < 16; ++i) r.f32[i] = static_cast<simde_float32>(a_.i32[i]);
+  for (int i = 0; i < 16; ++i) r.f32[i] = static_cast<simde_float32>(v[i]);
   return simde__m512_from_private(r);
 }
-static inline simde__m512i _mm512_cvtepu8_epi32(simde__m128i a) {
-  const simde__m128i_private a_ = simde__m128i_to_private(a);
-  simde__m512i_private r;
-  for (int i = 0; i < 16; ++i) r.i32[i] = a_.u8[i];
-  return simde__m512i_from_private(r);
-}
-static inline simde__m512i _mm512_cvtepi8_epi32(simde__m128i a) {
-  const simde__m128i_private a_ = simde__m128i_to_private(a);
-  simde__m512i_private r;
-  for (int i = 0; i < 16; ++i) r.i32[i] = a_.i8[i];
-  return simde__m512i_from_private(r);
-}
-static inline simde__m512i _mm512_cvtepu16_epi32(simde__m256i a) {
-  const simde__m256i_private a_ = simde__m256i_to_private(a);
-  simde__m512i_private r;
-  for (int i = 0; i < 16; ++i) r.i32[i] = a_.u16[i];
-  return simde__m512i_from_private(r);
-}
+static inline simde__m512 _mm512_cvtepi32_ps(simde__m512i a) { return emu_f32x16(simde__m512i_to_private(a).i32); }
+static inline simde__m512i _mm512_cvtepu8_epi32(simde__m128i a) { return emu_i32x16(simde__m128i_to_private(a).u8); }
+static inline simde__m512i _mm512_cvtepi8_epi32(simde__m128i a) { return emu_i32x16(simde__m128i_to_private(a).i8); }
+static inline simde__m512i _mm512_cvtepu16_epi32(simde__m256i a) { return emu_i32x16(simde__m256i_to_private(a).u16); }
 static inline simde__m512 _mm512_cvtph_ps(simde__m256i a) {
   const simde__m256i_private a_ = simde__m256i_to_private(a);
-  simde__m512_private r;
-  for (int i = 0; i < 16; ++i) r.f32[i] = simde_float16_to_float32(simde_uint16_as_float16(a_.u16[i]));
-  return simde__m512_from_private(r);
+  simde_float32 f[16];
+  for (int i = 0; i < 16; ++i) f[i] = simde_float16_to_float32(simde_uint16_as_float16(a_.u16[i]));
+  return emu_f32x16(f);
 }
 static inline float _mm512_reduce_add_ps(simde__m512 a) {
   const simde__m512_private a_ = simde__m512_to_private(a);
