@@ -64,7 +64,8 @@ enum class CpuPath { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
 const char* cpu_path_name(CpuPath p);
 /// Parses a path name; throws numattn::Error naming the choices.
 CpuPath parse_cpu_path(const std::string& name);
-/// True when `p` was compiled in and this CPU (and OS) can run it.
+/// True when `p` was compiled in and this CPU (and OS) can run it (or when a test put a table
+/// in its place: qkern::set_test_table in src/model/qgemv_kernels.h).
 bool cpu_path_available(CpuPath p);
 /// Every path this machine can run, portable first.
 std::vector<CpuPath> available_cpu_paths();
