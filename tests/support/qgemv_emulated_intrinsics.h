@@ -51,12 +51,6 @@ static inline simde__m512 _mm512_cvtph_ps(simde__m256i a) {
   for (int i = 0; i < 16; ++i) f[i] = simde_float16_to_float32(simde_uint16_as_float16(a_.u16[i]));
   return emu_f32x16(f);
 }
-static inline float _mm512_reduce_add_ps(simde__m512 a) {
-  const simde__m512_private a_ = simde__m512_to_private(a);
-  float s = 0;
-  for (int i = 0; i < 16; ++i) s += a_.f32[i];
-  return s;
-}
 static inline float _cvtsh_ss(unsigned short h) {
   return simde_float16_to_float32(simde_uint16_as_float16(h));
 }
@@ -73,6 +67,12 @@ static inline double _mm512_reduce_add_pd(simde__m512d a) {
   for (int h = 4; h >= 1; h /= 2)
     for (int i = 0; i < h; ++i) v.f64[i] = v.f64[i + h] + v.f64[i];
   return v.f64[0];
+}
+static inline float _mm512_reduce_add_ps(simde__m512 a) {
+  simde__m512_private v = simde__m512_to_private(a);
+  for (int h = 8; h >= 1; h /= 2)
+    for (int i = 0; i < h; ++i) v.f32[i] = v.f32[i + h] + v.f32[i];
+  return v.f32[0];
 }
 static inline float _mm512_reduce_max_ps(simde__m512 a) {  // maxps(hi, lo): lo where either is NaN
   simde__m512_private v = simde__m512_to_private(a);
