@@ -262,6 +262,49 @@ void deq_q4_1(const std::uint8_t* row, float* dst, std::int64_t cols) {
 
 // ---- integer kernels: rows against ActivationsQ8 --------------------------------------------
 //
+// The scalar block sums below write every term as an unsigned byte times a signed byte, never
+// as signed × signed int8. GCC 12.2, with AVX-512 VNNI or AVX-VNNI enabled (-march=native on
+// such a CPU, or a VNNI target pragma), vectorises a plain `Σ int8(w)·int8(x)` loop into
+// vpdpbusd, which reads its first operand as UNSIGNED: every negative w then counts as w + 256
+// (32 terms of (−1)·1 sum to 8160). `tests/core/compiler_check` compiles that pattern with the
+// project's flags and fails where the toolchain does this. An unsigned × signed loop is exactly
+// what vpdpbusd computes, so whatever the vectoriser makes of the forms here is exact. Do not
+// "simplify" them back to signed × signed.
+
+// Σ_{j<kN} w_j·x_j for signed bytes w (any value) and x (|x_j| <= 127, ActivationsQ8's range):
+// each term as |w_j| · (sign(w_j)·x_j), |w_j| <= 128 unsigned and −x_j a valid int8.
+template <class V, int kN>
+int dot_s8_s8(const std::int8_t* w, const std::int8_t* x) {
+  int s = 0;
+  for (int j = 0; j < kN; ++j) {
+    const int wj = w[j];
+    const auto a = static_cast<std::uint8_t>(wj < 0 ? -wj : wj);
+    const auto b = static_cast<std::int8_t>(wj < 0 ? -x[j] : x[j]);
+    s += a * b;
+  }
+  return s;
+}
+
+// Σ_{j<16} (lo_j·x_j + hi_j·x_{16+j}) for the 4-bit quants of 16 bytes of nibbles (lo = low
+// nibbles, elements 0..15; hi = high, 16..31): unsigned quants (0..15) times signed bytes.
+template <class V>
+int dot_u4_s8(const std::uint8_t* q, const std::int8_t* x) {
+  int s = 0;
+  for (int j = 0; j < 16; ++j) {
+    const auto lo = static_cast<std::uint8_t>(q[j] & 15), hi = static_cast<std::uint8_t>(q[j] >> 4);
+    s += lo * x[j] + hi * x[16 + j];
+  }
+  return s;
+}
+
+// Σ_{j<32} x_j (for Q4_0's offset: Σ (q − 8)·x = Σ q·x − 8·Σ x, exact in int).
+template <class V>
+int sum_s8(const std::int8_t* x) {
+  int s = 0;
+  for (int j = 0; j < 32; ++j) s += x[j];
+  return s;
+}
+//
 // Per block of 32 the exact integer Σ q_w·q_x (vpmaddubsw takes one unsigned operand: a signed
 // weight w goes in as |w| with x's sign flipped where w < 0; pairs of products stay below
 // 2·128·127 < 2^15, so nothing saturates), converted to float lanes (exact: below 2^24) and
@@ -278,9 +321,7 @@ struct Q8_0x8 {
     return V::dot_u8i8(V::abs_i8(w), V::sign_i8(x, w));
   }
   static int scalar(const std::uint8_t* p, const std::int8_t* x) {
-    int s = 0;
-    for (int j = 0; j < 32; ++j) s += static_cast<std::int8_t>(p[2 + j]) * x[j];
-    return s;
+    return dot_s8_s8<V, 32>(reinterpret_cast<const std::int8_t*>(p + 2), x);
   }
 };
 
@@ -300,10 +341,8 @@ struct Q4x8 {
     }
   }
   static int scalar(const std::uint8_t* p, const std::int8_t* x) {
-    int s = 0;
-    for (int j = 0; j < 16; ++j)
-      s += ((p[kQs + j] & 15) - kOff) * x[j] + ((p[kQs + j] >> 4) - kOff) * x[16 + j];
-    return s;
+    const int s = dot_u4_s8<V>(p + kQs, x);
+    return kOff == 0 ? s : s - kOff * sum_s8<V>(x);
   }
 };
 

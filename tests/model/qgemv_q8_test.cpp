@@ -283,6 +283,59 @@ TEST(QGemvQ8, NonFiniteAndZeroActivations) {
   }
 }
 
+// Negative weights through the scalar block sums (the portable path, and the blocks after the
+// last whole vector step of the wide paths: every block count 1..9). A compiler that turns a
+// signed × signed byte loop into vpdpbusd (unsigned × signed) counts each negative quant as
+// q + 256; see qgemv_simd.h. Weights: every Q8_0 quant −1, −128 or random negative; Q4_0
+// nibbles 0..7 (quants −8..−1); Q4_1 with a negative min (w = q·d + m < 0). x: all ones, and
+// signed random values.
+TEST(QGemvQ8, ScalarBlockSumsWithNegativeWeightsEveryBlockCount) {
+  std::mt19937 g(41);
+  std::uniform_int_distribution<int> neg(-128, -1), nib(0, 7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (GgmlType type : kIntTypes)
+    for (int fill = 0; fill < 3; ++fill)
+      for (std::int64_t nb = 1; nb <= 9; ++nb) {
+        const std::int64_t cols = 32 * nb, rows = 5, rb = ggml_row_bytes(type, cols);
+        std::vector<std::uint8_t> data(static_cast<std::size_t>(rows * rb));
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t b = 0; b < nb; ++b) {
+            std::uint8_t* p = data.data() + r * rb + b * ggml_type_info(type).block_bytes;
+            put_half(p, 1.f);
+            if (type == GgmlType::Q8_0) {
+              for (int j = 0; j < 32; ++j)
+                p[2 + j] = static_cast<std::uint8_t>(fill == 0 ? -1 : fill == 1 ? -128 : neg(g));
+            } else {
+              const int off = type == GgmlType::Q4_1 ? 4 : 2;
+              if (type == GgmlType::Q4_1) put_half(p + 2, -8.f);
+              for (int j = 0; j < 16; ++j)
+                p[off + j] = static_cast<std::uint8_t>(fill == 0 ? 0 : fill == 1 ? 0x77 : nib(g) | nib(g) << 4);
+            }
+          }
+        QuantMatrix m;
+        m.cols = cols;
+        m.parts.push_back({type, data.data(), rows, rb});
+        for (int xs = 0; xs < 2; ++xs) {
+          std::vector<float> x(static_cast<std::size_t>(cols), 1.f);
+          if (xs == 1)
+            for (auto& v : x) v = nd(g);
+          ActivationsQ8 a;
+          a.quantize(x.data(), 1, cols, cols);
+          for (CpuPath path : available_cpu_paths()) {
+            SCOPED_TRACE(::testing::Message() << ggml_type_name(type) << " fill=" << fill << " blocks=" << nb
+                                              << " x=" << (xs ? "random" : "ones") << " path=" << cpu_path_name(path));
+            std::vector<float> y(static_cast<std::size_t>(rows), 3.f);
+            quant_gemv(m, 0, rows, a, y.data(), rows, false, path);
+            for (std::int64_t o = 0; o < rows; ++o) {
+              const Ref e = reference(type, data.data() + o * rb, x.data(), cols);
+              ASSERT_NEAR(y[static_cast<std::size_t>(o)], e.value, e.bound) << "row " << o;
+              if (xs == 0) ASSERT_LT(y[static_cast<std::size_t>(o)], 0.f) << "row " << o;  // every w·x < 0
+            }
+          }
+        }
+      }
+}
+
 // A stack of integer and float-kernel types: the float parts multiply x̂ (what every part of
 // the product then sees); quant_linear's few-vector regime with 8-bit activations, on one
 // thread and split over two (the matrix is over the default 8 MiB split threshold).
