@@ -19,48 +19,9 @@
 #include "qgemv_kernels.h"
 #include "qgemv_simd.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-#define NUMATTN_QGEMV_X86 1
-#endif
-
 namespace numattn {
 
 namespace {
-
-// ---- CPU features --------------------------------------------------------------------------
-
-struct CpuFeatures {
-  bool avx2 = false, avx512 = false, avx512vnni = false;
-};
-
-CpuFeatures detect() {
-  CpuFeatures f;
-#ifdef NUMATTN_QGEMV_X86
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
-  const bool fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
-  if (!osxsave || !avx) return f;
-  // The OS must save the vector registers on a context switch: XCR0 bits 1-2 (SSE, AVX) and,
-  // for AVX-512, bits 5-7 (opmask, upper halves of zmm0-15, zmm16-31).
-  unsigned lo = 0, hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  const bool os_avx = (lo & 0x6u) == 0x6u, os_avx512 = (lo & 0xE6u) == 0xE6u;
-  if (__get_cpuid_max(0, nullptr) < 7) return f;
-  __cpuid_count(7, 0, a, b, c, d);
-  const bool avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1,
-             vl = (b >> 31) & 1;
-  f.avx2 = os_avx && avx2 && fma && f16c;
-  f.avx512 = f.avx2 && os_avx512 && avx512f && dq && bw && vl;
-  f.avx512vnni = f.avx512 && ((c >> 11) & 1);  // CPUID.(7,0):ECX[11] = AVX512_VNNI
-#endif
-  return f;
-}
-
-const CpuFeatures& features() {
-  static const CpuFeatures f = detect();
-  return f;
-}
 
 // ---- portable and generic kernels ---------------------------------------------------------
 
@@ -103,8 +64,14 @@ std::atomic<const qkern::KernelTable*> g_test_tables[4] = {};
 
 const qkern::KernelTable* own_table(CpuPath p) {
   switch (p) {
+#if defined(NUMATTN_EMULATE_AVX512)
+    // The emulation build (core/isa_begin.h): the tests put SIMDe tables in their place.
+    case CpuPath::kAvx512Vnni:
+    case CpuPath::kAvx512: return nullptr;
+#else
     case CpuPath::kAvx512Vnni: return qkern::avx512vnni_table();
     case CpuPath::kAvx512: return qkern::avx512_table();
+#endif
     case CpuPath::kAvx2: return qkern::avx2_table();
     case CpuPath::kPortable: return portable_table();
   }
@@ -182,38 +149,13 @@ float dot_generic(const GgmlTypeInfo& ti, GgmlType type, const std::uint8_t* row
 }  // namespace
 
 namespace {
-// Narrowest first: available_cpu_paths() and the default (its last) follow this order.
+// Narrowest first, as available_cpu_paths() lists them.
 constexpr CpuPath kAllPaths[] = {CpuPath::kPortable, CpuPath::kAvx2, CpuPath::kAvx512, CpuPath::kAvx512Vnni};
-}  // namespace
 
-const char* cpu_path_name(CpuPath p) {
-  switch (p) {
-    case CpuPath::kPortable: return "portable";
-    case CpuPath::kAvx2: return "avx2";
-    case CpuPath::kAvx512: return "avx512";
-    case CpuPath::kAvx512Vnni: return "avx512vnni";
-  }
-  return "?";
-}
-
-CpuPath parse_cpu_path(const std::string& name) {
-  for (CpuPath p : kAllPaths)
-    if (name == cpu_path_name(p)) return p;
-  throw Error(fmt::format("unknown CPU path '{}': use portable, avx2, avx512 or avx512vnni", name));
-}
-
-namespace {
 // The CPU (and the build) can run p's own table.
-bool cpu_runs(CpuPath p) {
-  if (own_table(p) == nullptr) return false;
-  switch (p) {
-    case CpuPath::kPortable: return true;
-    case CpuPath::kAvx2: return features().avx2;
-    case CpuPath::kAvx512: return features().avx512;
-    case CpuPath::kAvx512Vnni: return features().avx512vnni;
-  }
-  return false;
-}
+bool cpu_runs(CpuPath p) { return own_table(p) != nullptr && cpu_can_run(p); }
+
+const bool kRegistered = (register_kernel_family("quant_gemv", CpuPath::kAvx512Vnni), true);
 }  // namespace
 
 bool cpu_path_available(CpuPath p) { return test_table(p) != nullptr || cpu_runs(p); }
@@ -223,28 +165,6 @@ std::vector<CpuPath> available_cpu_paths() {
   for (CpuPath p : kAllPaths)
     if (cpu_path_available(p)) v.push_back(p);
   return v;
-}
-
-CpuPath default_cpu_path() {
-  static const CpuPath p = [] {
-    if (const char* env = std::getenv("NUMATTN_CPU_PATH"); env != nullptr && *env != '\0') {
-      CpuPath want = CpuPath::kPortable;
-      try {
-        want = parse_cpu_path(env);
-      } catch (const Error& e) {
-        throw Error(std::string("NUMATTN_CPU_PATH: ") + e.what());
-      }
-      NUMATTN_CHECK(cpu_runs(want), "NUMATTN_CPU_PATH={}: this CPU (or build) cannot run that path",
-                    env);
-      return want;
-    }
-    // The CPU's own widest path: a test table never becomes the default.
-    CpuPath best = CpuPath::kPortable;
-    for (CpuPath c : kAllPaths)
-      if (cpu_runs(c)) best = c;
-    return best;
-  }();
-  return p;
 }
 
 namespace qkern {

@@ -1,14 +1,17 @@
 // Registry-wide conformance: every registered method is held to its MethodInfo by the harness
 // of tests/support/conformance.h — its declared error budget over a problem matrix with
 // non-default parameters and 1, 2 and 3 threads, its limit case, its convergence parameter, the
-// edge semantics of problem.h on hostile inputs — plus the canonical spec round trip. A new
-// method is checked here by its line in methods.inc and its MethodInfo, nothing else.
+// edge semantics of problem.h on hostile inputs — plus the canonical spec round trip, on the
+// library's CPU path; the budget, limit case and edge semantics again on every other path this
+// CPU runs (core/cpu.h). A new method is checked here by its line in methods.inc and its
+// MethodInfo, nothing else.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <memory>
 
 #include "numattn/attention/registry.h"
+#include "numattn/core/cpu.h"
 #include "numattn/core/exec.h"
 #include "support/conformance.h"
 #include "support/test_util.h"
@@ -129,6 +132,46 @@ TEST_P(Conformance, RunsInsideAnOuterParallelLoop) {
 INSTANTIATE_TEST_SUITE_P(Registry, Conformance, ::testing::ValuesIn(all_names()),
                          [](const auto& info) {
                            std::string s = info.param;
+                           for (char& c : s)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return s;
+                         });
+
+// The same method on every other instruction-set path this CPU runs: the attention kernels have
+// portable, avx2 and avx512 variants (avx512vnni runs avx512's), and each is held to the
+// method's budget, limit case and edge semantics where it runs.
+struct PathCase {
+  std::string method;
+  CpuPath path;
+};
+
+std::vector<PathCase> other_path_cases() {
+  std::vector<PathCase> v;
+  const CpuPath own = family_path(default_cpu_path(), CpuPath::kAvx512);
+  for (CpuPath p : runnable_cpu_paths()) {
+    if (p == CpuPath::kAvx512Vnni || p == own) continue;
+    for (const std::string& name : all_names()) v.push_back({name, p});
+  }
+  return v;
+}
+
+class ConformanceOnPath : public ::testing::TestWithParam<PathCase> {};
+
+TEST_P(ConformanceOnPath, KeepsItsBudgetLimitCaseAndEdgeSemantics) {
+  const CpuPathScope scope(GetParam().path);
+  const MethodInfo& info = *find_method(GetParam().method);
+  auto v = test::check_budget(info, test::registry_factory());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+  v = test::check_limit_case(info, test::registry_factory());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+  v = test::check_hostile(info, test::registry_factory());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+}
+
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(ConformanceOnPath);
+INSTANTIATE_TEST_SUITE_P(OtherPaths, ConformanceOnPath, ::testing::ValuesIn(other_path_cases()),
+                         [](const auto& info) {
+                           std::string s = info.param.method + "_" + cpu_path_name(info.param.path);
                            for (char& c : s)
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return s;

@@ -10,6 +10,7 @@
 #include "numattn/analysis/metrics.h"
 #include "numattn/attention/registry.h"
 #include "numattn/attention/simplicial.h"
+#include "numattn/core/cpu.h"
 #include "numattn/core/rng.h"
 #include "support/test_util.h"
 
@@ -62,7 +63,8 @@ TEST(TensorSimplicial, KernelsMatchTheFloat64OracleWithSeparateSecondKeysAndValu
   };
   std::uint64_t seed = test::base_seed() + 1400;
   for (const Shape& s : shapes)
-    for (SimplicialKernel kern : {SimplicialKernel::kAuto, SimplicialKernel::kPortable}) {
+    for (CpuPath path : runnable_cpu_paths()) {
+      const CpuPathScope scope(path);
       ProblemConfig cfg;
       cfg.heads = s.h;
       cfg.kv_heads = s.hk;
@@ -80,8 +82,8 @@ TEST(TensorSimplicial, KernelsMatchTheFloat64OracleWithSeparateSecondKeysAndValu
       cfg2.seed = seed + 1000;
       RandomProblem second(cfg2);
       const AttentionProblem& p = prob.problem();
-      simplicial_attention(p, second.problem().k, second.problem().v, s.w1, s.w2, ExecContext{2}, kern);
-      const std::string what = std::string(s.name) + (kern == SimplicialKernel::kPortable ? " (portable)" : " (auto)");
+      simplicial_attention(p, second.problem().k, second.problem().v, s.w1, s.w2, ExecContext{2});
+      const std::string what = std::string(s.name) + " (path " + cpu_path_name(path) + ")";
       expect_exact(p, oracle(p, second.problem().k, second.problem().v, s.w1, s.w2), what);
     }
 }

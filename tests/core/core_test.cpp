@@ -10,6 +10,7 @@
 #include "numattn/core/exec.h"
 #include "numattn/core/npy.h"
 #include "numattn/core/rng.h"
+#include "numattn/core/cpu.h"
 #include "numattn/core/simd.h"
 #include "numattn/core/tensor.h"
 #include "support/test_util.h"
@@ -76,9 +77,12 @@ TEST(Simd, ExpMatchesStdExp) {
   EXPECT_EQ(simd::exp_f32(0.f), 1.0f);
 }
 
-// The array forms run the 8/16-lane overloads and finish in scalar code: every length from
-// 0 to 40 covers whole vectors plus every tail, with values that hit the clamps.
+// The array forms run the 8/16-lane overloads and finish in scalar code: on every CPU path, every
+// length from 0 to 40 covers whole vectors plus every tail, with values that hit the clamps.
 TEST(Simd, ArrayExpAndSiluMulMatchDoubleOnEveryTail) {
+  for (CpuPath path : runnable_cpu_paths()) {
+  const CpuPathScope scope(path);
+  SCOPED_TRACE(cpu_path_name(path));
   for (std::int64_t n = 0; n <= 40; ++n) {
     std::vector<float> x(static_cast<std::size_t>(n)), y(x.size()), u(x.size()), a(x.size());
     for (std::int64_t i = 0; i < n; ++i) {
@@ -112,9 +116,13 @@ TEST(Simd, ArrayExpAndSiluMulMatchDoubleOnEveryTail) {
     EXPECT_TRUE(std::isnan(a[i]));
   }
   EXPECT_FLOAT_EQ(y[0], std::exp(1.f));
+  }
 }
 
 TEST(Simd, SumSquaresF64MatchesASequentialSumOnEveryTail) {
+  for (CpuPath path : runnable_cpu_paths()) {
+  const CpuPathScope scope(path);
+  SCOPED_TRACE(cpu_path_name(path));
   for (std::int64_t n = 0; n <= 40; ++n) {
     std::vector<float> x(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i)
@@ -126,6 +134,77 @@ TEST(Simd, SumSquaresF64MatchesASequentialSumOnEveryTail) {
   std::vector<float> big(1000, 3e19f);  // ≈ 9e38 per term: beyond float, fine in double
   const double b = 3e19f;
   EXPECT_NEAR(simd::sum_squares_f64(big.data(), 1000), 1000 * b * b, 1e-12 * 1000 * b * b);
+  }
+}
+
+// max_f32, exp_shift and dot_f32 on every path and length 0..40 against float64: NaN anywhere
+// makes the maximum NaN, exp_shift's sum is the sum of what it stored, and the float32 dot
+// product is within n·u·Σ|x·y| of the exact one.
+TEST(Simd, MaxExpShiftAndDotMatchDoubleOnEveryTail) {
+  for (CpuPath path : runnable_cpu_paths()) {
+    const CpuPathScope scope(path);
+    SCOPED_TRACE(cpu_path_name(path));
+    EXPECT_EQ(simd::max_f32(nullptr, 0), -INFINITY);
+    for (std::int64_t n = 1; n <= 40; ++n) {
+      std::vector<float> x(static_cast<std::size_t>(n)), y(x.size());
+      for (std::int64_t i = 0; i < n; ++i) {
+        x[static_cast<std::size_t>(i)] = static_cast<float>(std::sin(2.3 * static_cast<double>(i) + n) * 40.0);
+        y[static_cast<std::size_t>(i)] = static_cast<float>(std::cos(1.1 * static_cast<double>(i)) * 3.0);
+      }
+      const float want_max = *std::max_element(x.begin(), x.end());
+      EXPECT_EQ(simd::max_f32(x.data(), n), want_max) << "n=" << n;
+      double dot = 0, mag = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        dot += static_cast<double>(x[i]) * y[i];
+        mag += std::abs(static_cast<double>(x[i]) * y[i]);
+      }
+      EXPECT_NEAR(simd::dot_f32(x.data(), y.data(), n), dot, static_cast<double>(n) * 0x1p-23 * mag) << "n=" << n;
+      std::vector<float> e = x;
+      const double z = simd::exp_shift(e.data(), n, -want_max, 0.25f);
+      double zsum = 0;
+      for (std::size_t i = 0; i < e.size(); ++i) {
+        const double ref = std::exp(static_cast<double>(x[i]) - want_max) + 0.25;
+        EXPECT_LE(std::abs(e[i] - ref), 4e-7 * ref) << "n=" << n << " i=" << i;
+        zsum += e[i];
+      }
+      EXPECT_NEAR(z, zsum, 1e-6 * zsum) << "n=" << n;
+      for (std::int64_t at : {std::int64_t{0}, n / 2, n - 1}) {
+        std::vector<float> w = x;
+        w[static_cast<std::size_t>(at)] = std::nanf("");
+        EXPECT_TRUE(std::isnan(simd::max_f32(w.data(), n))) << "n=" << n << " NaN at " << at;
+      }
+    }
+  }
+}
+
+// The path choice itself: names round-trip, portable always runs, scopes nest and restore, a
+// path the CPU lacks is refused, and every registered family runs a path at or below the
+// library's.
+TEST(CpuPaths, ScopesChooseThePathOfEveryFamily) {
+  const auto paths = runnable_cpu_paths();
+  ASSERT_FALSE(paths.empty());
+  EXPECT_EQ(paths.front(), CpuPath::kPortable);
+  for (CpuPath p : {CpuPath::kPortable, CpuPath::kAvx2, CpuPath::kAvx512, CpuPath::kAvx512Vnni})
+    EXPECT_EQ(parse_cpu_path(cpu_path_name(p)), p);
+  EXPECT_THROW(parse_cpu_path("sse9"), Error);
+  const CpuPath before = default_cpu_path();
+  {
+    const CpuPathScope outer(CpuPath::kPortable);
+    EXPECT_EQ(default_cpu_path(), CpuPath::kPortable);
+    for (const KernelPath& k : kernel_paths(default_cpu_path())) EXPECT_EQ(k.path, CpuPath::kPortable) << k.family;
+    {
+      const CpuPathScope inner(paths.back());
+      EXPECT_EQ(default_cpu_path(), paths.back());
+    }
+    EXPECT_EQ(default_cpu_path(), CpuPath::kPortable);
+  }
+  EXPECT_EQ(default_cpu_path(), before);
+  for (CpuPath p : {CpuPath::kAvx2, CpuPath::kAvx512, CpuPath::kAvx512Vnni})
+    if (!cpu_can_run(p)) EXPECT_THROW(CpuPathScope{p}, Error) << cpu_path_name(p);
+  for (const KernelPath& k : kernel_paths(CpuPath::kAvx512Vnni))
+    EXPECT_LE(static_cast<int>(k.path), static_cast<int>(CpuPath::kAvx512Vnni)) << k.family;
+  const auto fams = kernel_paths(CpuPath::kAvx512);
+  EXPECT_TRUE(std::any_of(fams.begin(), fams.end(), [](const KernelPath& k) { return std::string(k.family) == "exact.flash"; }));
 }
 
 TEST(Tensor, BnhdViewIsAPermutation) {

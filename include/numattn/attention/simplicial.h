@@ -45,20 +45,16 @@ double simplicial_reference_row(const AttentionProblem& p, const TensorView<cons
                                 const TensorView<const float>& v2, index_t w1, index_t w2, index_t b,
                                 index_t h, index_t i, double* out_row, double* logit_magnitude = nullptr);
 
-/// Which float32 kernel `simplicial_attention` runs.
-enum class SimplicialKernel { kAuto, kPortable };
-
 /// Float32 2-simplicial attention into p.out (and p.lse when requested): per query row, the
 /// j-window is walked in tiles of 64 keys with an online softmax over the tile's pairs (running
 /// max and normaliser rescaled between tiles); per tile the logits are one (tile × Dk)·(Dk × |K_i|)
 /// product against W = (s·q_i) ⊙ K'_{K_i}ᵀ, the values U_j = Σ_k P_jk v'_k one (tile × |K_i|)·
-/// (|K_i| × Dv) product, and out += Σ_j v_j ⊙ U_j. `kAuto` takes the register-blocked AVX-512 or
-/// AVX2+FMA kernel where compiled for it, else the portable loops (`kPortable` forces them; tests run
-/// both). Parallel over (batch, head, blocks of 64 query rows). Throws numattn::Error on
+/// (|K_i| × Dv) product, and out += Σ_j v_j ⊙ U_j. The row kernel is register-blocked AVX-512
+/// or AVX2+FMA, or portable loops, as the library's CPU path says (core/cpu.h; tests run every
+/// path this CPU has). Parallel over (batch, head, blocks of 64 query rows). Throws numattn::Error on
 /// inconsistent shapes, windows < 1, masks, or Dv(V) ≠ Dv(V').
 void simplicial_attention(const AttentionProblem& p, const TensorView<const float>& k2,
-                          const TensorView<const float>& v2, index_t w1, index_t w2, const ExecContext& ctx,
-                          SimplicialKernel kernel = SimplicialKernel::kAuto);
+                          const TensorView<const float>& v2, index_t w1, index_t w2, const ExecContext& ctx);
 
 /// Scratch bytes `simplicial_attention` allocates on `threads` threads.
 std::size_t simplicial_workspace_bytes(const AttentionProblem& p, index_t w1, index_t w2, int threads);

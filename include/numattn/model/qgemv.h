@@ -53,25 +53,17 @@
 #include <string>
 #include <vector>
 
+#include "numattn/core/cpu.h"
 #include "numattn/core/exec.h"
 #include "numattn/model/gguf.h"
 
 namespace numattn {
 
-/// Instruction-set path of the quantized kernels.
-enum class CpuPath { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
-/// "portable", "avx2", "avx512", "avx512vnni".
-const char* cpu_path_name(CpuPath p);
-/// Parses a path name; throws numattn::Error naming the choices.
-CpuPath parse_cpu_path(const std::string& name);
-/// True when `p` was compiled in and this CPU (and OS) can run it (or when a test put a table
-/// in its place: qkern::set_test_table in src/model/qgemv_kernels.h).
+/// True when quant_gemv has a kernel table for `p` that this CPU can run (core/cpu.h), or a
+/// test put a table in its place (qkern::set_test_table in src/model/qgemv_kernels.h).
 bool cpu_path_available(CpuPath p);
-/// Every path this machine can run, portable first.
+/// Every path quant_gemv can run here, portable first (runnable_cpu_paths() plus test tables).
 std::vector<CpuPath> available_cpu_paths();
-/// The widest available path, or the one NUMATTN_CPU_PATH names (throws if this CPU cannot
-/// run it). Read once per process.
-CpuPath default_cpu_path();
 
 /// A row-major matrix `[rows, cols]` held in GGUF block encoding: a vertical stack of parts
 /// (e.g. Wq, Wk, Wv of one layer, each a tensor of its own type), each `rows` rows of

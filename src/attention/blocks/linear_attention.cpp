@@ -70,19 +70,6 @@ void finish_row(const Denominator& den, const float* aug, index_t dv, float* out
   for (index_t k = 0; k < dv; ++k) out[k] = static_cast<float>(aug[k] * inv);
 }
 
-/// Σ x[i]·y[i] in float32 (sixteen lanes, a fixed order).
-inline float dot(const float* x, const float* y, index_t n) {
-  index_t i = 0;
-  float r = 0;
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
-  r = _mm512_reduce_add_ps(acc);
-#endif
-  for (; i < n; ++i) r += x[i] * y[i];
-  return r;
-}
-
 /// Whether v rows [j0, j1) of (b, hk) are all finite.
 bool values_finite(const AttentionProblem& p, index_t b, index_t hk, index_t j0, index_t j1) {
   for (index_t j = j0; j < j1; ++j)
@@ -124,7 +111,7 @@ void state_gemm(const AttentionProblem& p, const Layout& L, index_t b, index_t h
 void apply_state(const Layout& L, index_t dv, const float* qphi, index_t rows, const float* state, float* aug) {
   blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, dv, L.mm, 1.f, qphi, L.mm, state, dv, 0.f, aug, L.dv1);
   const float* z = state + L.mm * dv;
-  for (index_t r = 0; r < rows; ++r) aug[r * L.dv1 + dv] = dot(qphi + r * L.mm, z, L.mm);
+  for (index_t r = 0; r < rows; ++r) aug[r * L.dv1 + dv] = simd::dot_f32(qphi + r * L.mm, z, L.mm);
 }
 
 /// The prefix-sum recurrence (CausalAlgo::kPrefix), one query head per work item.

@@ -13,14 +13,20 @@
 // (running max, normaliser, rescale factors) are per-lane vectors: row maxima and sums are
 // vertical vector ops, never horizontal reductions. This is the same work as the textbook
 // FlashAttention forward pass, transposed so that CPU SIMD lanes run over queries.
+//
+// Included by flash_impl.h after core/isa_begin.h: everything here belongs to one
+// instruction-set variant (NUMATTN_ISA picks the lane type below).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
-#include "numattn/core/simd.h"
 #include "numattn/core/tensor.h"
+
+#if !defined(NUMATTN_ISA_NS)
+#error "flash_kernels.h is included by flash_impl.h, after core/isa_begin.h"
+#endif
 
 #if defined(__clang__)
 #define NUMATTN_UNROLL _Pragma("unroll")
@@ -30,7 +36,7 @@
 #define NUMATTN_UNROLL
 #endif
 
-namespace numattn::flash {
+namespace numattn::flash::NUMATTN_ISA_NS {
 
 /// Probabilities below exp(kExpCut) relative to the running maximum are flushed to 0. Their
 /// total weight is < Nk·e^-64 ≈ 1.6e-28·Nk of the row's (which holds at least one 1), far
@@ -38,7 +44,7 @@ namespace numattn::flash {
 /// microcode assists would cost ~100 cycles each on x86.
 constexpr float kExpCut = -64.0f;
 
-#if defined(__AVX512F__)
+#if NUMATTN_ISA == 2
 
 /// AVX-512: 16 lanes.
 struct Vec {
@@ -92,7 +98,7 @@ struct Vec {
   }
 };
 
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif NUMATTN_ISA == 1
 
 /// AVX2 + FMA: 8 lanes.
 struct Vec {
@@ -136,7 +142,8 @@ struct Vec {
 
 #else
 
-/// Portable: 4 lanes in a plain array (the compiler may auto-vectorise the lane loops).
+/// Portable: 4 lanes in a plain array (the compiler may auto-vectorise the lane loops for the
+/// build's baseline).
 struct Vec {
   struct R {
     float v[4];
@@ -391,4 +398,4 @@ inline void pv_rows_tile(const float* p, index_t ldp, index_t cols, const float*
     }
 }
 
-}  // namespace numattn::flash
+}  // namespace numattn::flash::NUMATTN_ISA_NS

@@ -23,30 +23,6 @@ constexpr float kEps = 1e-6f;             // the official numerical_stabilizer
 constexpr double kLogitRefusal = 1e6;     // |s|·max‖q‖·max‖k‖ beyond which we refuse
 constexpr index_t kCausalChunk = 32;      // b of the block algorithm: measured fastest at N = 16384 (16–128 tried)
 
-/// max_i x[i] for a finite row (callers check finiteness first).
-inline float row_max(const float* x, index_t n) {
-  index_t i = 0;
-  float m = -std::numeric_limits<float>::infinity();
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_set1_ps(m);
-  for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(acc, _mm512_loadu_ps(x + i));
-  m = _mm512_reduce_max_ps(acc);
-#endif
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
-}
-
-/// x[i] ← exp(x[i] + shift) + ε.
-inline void exp_shift_eps(float* x, index_t n, float shift) {
-  index_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 sh = _mm512_set1_ps(shift), eps = _mm512_set1_ps(kEps);
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(x + i, _mm512_add_ps(simd::exp_f32(_mm512_add_ps(_mm512_loadu_ps(x + i), sh)), eps));
-#endif
-  for (; i < n; ++i) x[i] = simd::exp_f32(x[i] + shift) + kEps;
-}
-
 double budget(const BudgetInput& in) {
   if (in.params.get_int("features") == 0) return exact_f32_tolerance(in.logit_magnitude).rel_fro_error;
   // An empirical envelope, not a theorem: on Gaussian inputs with unit entries ‖√s·x‖² ≈ √d, where
@@ -222,8 +198,8 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
     }
     if (ker == Kernel::kHyperbolic)
       for (index_t r = 0; r < m; ++r) row[m + r] = -row[r];
-    const float mx = row_max(row, f);
-    exp_shift_eps(row, f, offset - mx);
+    const float mx = simd::max_f32(row, f);
+    simd::exp_shift(row, f, offset - mx, kEps);
     return mx;
   };
 
@@ -260,7 +236,7 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
         key_exp[at] = std::numeric_limits<double>::quiet_NaN();
         continue;
       }
-      float mx = row_max(row, m);
+      float mx = simd::max_f32(row, m);
       if (ker == Kernel::kHyperbolic) {
         float mn = mx;
         for (index_t c = 0; c < m; ++c) mn = std::min(mn, row[c]);

@@ -33,7 +33,7 @@ inline void refuse_out_of_range(const AttentionProblem& p, const char* name, con
 inline void softmax_rows(float* s, index_t rows, index_t cols, index_t ld, float* inv, double* lse) {
   for (index_t r = 0; r < rows; ++r) {
     float* x = s + r * ld;
-    // Max and sum in 16 fixed lanes: vectorised, and the same order at any thread count.
+    // Max in 16 fixed lanes (vectorised); the sum in simd::exp_shift's fixed order per path.
     float ml[16], m = kNegInf;
     std::fill(ml, ml + 16, kNegInf);
     index_t c = 0;
@@ -47,21 +47,7 @@ inline void softmax_rows(float* s, index_t rows, index_t cols, index_t ld, float
       lse[r] = -std::numeric_limits<double>::infinity();
       continue;
     }
-    double z = 0;
-    c = 0;
-#if defined(__AVX512F__)
-    {
-      const __m512 mv = _mm512_set1_ps(m);
-      __m512 acc = _mm512_setzero_ps();
-      for (; c + 16 <= cols; c += 16) {
-        const __m512 e = simd::exp_f32(_mm512_sub_ps(_mm512_loadu_ps(x + c), mv));
-        _mm512_storeu_ps(x + c, e);
-        acc = _mm512_add_ps(acc, e);
-      }
-      z = _mm512_reduce_add_ps(acc);
-    }
-#endif
-    for (; c < cols; ++c) z += (x[c] = simd::exp_f32(x[c] - m));
+    const double z = simd::exp_shift(x, cols, -m);
     inv[r] = static_cast<float>(1 / z);
     lse[r] = m + std::log(z);
   }

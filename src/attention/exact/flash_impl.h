@@ -1,0 +1,642 @@
+// Internal: exact.flash's blocking, scheduling and online softmax (flash.h), written once and
+// compiled per instruction-set variant (core/isa_begin.h) by flash_portable.cpp, flash_avx2.cpp
+// and flash_avx512.cpp; flash.cpp describes the method and calls the variant of the library's
+// CPU path. The SIMD width W (4, 8 or 16 lanes) shapes the plan (rows per block, key lanes), so
+// everything that depends on it is here.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "attention/exact/flash_ops.h"
+#include "numattn/attention/method.h"
+#include "numattn/core/exec.h"
+#include "numattn/core/simd.h"
+#include "numattn/core/tensor.h"
+
+#include "core/isa_begin.h"
+#include "core/simd_vec.h"
+#if NUMATTN_ISA_COMPILED
+#include "attention/exact/flash_kernels.h"
+#endif
+
+namespace numattn::flash::NUMATTN_ISA_NS {
+
+#if NUMATTN_ISA_COMPILED
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+/// 64-byte aligned float buffer (the kernels use aligned vector loads).
+class AlignedFloats {
+ public:
+  AlignedFloats() = default;
+  explicit AlignedFloats(std::size_t n) { resize(n); }
+  void resize(std::size_t n) {
+    if (n <= n_) return;
+    const std::size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    p_.reset(static_cast<float*>(::operator new(bytes, std::align_val_t{64})));
+    n_ = n;
+  }
+  float* data() const { return p_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { ::operator delete(p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<float, Free> p_;
+  std::size_t n_ = 0;
+};
+
+/// The blocking of one problem. Rows of a (batch, kv head) pair are the G·Nq (query, head)
+/// pairs of its GQA group in query-major order (row r = query r / G of head r % G), so the
+/// query heads that share a K/V tile are processed together and read it once.
+struct Plan {
+  index_t G = 1;        ///< query heads per kv head
+  index_t rows = 0;     ///< G·Nq rows per (b, kv head)
+  int ci = 1;           ///< query vectors per block
+  index_t br = 0;       ///< block rows = ci·W (lanes; the last block may be partial)
+  index_t bk = 0;       ///< keys per tile
+  index_t nblk = 0;     ///< blocks per (b, kv head)
+  index_t items = 0;    ///< B·⌈Hkv/hpi⌉·nblk
+  index_t splits = 1;   ///< key-range splits per block (split-KV)
+  int threads = 1;      ///< threads actually used
+  index_t hpi = 1;      ///< kv heads per item (key lanes: as many as 64 rows hold; else 1)
+  bool key_lanes = false;  ///< the block's rows in scratch rows, keys and dims in lanes (attend_rows)
+  index_t lds = 0;         ///< row stride of the logit tile in key lanes (block_k rounded up to W)
+};
+
+/// Key lanes by default for up to half a SIMD vector of rows per kv head. Measured on the 2-core
+/// Zen 3 VM (AVX2, W = 8), 1 thread, decode (Nq = 1), D = 64, `numattn bench --layout bnhd`,
+/// µs per call at Nk = 256 / 2048, query lanes → key lanes: G = 1: 17.6 / 106 → 7.4 / 38;
+/// G = 3 (Hq = 9): 49 / 308 → 30 / 209; G = 4: 15.6 / 110 → 12.7 / 67; G = 6: 12.4 / 107 →
+/// 18.8 / 118; G = 8: 17.3 / 103 → 15.5 / 140. AVX-512 (W = 16) is assumed to scale alike.
+index_t auto_key_lanes() { return W / 2; }
+
+/// Below this many flops (upper bound) a problem runs on one thread (see make_plan). Key
+/// lanes (decoding) stream K and V at about the speed one core reads memory, so a second
+/// core pays off sooner: a SmolLM2 layer (9 heads, Nk = 512, 1.2 MFLOP) decodes in ~40 µs on
+/// one core.
+constexpr double kMinParallelFlops = 8e6;
+constexpr double kMinParallelFlopsKeyLanes = 1e6;
+
+Plan make_plan(const AttentionProblem& p, const ParamValues& pv, int threads) {
+  Plan pl;
+  pl.G = p.group();
+  pl.rows = pl.G * p.n_q();
+  const index_t kl = pv.get_int("key_lanes");
+  pl.key_lanes = pl.rows <= (kl < 0 ? auto_key_lanes() : kl);
+  // Key lanes take all rows of several kv heads as one block (at most 64 = kMaxCI·W rows):
+  // with the KV cache's [position, kv head, dim] rows, a tile of keys is then one contiguous
+  // stream of memory instead of one strided pass per kv head.
+  pl.hpi = pl.key_lanes ? std::min<index_t>(p.kv_heads(), kMaxCI * W / pl.rows) : 1;
+  const index_t want = pl.key_lanes ? pl.hpi * pl.rows : std::min<index_t>(pv.get_int("block_q"), pl.rows);
+  pl.ci = static_cast<int>(std::clamp<index_t>((want + W - 1) / W, 1, kMaxCI));
+  pl.br = pl.ci * W;
+  pl.bk = std::clamp<index_t>(pv.get_int("block_k"), 1, p.n_kv());
+  pl.lds = (pl.bk + W - 1) / W * W;
+  pl.nblk = (pl.rows + pl.br - 1) / pl.br;
+  pl.items = p.batch() * ((p.kv_heads() + pl.hpi - 1) / pl.hpi) * pl.nblk;
+  // Small problems run on one thread: a parallel region costs ~10 µs to fork and join on an
+  // idle machine and up to a scheduler period (milliseconds) on a loaded one, which is more
+  // than the whole work below ~8 MFLOP (~60 µs on one core). Bound: every row sees every key.
+  const double flops_bound = 2.0 * static_cast<double>(p.batch() * p.heads() * p.n_q()) *
+                             static_cast<double>(p.n_kv()) * static_cast<double>(p.d_qk() + p.d_v());
+  pl.threads = flops_bound < (pl.key_lanes ? kMinParallelFlopsKeyLanes : kMinParallelFlops) ? 1 : std::max(1, threads);
+  threads = pl.threads;
+  index_t s = pv.get_int("split_kv");
+  if (s == 0) {
+    // Few blocks (decoding): split each block's key range so that every thread gets about
+    // eight pieces, fine enough for the shared-counter schedule to even out a thread that the
+    // OS delays; one thread gains nothing from splitting.
+    s = 1;
+    if (threads > 1 && pl.items < 2 * threads) s = (8 * threads + pl.items - 1) / pl.items;
+  }
+  pl.splits = std::clamp<index_t>(s, 1, std::max<index_t>(1, (p.n_kv() + pl.bk - 1) / pl.bk));
+  return pl;
+}
+
+/// A pass of the key-lane kernels over a tile: rows [r0, r0 + nr) of the block, all of one kv
+/// head whose keys and values start at k and v.
+struct RowPass {
+  index_t r0, nr;
+  const float* k;
+  const float* v;
+};
+
+/// Per-thread scratch of one block (key lanes: qt holds q rows, s holds [br][lds] logits and
+/// orow the [br][Dv] output rows).
+struct Scratch {
+  AlignedFloats qt, s, ot, m, l, orow;
+  std::vector<index_t> qi, head;
+  std::vector<RowPass> passes;
+  std::vector<index_t> kb, ke;  ///< visible key range of each lane (kb ≥ ke: none)
+  void reserve(const AttentionProblem& p, const Plan& pl) {
+    const auto br = static_cast<std::size_t>(pl.br);
+    qt.resize(static_cast<std::size_t>(p.d_qk()) * br);
+    s.resize(static_cast<std::size_t>(pl.lds) * br);
+    ot.resize(static_cast<std::size_t>(p.d_v()) * br);
+    if (pl.key_lanes) orow.resize(static_cast<std::size_t>(p.d_v()) * br);
+    m.resize(br);
+    l.resize(br);
+    qi.resize(br);
+    head.resize(br);
+    kb.resize(br);
+    ke.resize(br);
+  }
+};
+
+/// Running softmax state of a block: per-lane max `m`, normaliser `l`, accumulator `ot`.
+struct State {
+  float* m;
+  float* l;
+  float* ot;
+};
+
+/// One work item: rows [r0, r0 + nrows) of batch b from kv head hk on. Row gr of the item
+/// (row_of) belongs to kv head hk + gr / Plan::rows, and within it to the (query, head) pair
+/// gr mod Plan::rows in query-major order.
+struct Item {
+  index_t b, hk, r0, nrows;
+};
+
+Item item_of(const AttentionProblem& p, const Plan& pl, index_t w) {
+  const index_t groups = (p.kv_heads() + pl.hpi - 1) / pl.hpi;
+  const index_t blk = w % pl.nblk, bg = w / pl.nblk;
+  const index_t r0 = blk * pl.br, hk = bg % groups * pl.hpi;
+  const index_t nrows = pl.key_lanes ? std::min(pl.hpi, p.kv_heads() - hk) * pl.rows : std::min(pl.br, pl.rows - r0);
+  return {bg / groups, hk, r0, nrows};
+}
+
+/// Query index and query head of row r of an item.
+struct RowId {
+  index_t qi, head;
+};
+
+RowId row_of(const Plan& pl, const Item& it, index_t r) {
+  const index_t gr = it.r0 + r, kvh = it.hk + gr / pl.rows, g = gr % pl.rows;
+  return {g / pl.G, kvh * pl.G + g % pl.G};
+}
+
+/// Union of the visible key ranges of the item's rows ([0, 0) when none is visible).
+KeyRange item_keys(const AttentionProblem& p, const Plan& pl, const Item& it) {
+  index_t lo = p.n_kv(), hi = 0;
+  const index_t i_first = it.nrows > pl.rows ? 0 : row_of(pl, it, 0).qi;
+  const index_t i_last = it.nrows > pl.rows ? p.n_q() - 1 : row_of(pl, it, it.nrows - 1).qi;
+  for (index_t i = i_first; i <= i_last; ++i) {
+    const KeyRange kr = p.key_range(i);
+    if (kr.empty()) continue;
+    lo = std::min(lo, kr.begin);
+    hi = std::max(hi, kr.end);
+  }
+  return lo < hi ? KeyRange{lo, hi} : KeyRange{0, 0};
+}
+
+/// Key range of split `s` of an item whose visible keys are `all` (chunks of whole tiles).
+KeyRange split_keys(const Plan& pl, KeyRange all, index_t s) {
+  const index_t n = all.end - all.begin;
+  const index_t chunk = ((n + pl.splits - 1) / pl.splits + pl.bk - 1) / pl.bk * pl.bk;
+  const index_t b = std::min(all.end, all.begin + s * chunk);
+  return {b, std::min(all.end, b + chunk)};
+}
+
+/// The logit s of query qi and key `key` under the problem's boolean or additive mask: -inf
+/// where the mask hides the key (false; -inf or NaN entries), else s plus the additive entry.
+/// +inf or a NaN logit of a visible key stays non-finite (the row is settled by run()).
+inline float masked_logit(const AttentionProblem& p, index_t qi, index_t key, float s) {
+  if (p.mask.kind == MaskKind::kBool) return p.mask.allowed[qi * p.mask.ld + key] ? s : kNegInf;
+  if (p.mask.kind == MaskKind::kAdditive) {
+    const float a = p.mask.additive[qi * p.mask.ld + key];
+    return !(a > kNegInf) || s == kNegInf ? kNegInf : s + a;
+  }
+  return s;
+}
+
+/// Hides the logits of a boundary tile (keys [j0, j0 + cols)) that the causal rule, window or
+/// masks hide, applies the additive mask, and returns the tile's per-lane maximum in `vmax`.
+template <int CI>
+void mask_tile(const AttentionProblem& p, const Scratch& ws, index_t nrows, index_t j0,
+               index_t cols, float* s, R* vmax) {
+  constexpr int BR = CI * W;
+  const index_t* kb = ws.kb.data();
+  const index_t* ke = ws.ke.data();
+  for (index_t j = 0; j < cols; ++j) {
+    float* srow = s + j * BR;
+    const index_t key = j0 + j;
+    for (int r = 0; r < BR; ++r)
+      if (key < kb[r] || key >= ke[r]) srow[r] = kNegInf;
+    if (p.mask.kind != MaskKind::kNone)
+      for (index_t r = 0; r < nrows; ++r) srow[r] = masked_logit(p, ws.qi[r], key, srow[r]);
+    for (int c = 0; c < CI; ++c) vmax[c] = Vec::max(vmax[c], Vec::load(srow + c * W));
+  }
+}
+
+/// Sets the lanes (query index, head, visible key range clipped to `keys`) of the item's rows
+/// and of the padding lanes up to `br` (empty range), and returns the union of the ranges
+/// ([keys.end, keys.begin) when no row sees a key).
+KeyRange set_lanes(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys, index_t br,
+                   Scratch& ws) {
+  index_t lo = keys.end, hi = keys.begin;
+  for (index_t r = 0; r < br; ++r) {
+    ws.kb[r] = 1;
+    ws.ke[r] = 0;
+    if (r >= it.nrows) continue;
+    const RowId id = row_of(pl, it, r);
+    ws.qi[r] = id.qi;
+    ws.head[r] = id.head;
+    const KeyRange kr = p.key_range(ws.qi[r]);
+    const index_t b = std::max(kr.begin, keys.begin), e = std::min(kr.end, keys.end);
+    if (b >= e) continue;
+    ws.kb[r] = b;
+    ws.ke[r] = e;
+    lo = std::min(lo, b);
+    hi = std::max(hi, e);
+  }
+  return {lo, hi};
+}
+
+/// Calls f(j0, cols, full) for the key tiles of [span.begin, span.end) that some of the n rows
+/// sees; `full`: every row sees every key of the tile and there is no mask. The span is cut at
+/// the edges of the key range that every row sees, so that causal or window boundaries get
+/// narrow masked tiles of their own instead of masking (and computing) a whole block_k-wide
+/// tile around the diagonal; within a segment the tiles have equal widths (≤ block_k), since a
+/// 1-key remainder tile would still pay a whole tile's fixed costs (softmax statistics,
+/// loading and storing the accumulator).
+template <class F>
+void for_each_tile(const AttentionProblem& p, const Scratch& ws, index_t n, KeyRange span, index_t bk, F&& f) {
+  const index_t lo = span.begin, hi = span.end;
+  index_t fb = lo, fe = hi;
+  for (index_t r = 0; r < n; ++r) fb = std::max(fb, ws.kb[r]), fe = std::min(fe, ws.ke[r]);
+  const index_t cut1 = std::clamp(fb, lo, hi), cut2 = std::clamp(fe, cut1, hi);
+  const bool has_mask = p.mask.kind != MaskKind::kNone;
+  for (index_t j0 = lo; j0 < hi;) {
+    const index_t seg_end = j0 < cut1 ? cut1 : j0 < cut2 ? cut2 : hi;
+    const index_t left = seg_end - j0, ntiles = (left + bk - 1) / bk;
+    const index_t cols = (left + ntiles - 1) / ntiles, j1 = j0 + cols;
+    const index_t jt = j0;
+    j0 = j1;
+    bool any = false, full = !has_mask;
+    for (index_t r = 0; r < n; ++r) {
+      any |= ws.kb[r] < j1 && ws.ke[r] > jt;
+      full &= ws.kb[r] <= jt && ws.ke[r] >= j1;
+    }
+    if (any) f(jt, cols, full);
+  }
+}
+
+/// Attends the item's rows to keys [keys.begin, keys.end) into `st` (reset first).
+template <int CI>
+void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys,
+                  Scratch& ws, State st) {
+  constexpr int BR = CI * W;
+  const index_t dk = p.d_qk(), dv = p.d_v(), n = it.nrows;
+  const float scale = static_cast<float>(p.effective_scale());
+  const KeyRange span = set_lanes(p, pl, it, keys, BR, ws);
+
+  // qt = scale·Qᵀ (zero in the padding lanes, whose results are never read).
+  float* qt = ws.qt.data();
+  for (index_t r = 0; r < BR; ++r) {
+    if (r < n) {
+      const float* q = p.q.row(it.b, ws.head[r], ws.qi[r]);
+      for (index_t d = 0; d < dk; ++d) qt[d * BR + r] = scale * q[d];
+    } else {
+      for (index_t d = 0; d < dk; ++d) qt[d * BR + r] = 0.f;
+    }
+  }
+  for (int r = 0; r < BR; ++r) st.m[r] = kNegInf, st.l[r] = 0.f;
+  std::fill(st.ot, st.ot + dv * BR, 0.f);
+  R vlow[CI];  // smallest raw logit per lane over all tiles
+  for (int c = 0; c < CI; ++c) vlow[c] = Vec::set1(std::numeric_limits<float>::infinity());
+
+  const float* kbase = p.k.row(it.b, it.hk, 0);
+  const float* vbase = p.v.row(it.b, it.hk, 0);
+  const index_t ldk = p.k.stride[2], ldv = p.v.stride[2];
+  float* s = ws.s.data();
+  for_each_tile(p, ws, n, span, pl.bk, [&](index_t jt, index_t cols, bool full) {
+    R vmax[CI], mu[CI], corr[CI];
+    for (int c = 0; c < CI; ++c) vmax[c] = Vec::set1(kNegInf);
+    qk_tile<CI>(qt, dk, kbase + jt * ldk, ldk, cols, s, vmax, vlow);
+    if (!full) {
+      for (int c = 0; c < CI; ++c) vmax[c] = Vec::set1(kNegInf);
+      mask_tile<CI>(p, ws, n, jt, cols, s, vmax);
+    }
+    // Online softmax: m' = max(m, tile max); rescale by exp(m − m'); a lane that has seen
+    // nothing yet keeps m' = -inf and uses 0 as its shift so that exp gives 0, not NaN.
+    bool rescale = false;
+    for (int c = 0; c < CI; ++c) {
+      const R mo = Vec::load(st.m + c * W);
+      const R mn = Vec::max(mo, vmax[c]);
+      mu[c] = Vec::neginf_to_zero(mn);
+      corr[c] = Vec::exp_cut(Vec::sub(mo, mu[c]));
+      Vec::store(st.m + c * W, mn);
+    }
+    {
+      alignas(64) float cbuf[BR];
+      for (int c = 0; c < CI; ++c) Vec::store(cbuf + c * W, corr[c]);
+      for (int r = 0; r < BR; ++r) rescale |= cbuf[r] != 1.f;
+    }
+    R sum[CI];
+    for (int c = 0; c < CI; ++c) sum[c] = Vec::zero();
+    for (index_t j = 0; j < cols; ++j) {
+      NUMATTN_UNROLL for (int c = 0; c < CI; ++c) {
+        const R e = Vec::exp_cut(Vec::sub(Vec::load(s + j * BR + c * W), mu[c]));
+        Vec::store(s + j * BR + c * W, e);
+        sum[c] = Vec::add(sum[c], e);
+      }
+    }
+    for (int c = 0; c < CI; ++c)
+      Vec::store(st.l + c * W, Vec::fmadd(Vec::load(st.l + c * W), corr[c], sum[c]));
+    pv_tile<CI>(s, cols, vbase + jt * ldv, ldv, dv, st.ot, corr, rescale);
+  });
+  // A -inf logit (from an infinite input or float32 overflow) got weight 0 without a trace:
+  // make the lane's normaliser NaN so that run() settles the row. NaN and +inf logits need
+  // nothing here: exp_cut, the rescale and P·V carry them into l and ot.
+  for (int c = 0; c < CI; ++c)
+    Vec::store(st.l + c * W, Vec::add(Vec::load(st.l + c * W), Vec::nan_where_neginf(vlow[c])));
+}
+
+/// exp_cut of one value (a row's rescale factor in key lanes).
+float exp_cut1(float x) {
+  alignas(64) float b[W];
+  Vec::store(b, Vec::exp_cut(Vec::set1(x)));
+  return b[0];
+}
+
+/// Hides the logits s[0, cols) of lane r (keys j0 + ·) that the causal rule, window or masks
+/// hide and applies the additive mask: mask_tile for one row of a key-lane tile.
+void mask_row(const AttentionProblem& p, const Scratch& ws, index_t r, index_t j0, index_t cols, float* s) {
+  const index_t kb = ws.kb[r], ke = ws.ke[r], qi = ws.qi[r];
+  for (index_t j = 0; j < cols; ++j) {
+    const index_t key = j0 + j;
+    s[j] = key < kb || key >= ke ? kNegInf : masked_logit(p, qi, key, s[j]);
+  }
+}
+
+/// attend_block in key lanes (flash_kernels.h, "Key lanes"): the same online softmax, per row.
+void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys,
+                 Scratch& ws, State st) {
+  const index_t dk = p.d_qk(), dv = p.d_v(), n = it.nrows, br = pl.br, lds = pl.lds;
+  const float scale = static_cast<float>(p.effective_scale());
+  const KeyRange span = set_lanes(p, pl, it, keys, br, ws);
+
+  float* q = ws.qt.data();
+  for (index_t r = 0; r < n; ++r) {
+    const float* qr = p.q.row(it.b, ws.head[r], ws.qi[r]);
+    for (index_t d = 0; d < dk; ++d) q[r * dk + d] = scale * qr[d];
+  }
+  for (index_t r = 0; r < br; ++r) st.m[r] = kNegInf, st.l[r] = 0.f;
+  float* o = ws.orow.data();
+  std::fill(o, o + n * dv, 0.f);
+  // Smallest raw logit and rescale factor of each row (n ≤ 64 = kMaxCI·W).
+  float low[kMaxCI * W], corr[kMaxCI * W];
+  std::fill(low, low + n, std::numeric_limits<float>::infinity());
+
+  const index_t ldk = p.k.stride[2], ldv = p.v.stride[2], rpk = pl.rows;
+  float* s = ws.s.data();
+  constexpr int NR = kRowsPerPass;
+  std::vector<RowPass>& passes = ws.passes;
+  passes.clear();
+  // A kv head's rows in as few passes as NR allows, of balanced sizes (G = 4 on AVX2: 2 + 2,
+  // not 3 + 1, whose one-row pass would cost as many loads as a three-row one).
+  const index_t npass = (rpk + NR - 1) / NR;
+  for (index_t h0 = 0; h0 < n; h0 += rpk) {
+    const index_t kvh = it.hk + h0 / rpk;
+    for (index_t i = 0; i < npass; ++i) {
+      const index_t a = h0 + rpk * i / npass, b = h0 + rpk * (i + 1) / npass;
+      passes.push_back({a, b - a, p.k.row(it.b, kvh, 0), p.v.row(it.b, kvh, 0)});
+    }
+  }
+  for_each_tile(p, ws, n, span, pl.bk, [&](index_t jt, index_t cols, bool full) {
+    for (const RowPass& ps : passes) {
+      float* sr = s + ps.r0 * lds;
+      const float* qr = q + ps.r0 * dk;
+      const float* kt = ps.k + jt * ldk;
+      switch (ps.nr) {
+        case 1: qk_rows_tile<1>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+        case 2: qk_rows_tile<2>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+        case 3: qk_rows_tile<3>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+        default: qk_rows_tile<NR>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+      }
+    }
+    const index_t padded = (cols + W - 1) / W * W;
+    bool rescale = false;
+    for (index_t r = 0; r < n; ++r) {
+      float* sr = s + r * lds;
+      // Raw minimum (for the -inf check, as vlow in attend_block), then the visible maximum.
+      R vmin = Vec::set1(std::numeric_limits<float>::infinity()), vmax = Vec::set1(kNegInf);
+      index_t j = 0;
+      for (; j + W <= cols; j += W) {
+        const R x = Vec::load(sr + j);
+        vmin = Vec::min(vmin, x);
+        vmax = Vec::max(vmax, x);
+      }
+      alignas(64) float b[W];
+      Vec::store(b, vmin);
+      float lo = *std::min_element(b, b + W);
+      for (index_t t = j; t < cols; ++t) lo = std::min(lo, sr[t]);
+      low[r] = std::min(low[r], lo);
+      float mx = kNegInf;
+      if (full) {
+        Vec::store(b, vmax);
+        for (int c = 0; c < W; ++c) mx = std::max(mx, b[c]);
+        for (index_t t = j; t < cols; ++t) mx = std::max(mx, sr[t]);
+      } else {
+        mask_row(p, ws, r, jt, cols, sr);
+        for (index_t t = 0; t < cols; ++t) mx = std::max(mx, sr[t]);
+      }
+      // Online softmax, as in attend_block: a row that has seen nothing keeps m = -inf and
+      // shifts by 0, so that exp gives 0, not NaN.
+      const float mn = std::max(st.m[r], mx);
+      const float mu = mn == kNegInf ? 0.f : mn;
+      corr[r] = exp_cut1(st.m[r] - mu);
+      rescale |= corr[r] != 1.f;
+      st.m[r] = mn;
+      std::fill(sr + cols, sr + padded, kNegInf);  // exp gives 0 there
+      const R vmu = Vec::set1(mu);
+      R sum = Vec::zero();
+      for (index_t t = 0; t < padded; t += W) {
+        const R e = Vec::exp_cut(Vec::sub(Vec::load(sr + t), vmu));
+        Vec::store(sr + t, e);
+        sum = Vec::add(sum, e);
+      }
+      st.l[r] = st.l[r] * corr[r] + Vec::hsum(sum);
+    }
+    for (const RowPass& ps : passes) {
+      const float* pr = s + ps.r0 * lds;
+      float* orow = o + ps.r0 * dv;
+      const float* vt = ps.v + jt * ldv;
+      const float* cr = corr + ps.r0;
+      switch (ps.nr) {
+        case 1: pv_rows_tile<1>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+        case 2: pv_rows_tile<2>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+        case 3: pv_rows_tile<3>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+        default: pv_rows_tile<NR>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+      }
+    }
+  });
+  // The -inf check of attend_block, and the state in its layout (lanes = rows) for
+  // merge_state and finish_block.
+  for (index_t r = 0; r < n; ++r)
+    if (low[r] == kNegInf) st.l[r] = std::numeric_limits<float>::quiet_NaN();
+  for (index_t d = 0; d < dv; ++d)
+    for (index_t r = 0; r < br; ++r) st.ot[d * br + r] = r < n ? o[r * dv + d] : 0.f;
+}
+
+/// Writes out = ot / l and lse = m + log l for the item's rows.
+void finish_block(const AttentionProblem& p, const Plan& pl, const Item& it, const State& st) {
+  const index_t dv = p.d_v(), br = pl.br;
+  for (index_t r = 0; r < it.nrows; ++r) {
+    const RowId id = row_of(pl, it, r);
+    const index_t i = id.qi, h = id.head;
+    // l ≥ 1 for a row that saw a key (its maximum has weight 1), 0 for an empty row, NaN for a
+    // row run() must settle; NaN must reach the output.
+    const float l = st.l[r];
+    const float inv = l == 0.f ? 0.f : 1.f / l;
+    float* o = p.out.row(it.b, h, i);
+    for (index_t d = 0; d < dv; ++d) o[d] = st.ot[d * br + r] * inv;
+    if (!p.lse.empty()) p.lse(it.b, h, i, 0) = l == 0.f ? kNegInf : st.m[r] + std::log(l);
+  }
+}
+
+/// dst ← merge(dst, src) through log-sum-exp: both scaled to the larger maximum.
+void merge_state(const Plan& pl, index_t dv, State dst, const State& src) {
+  const index_t br = pl.br;
+  for (index_t c = 0; c < br / W; ++c) {
+    const R ma = Vec::load(dst.m + c * W), mb = Vec::load(src.m + c * W);
+    const R mn = Vec::max(ma, mb), mu = Vec::neginf_to_zero(mn);
+    const R ca = Vec::exp_cut(Vec::sub(ma, mu)), cb = Vec::exp_cut(Vec::sub(mb, mu));
+    Vec::store(dst.l + c * W, Vec::fmadd(Vec::load(dst.l + c * W), ca,
+                                         Vec::mul(Vec::load(src.l + c * W), cb)));
+    Vec::store(dst.m + c * W, mn);
+    for (index_t d = 0; d < dv; ++d) {
+      float* a = dst.ot + d * br + c * W;
+      Vec::store(a, Vec::fmadd(Vec::load(a), ca, Vec::mul(Vec::load(src.ot + d * br + c * W), cb)));
+    }
+  }
+}
+
+using BlockFn = void (*)(const AttentionProblem&, const Plan&, const Item&, KeyRange, Scratch&, State);
+
+template <int CI>
+constexpr BlockFn block_fn_for(int ci) {
+  if constexpr (CI > kMaxCI) {
+    return nullptr;
+  } else {
+    return ci == CI ? &attend_block<CI> : block_fn_for<CI + 1>(ci);
+  }
+}
+
+std::size_t workspace_bytes(const AttentionProblem& p, const ParamValues& params, int threads) {
+  const Plan pl = make_plan(p, params, threads);
+  const auto br = static_cast<std::size_t>(pl.br);
+  const std::size_t per_thread =
+      sizeof(float) * br * static_cast<std::size_t>(p.d_qk() + pl.lds + (pl.key_lanes ? 2 : 1) * p.d_v() + 2) +
+      4 * sizeof(index_t) * br;
+  const auto units = static_cast<std::size_t>(pl.items * pl.splits);
+  std::size_t partial = 2 * sizeof(index_t) * units;  // schedule: costs and order
+  if (pl.splits > 1)
+    partial += sizeof(float) * br * units * static_cast<std::size_t>(p.d_v() + 2) +
+               sizeof(index_t) * static_cast<std::size_t>(pl.items);
+  return per_thread * static_cast<std::size_t>(pl.threads) + partial;
+}
+
+void forward(const AttentionProblem& p, const ParamValues& params, const ExecContext& ctx) {
+  const Plan pl = make_plan(p, params, ctx.num_threads());
+  const int threads = pl.threads;
+  const ExecContext run_ctx{threads};
+  const BlockFn block = pl.key_lanes ? &attend_rows : block_fn_for<1>(pl.ci);
+  const index_t units = pl.items * pl.splits, dv = p.d_v();
+
+  // Work units (item, split) are handed out one at a time from a shared counter: on a machine
+  // shared with other jobs a thread that is descheduled simply takes fewer units. Order: by
+  // (batch, kv head), so that consecutive units stream the same K/V (a global heaviest-first
+  // order interleaves all heads and measured 20% slower for causal N = 4096 from cache misses),
+  // and heaviest first within it, so the run ends on light units. Each unit writes only its
+  // own output rows (or its own partial state, merged in split order by whichever thread ends
+  // the item's last split), so the result does not depend on which thread ran which unit: it
+  // is bitwise reproducible for a given thread count.
+  std::vector<index_t> order(static_cast<std::size_t>(units));
+  {
+    std::vector<index_t> cost(static_cast<std::size_t>(units));
+    for (index_t w = 0; w < pl.items; ++w) {
+      const KeyRange all = item_keys(p, pl, item_of(p, pl, w));
+      for (index_t s = 0; s < pl.splits; ++s) {
+        const KeyRange kr = split_keys(pl, all, s);
+        cost[static_cast<std::size_t>(w * pl.splits + s)] = kr.end - kr.begin + 16;
+      }
+    }
+    for (index_t u = 0; u < units; ++u) order[static_cast<std::size_t>(u)] = u;
+    const index_t per_head = pl.nblk * pl.splits;
+    std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
+      if (a / per_head != b / per_head) return a / per_head < b / per_head;
+      return cost[static_cast<std::size_t>(a)] > cost[static_cast<std::size_t>(b)];
+    });
+  }
+  std::atomic<index_t> next{0};
+
+  const std::size_t sbr = static_cast<std::size_t>(pl.br);
+  AlignedFloats partial;
+  if (pl.splits > 1) partial.resize(static_cast<std::size_t>(units) * sbr * static_cast<std::size_t>(dv + 2));
+  auto part_state = [&](index_t u) {
+    float* base = partial.data() + static_cast<std::size_t>(u) * sbr * static_cast<std::size_t>(dv + 2);
+    return State{base, base + sbr, base + 2 * sbr};
+  };
+
+  // Split-KV: the thread that completes an item's last split merges the partial states in
+  // split order (exact through LSE), inside the same parallel region: a second region would
+  // add one more fork/join, which on a loaded machine can cost a scheduling quantum.
+  std::unique_ptr<std::atomic<index_t>[]> done;
+  if (pl.splits > 1) {
+    done = std::make_unique<std::atomic<index_t>[]>(static_cast<std::size_t>(pl.items));
+    for (index_t w = 0; w < pl.items; ++w) done[static_cast<std::size_t>(w)].store(0);
+  }
+
+  parallel_for(run_ctx, threads, [&](std::int64_t) {
+    Scratch ws;
+    ws.reserve(p, pl);
+    for (index_t k = next.fetch_add(1); k < units; k = next.fetch_add(1)) {
+      const index_t u = order[static_cast<std::size_t>(k)];
+      const index_t w = u / pl.splits, s = u % pl.splits;
+      const Item it = item_of(p, pl, w);
+      const KeyRange all = item_keys(p, pl, it);
+      if (pl.splits == 1) {
+        const State st{ws.m.data(), ws.l.data(), ws.ot.data()};
+        block(p, pl, it, all, ws, st);
+        finish_block(p, pl, it, st);
+        continue;
+      }
+      block(p, pl, it, split_keys(pl, all, s), ws, part_state(u));
+      if (done[static_cast<std::size_t>(w)].fetch_add(1, std::memory_order_acq_rel) + 1 == pl.splits) {
+        const State dst = part_state(w * pl.splits);
+        for (index_t s2 = 1; s2 < pl.splits; ++s2) merge_state(pl, dv, dst, part_state(w * pl.splits + s2));
+        finish_block(p, pl, it, dst);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+#endif  // NUMATTN_ISA_COMPILED
+
+}  // namespace numattn::flash::NUMATTN_ISA_NS
+
+#include "core/isa_end.h"
+
+namespace numattn::flash::NUMATTN_ISA_NS {
+const Ops* ops() {
+#if NUMATTN_ISA_COMPILED
+  static constexpr Ops k{workspace_bytes, forward};
+  return &k;
+#else
+  return nullptr;
+#endif
+}
+}  // namespace numattn::flash::NUMATTN_ISA_NS

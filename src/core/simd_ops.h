@@ -1,0 +1,29 @@
+// Internal: the dispatch table of the array functions of core/simd.h, one per instruction-set
+// variant (src/core/simd_kernels.h compiled by simd.cpp, simd_avx2.cpp, simd_avx512.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace numattn::simd {
+
+struct Ops {
+  void (*exp)(const float* x, float* y, std::int64_t n);
+  void (*silu_mul)(const float* g, const float* u, float* a, std::int64_t n);
+  double (*sum_squares)(const float* x, std::int64_t n);
+  float (*max)(const float* x, std::int64_t n);
+  double (*exp_shift)(float* x, std::int64_t n, float shift, float add);
+  float (*dot)(const float* x, const float* y, std::int64_t n);
+};
+
+// nullptr where the variant was not compiled (core/isa_begin.h).
+namespace portable {
+const Ops* ops();
+}
+namespace avx2 {
+const Ops* ops();
+}
+namespace avx512 {
+const Ops* ops();
+}
+
+}  // namespace numattn::simd
