@@ -11,6 +11,11 @@ target_link_libraries(numattn_deps INTERFACE fmt::fmt nlohmann_json::nlohmann_js
 # numattn starts threads only through parallel_for (core/exec.h): Eigen must not open OpenMP
 # teams of its own under -fopenmp.
 target_compile_definitions(numattn_deps INTERFACE EIGEN_DONT_PARALLELIZE)
+# Eigen's alignment (EIGEN_MAX_ALIGN_BYTES) is part of the ABI of every Eigen object that crosses
+# the library's interface (decomp::MatrixXd); by default it follows the widest vector ISA of the
+# compile flags. Fixed at 64 bytes, it no longer depends on -march: the library, its tests and a
+# program built against the installed package agree whatever each was compiled for.
+target_compile_definitions(numattn_deps INTERFACE EIGEN_MAX_ALIGN_BYTES=64)
 
 if(NUMATTN_OPENMP)
   find_package(OpenMP REQUIRED)

@@ -13,12 +13,8 @@ set(NUMATTN_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/numattn)
 # numattn_deps carries the third-party targets and definitions (NUMATTN_HAS_BLAS, ...); it is
 # exported with the library as numattn::deps.
 set_target_properties(numattn_deps PROPERTIES EXPORT_NAME deps)
-# The library is compiled for this CPU (NUMATTN_NATIVE); code that includes its headers must be
-# too: Eigen's alignment (EIGEN_MAX_ALIGN_BYTES follows the widest vector ISA) is part of the ABI
-# of every Eigen object that crosses it (decomp::MatrixXd), and a mismatch corrupts the heap.
-if(NUMATTN_NATIVE)
-  target_compile_options(numattn_deps INTERFACE $<INSTALL_INTERFACE:-march=native>)
-endif()
+# Eigen's alignment is fixed by numattn_deps (EIGEN_MAX_ALIGN_BYTES), so code built against the
+# package may use any -march; a NUMATTN_NATIVE library runs only on CPUs like the build machine.
 install(TARGETS numattn numattn_deps EXPORT numattnTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})

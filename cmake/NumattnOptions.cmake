@@ -2,7 +2,13 @@
 option(NUMATTN_BUILD_TESTS "Build the GoogleTest suite and register it with CTest" ${PROJECT_IS_TOP_LEVEL})
 option(NUMATTN_BUILD_BENCHMARKS "Build the Google Benchmark programs in bench/" ${PROJECT_IS_TOP_LEVEL})
 option(NUMATTN_BUILD_CLI "Build the numattn command-line tool" ON)
-option(NUMATTN_NATIVE "Compile for the host CPU (-march=native)" ON)
+# The library runs on any CPU of the baseline (x86-64-v3: AVX2, FMA, F16C) and takes its AVX-512
+# kernels where the CPU has them (run-time dispatch, core/cpu.h); NUMATTN_NATIVE compiles every
+# file for the build machine instead (-march=native): a little faster outside the dispatched
+# kernels, and only for that machine.
+option(NUMATTN_NATIVE "Compile for the host CPU (-march=native) instead of NUMATTN_BASELINE" OFF)
+set(NUMATTN_BASELINE "x86-64-v3" CACHE STRING
+    "-march of a build without NUMATTN_NATIVE on x86-64 (empty: the compiler's default)")
 option(NUMATTN_OPENMP "Use OpenMP for numattn::parallel_for (serial fallback otherwise)" ON)
 option(NUMATTN_BLAS "Link OpenBLAS for GEMM (required by exact.naive and the sgemm baseline)" ON)
 # The Python extension numattn._numattn (python/, nanobind): `pip install .` turns it on; in a

@@ -7,6 +7,8 @@ endfunction()
 
 if(NUMATTN_NATIVE)
   add_compile_options(-march=native)
+elseif(NUMATTN_BASELINE AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+  add_compile_options(-march=${NUMATTN_BASELINE})
 endif()
 if(NUMATTN_SANITIZE)
   string(REPLACE ";" "," _san "${NUMATTN_SANITIZE}")

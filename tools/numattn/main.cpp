@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "common/blas_restart.h"
+#include "numattn/core/cpu.h"
 #include "numattn/core/error.h"
 #include "numattn/model/qgemv.h"
 
@@ -54,11 +55,25 @@ std::string elide_long_runs(const std::string& msg) {
   }
   return out;
 }
+
+// `numattn --version`: the build, and the instruction-set path each kernel family runs here.
+std::string version_text() {
+  using namespace numattn;
+  std::string s = std::string("numattn ") + NUMATTN_VERSION_STRING + " (compiled for " + NUMATTN_BUILD_ARCH + ")\n";
+  s += "CPU paths this machine runs:";
+  for (CpuPath p : runnable_cpu_paths()) s += std::string(" ") + cpu_path_name(p);
+  const CpuPath path = default_cpu_path();
+  s += std::string("\nlibrary path: ") + cpu_path_name(path) +
+       " (NUMATTN_CPU_PATH=portable|avx2|avx512|avx512vnni forces one)\nkernel families:";
+  for (const KernelPath& k : kernel_paths(path)) s += fmt::format("\n  {:<34}{}", k.family, cpu_path_name(k.path));
+  return s;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"numattn: attention computed, approximated, transformed and studied numerically"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_text, "Print the version and the CPU path of every kernel family, and exit");
   // After a successful parse (so --help and flag errors answer at once), before the subcommand.
   app.parse_complete_callback([argv] {
     numattn::tools::restart_with_fast_blas_kernels(argv);
