@@ -258,8 +258,31 @@ PyObject* g_option_error = nullptr; // numattn.OptionError(numattn.Error)
 PyObject* g_nonfinite = nullptr;    // numattn.NonFiniteInputError(numattn.Error)
 PyObject* g_oom = nullptr;          // numattn.OutOfMemoryError(numattn.Error, MemoryError)
 
+// Messages quote what the caller gave: a 100k-character spec would be repeated whole. A run of
+// more than 256 characters without a blank keeps its first 96 and last 32.
+std::string shorten_runs(std::string_view msg) {
+  constexpr std::size_t kLong = 256, kHead = 96, kTail = 32;
+  std::string out;
+  std::size_t i = 0;
+  while (i < msg.size()) {
+    const std::size_t j = std::min(msg.find_first_of(" \n\t", i), msg.size());
+    if (j - i > kLong)
+      out += fmt::format("{}…[{} characters]…{}", msg.substr(i, kHead), j - i - kHead - kTail, msg.substr(j - kTail, kTail));
+    else
+      out += msg.substr(i, j - i);
+    if (j < msg.size()) out += msg[j];
+    i = j + 1;
+  }
+  return out;
+}
+
 void set_error(PyObject* cls, const char* what, const std::vector<std::pair<const char*, nb::object>>& attrs) {
-  nb::object inst = nb::steal(PyObject_CallFunction(cls, "s", what));
+  // Bytes that are not UTF-8 (a cut through a character, raw bytes a message quotes from a file)
+  // become U+FFFD instead of a UnicodeDecodeError in place of the error.
+  const std::string msg = shorten_runs(what);
+  nb::object text = nb::steal(PyUnicode_DecodeUTF8(msg.c_str(), static_cast<Py_ssize_t>(msg.size()), "replace"));
+  if (!text.is_valid()) return;
+  nb::object inst = nb::steal(PyObject_CallFunctionObjArgs(cls, text.ptr(), nullptr));
   if (!inst.is_valid()) return;  // the constructor raised: that error stays set
   for (const auto& [k, v] : attrs) nb::setattr(inst, k, v);
   PyErr_SetObject(cls, inst.ptr());

@@ -256,7 +256,9 @@ def test_messages_say_what_was_expected_and_given():
     assert "list" in str(e) and "numpy.asarray" in str(e)
     e = refused(lambda: numattn.canonical_spec("exact\udcff"), "spec", numattn.OptionError)
     assert "index 5" in str(e) and "UTF-8" in str(e)
-    e = refused(lambda: numattn.attention(q, k, v, method="x" * 100000), "method", numattn.OptionError)
+    for kw in (dict(method="x" * 100000), dict(layout="y" * 100000), dict(causal="z" * 100000)):
+        e = refused(lambda: numattn.attention(q, k, v, **kw), next(iter(kw)), numattn.OptionError)
+        assert len(str(e)) < 1000 and "characters]" in str(e)  # the quoted value is shortened
     e = refused(lambda: numattn.attention(q, k, v, threads="2" * 1000), "threads", TypeError)
     assert len(str(e)) < 400  # what was given is shortened
 
