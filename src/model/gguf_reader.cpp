@@ -365,7 +365,18 @@ GgufFile GgufFile::from_bytes(const void* data, std::size_t size, std::string na
   return f;
 }
 
+namespace {
+thread_local GgufKeyLog* t_key_log = nullptr;
+}  // namespace
+
+GgufKeyLog::GgufKeyLog() : outer_(t_key_log) { t_key_log = this; }
+GgufKeyLog::~GgufKeyLog() { t_key_log = outer_; }
+void GgufKeyLog::record(std::string_view key) {
+  for (GgufKeyLog* l = t_key_log; l != nullptr; l = l->outer_) l->keys_.emplace_back(key);
+}
+
 const GgufValue* GgufFile::find(std::string_view key) const {
+  if (t_key_log != nullptr) GgufKeyLog::record(key);
   auto it = kv_index_.find(std::string(key));
   return it == kv_index_.end() ? nullptr : &kv_[it->second].second;
 }
@@ -415,6 +426,22 @@ double GgufFile::get_double(std::string_view key, double def) const {
 bool GgufFile::get_bool(std::string_view key, bool def) const {
   const GgufValue* v = find(key);
   return v ? with_key(path_, key, [&] { return v->as_bool(); }) : def;
+}
+const std::vector<std::string>& GgufFile::get_string_array(std::string_view key) const {
+  const GgufValue& v = at(key);
+  return with_key(path_, key, [&]() -> const std::vector<std::string>& { return v.string_array_view(); });
+}
+std::vector<std::int64_t> GgufFile::get_int_array(std::string_view key) const {
+  const GgufValue& v = at(key);
+  return with_key(path_, key, [&] { return v.int_array(); });
+}
+std::vector<double> GgufFile::get_double_array(std::string_view key) const {
+  const GgufValue& v = at(key);
+  return with_key(path_, key, [&] { return v.double_array(); });
+}
+
+void GgufFile::rethrow_for_key(std::string_view key, const Error& e) const {
+  throw Error(fmt::format("{}: metadata key '{}': {}", path_, key, e.what()));
 }
 
 const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {

@@ -175,7 +175,8 @@ Tokenizer::Tokenizer(TokenizerConfig cfg) : cfg_(std::move(cfg)) {
     const auto sp = m.find(' ');
     NUMATTN_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < m.size() &&
                       m.find(' ', sp + 1) == std::string::npos,
-                  "merge {} ('{}') is not of the form 'A B'", r, m);
+                  "tokenizer.ggml.merges[{}] = '{}' is not of the form 'A B' (two symbols joined by one "
+                  "space)", r, m);
     merge_rank_.emplace(m, static_cast<std::int32_t>(r));
   }
   for (int b = 0; b < 256; ++b) {

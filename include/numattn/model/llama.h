@@ -101,7 +101,8 @@ struct LlamaHParams {
   /// finite and in (0, 1); rope_base is finite and > 0; 1 <= n_ctx_train <= kMaxContextLength;
   /// and every weight size fits in 64 bits. After it, qkv_rows() and layer_weights() cannot
   /// overflow.
-  void validate(const std::string& source = "") const;
+  /// `arch` names the keys: "llama.*", or numattn's own architectures' renamed "<arch>.*".
+  void validate(const std::string& source = "", const std::string& arch = "llama") const;
 };
 
 /// How a loaded model holds its weights.
