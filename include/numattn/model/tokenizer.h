@@ -30,8 +30,11 @@
 /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
 /// Other `tokenizer.ggml.model` / `pre` values are refused by name.
 ///
-/// Cost: encoding is O(piece_len²) per distinct pre-tokenized piece (pieces are memoised within
-/// one `encode` call), so long texts tokenize in about linear time.
+/// Cost: O(n log n) time and O(n) memory for a text of n bytes, whatever its content (a long run
+/// of one character or a base64 blob is one pre-tokenized piece): the special-token cut and the
+/// pre-tokenizer are linear, and each piece of m bytes is merged in O(m log m) with a linked
+/// list of symbols and a min-heap of candidate pairs. Pieces of up to 256 bytes are memoised
+/// within one `encode` call, so prose costs about one hash lookup per word.
 #pragma once
 
 #include <cstdint>
@@ -115,6 +118,9 @@ class Tokenizer {
   std::unordered_map<std::string, std::int32_t> merge_rank_;  ///< key "A B"
   std::vector<std::int32_t> specials_;  ///< control + user-defined ids, longest text first
   std::int32_t byte_token_[256];        ///< id of each byte's one-symbol token, -1 if none
+  std::size_t max_merge_bytes_ = 0;     ///< longest "A B" merge string
+  static constexpr std::uint32_t kNoSymbol = 0xFFFFFFFFu;  ///< list end in bpe_piece
+  static constexpr std::size_t kMaxMemoisedPiece = 256;     ///< longer pieces are not memoised
 };
 
 }  // namespace numattn
