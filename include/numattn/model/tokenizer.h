@@ -31,10 +31,12 @@
 /// Other `tokenizer.ggml.model` / `pre` values are refused by name.
 ///
 /// Cost: O(n log n) time and O(n) memory for a text of n bytes, whatever its content (a long run
-/// of one character or a base64 blob is one pre-tokenized piece): the special-token cut and the
-/// pre-tokenizer are linear, and each piece of m bytes is merged in O(m log m) with a linked
-/// list of symbols and a min-heap of candidate pairs. Pieces of up to 256 bytes are memoised
-/// within one `encode` call, so prose costs about one hash lookup per word.
+/// of one character or a base64 blob is one pre-tokenized piece): the special-token cut is one
+/// linear scan per special token, the pre-tokenizer is linear, and each piece of m bytes is
+/// merged in O(m log m) with a linked list of symbols and a min-heap of candidate pairs (about
+/// 0.2 s for a million-byte run of one letter with SmolLM2's vocabulary). Pieces of up to 256
+/// bytes are memoised within one `encode` call, so prose costs about one hash lookup per word.
+/// A piece of 2^32 - 1 bytes or more is refused with an Error.
 #pragma once
 
 #include <cstdint>
