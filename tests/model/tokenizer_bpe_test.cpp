@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <climits>
 #include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -16,6 +18,7 @@
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/tokenizer.h"
+#include "support/test_util.h"
 
 namespace numattn {
 namespace {
@@ -390,6 +393,28 @@ TEST(TokenizerBpeDefaultModel, LongWordsCostNLogN) {
   expect_linearithmic(t, letters, "random letters");
   expect_linearithmic(t, " ", "space run");
   expect_linearithmic(t, "-", "'-' run");
+}
+
+// A command-line argument is limited to 128 KiB on Linux, so `numattn tokenize` reads long
+// texts from a file; the ids are those of the same text given with --text.
+TEST(TokenizerBpeDefaultModel, CliReadsTheTextFromAFile) {
+  test::expect_cli_error("tokenize --model /nonexistent/model.gguf",
+                         {"error: --text: ", "--text-file"}, "nonexistent");
+  const test::CliResult both = test::cli("tokenize --text a --text-file /dev/null");
+  EXPECT_NE(both.rc, 0);
+  EXPECT_NE(both.out.find("--text excludes --text-file"), std::string::npos) << both.out;
+  if (!cached_model()) GTEST_SKIP() << "default model not cached (scripts/fetch_data.sh)";
+  const test::ScratchDir dir;
+  const std::string file = dir.file("text.txt");
+  std::ofstream(file, std::ios::binary) << "Pride and Prejudice, aaaaaaaaaa 12345";
+  const test::CliResult by_file = test::cli("tokenize --text-file " + file);
+  const test::CliResult by_arg =
+      test::cli("tokenize --text 'Pride and Prejudice, aaaaaaaaaa 12345'");
+  ASSERT_EQ(by_file.rc, 0) << by_file.out;
+  ASSERT_EQ(by_arg.rc, 0) << by_arg.out;
+  const auto ids = nlohmann::json::parse(by_file.out)["ids"].get<std::vector<std::int32_t>>();
+  EXPECT_EQ(ids, nlohmann::json::parse(by_arg.out)["ids"].get<std::vector<std::int32_t>>());
+  EXPECT_EQ(ids.size(), 16u);
 }
 
 }  // namespace NUMATTN_UNITY_ID
