@@ -309,11 +309,11 @@ void Tokenizer::bpe_piece(std::string_view piece, std::vector<std::int32_t>& out
   // leftmost one among equal ranks, until no adjacent pair is a merge. Rescanning the word for
   // each merge costs O(n^2) for a word of n bytes (a long run of one letter, a base64 blob, a
   // minified line); here the symbols form a doubly linked list over the piece's bytes and the
-  // candidate pairs sit in a binary min-heap keyed by (rank, offset of the left symbol). A merge
-  // changes only the pairs touching it: the (at most two) new ones are pushed and the old ones
-  // stay in the heap, recognised as stale when they come to the top (lazy deletion). Each merge
-  // removes a symbol, so there are fewer than n merges and 3n pushes: O(n log n) time and O(n)
-  // memory. The result is the rescan's, merge for merge: every live adjacent pair has a heap
+  // candidate pairs sit in a min-heap (QuadHeap) keyed by (rank, offset of the left symbol). A
+  // merge changes only the pairs touching it: the (at most two) new ones are pushed and the old
+  // ones stay in the heap, recognised as stale when they come to the top (lazy deletion). Each
+  // merge removes a symbol, so there are fewer than n merges and 3n pushes: O(n log n) time and
+  // O(n) memory. The result is the rescan's, merge for merge: every live adjacent pair has a heap
   // entry, and a symbol keeps the offset of its first byte, so (rank, offset) orders the live
   // pairs exactly as "lowest rank, then leftmost" does.
   const std::size_t n = piece.size();
