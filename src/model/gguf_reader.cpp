@@ -15,6 +15,7 @@
 
 #include "numattn/model/gguf.h"
 
+#include "numattn/core/file_io.h"
 #include "numattn/core/memory.h"
 
 // GGUF is little-endian and values are copied with memcpy.
@@ -322,26 +323,23 @@ class GgufParser {
 // ---- GgufFile ----------------------------------------------------------------------------------
 
 GgufFile GgufFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  NUMATTN_CHECK(fd >= 0, "cannot open GGUF file '{}': {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(fmt::format("'{}' is not a regular file", path));
-  }
+  // A regular file only (a FIFO is never opened, a device never mapped); its size bounds every
+  // table and tensor the parser accepts, and must fit the address space to be mapped.
+  const InputFile in(path, "GGUF file", kSizedByHeader);
+  in.check_mappable();
   auto m = std::make_unique<Mapping>();
-  m->size = static_cast<std::size_t>(st.st_size);
+  m->size = static_cast<std::size_t>(in.size());
   if (m->size > 0) {
-    void* base = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* base = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, in.fd(), 0);
     if (base == MAP_FAILED) {
       const int e = errno;
-      ::close(fd);
-      throw Error(fmt::format("cannot mmap '{}': {}", path, std::strerror(e)));
+      throw Error(fmt::format("cannot mmap GGUF file '{}' ({}): {}", path, format_bytes(m->size),
+                              std::strerror(e)));
     }
     m->mmap_base = base;
     m->data = static_cast<const std::uint8_t*>(base);
   }
-  ::close(fd);  // the mapping keeps the file alive
+  // The mapping keeps the file alive after `in` closes it.
   GgufFile f;
   f.path_ = path;
   f.size_ = m->size;

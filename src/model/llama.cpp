@@ -478,22 +478,7 @@ std::string attention_spec(const AttentionMethods& methods) {
 }
 
 std::vector<std::string> split_spec_list(const std::string& specs) {
-  std::vector<std::string> out;
-  std::string cur;
-  int depth = 0;
-  for (char c : specs) {
-    if (c == '(') ++depth;
-    if (c == ')') --depth;
-    if (c == ';' || (c == ',' && depth == 0)) {
-      out.push_back(cur);
-      cur.clear();
-    } else if (c != ' ') {
-      cur += c;
-    }
-  }
-  out.push_back(cur);
-  for (const auto& s : out) NUMATTN_CHECK(!s.empty(), "empty attention spec in '{}'", specs);
-  return out;
+  return split_specs(specs, ",;");
 }
 
 LlamaModel::LlamaModel(LlamaHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(w)) {

@@ -344,7 +344,8 @@ std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector
                                           const std::function<void(std::int32_t)>& on_token = {},
                                           ForwardProfile* profile = nullptr);
 
-/// Splits a per-layer spec list on ';' and on ',' outside parentheses.
+/// Splits a per-layer spec list on ';' and ',' outside parentheses (attention/registry.h's
+/// split_specs, whose errors it throws).
 std::vector<std::string> split_spec_list(const std::string& specs);
 
 }  // namespace numattn
