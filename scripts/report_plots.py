@@ -307,7 +307,7 @@ def section_ppl(rep, root, meta):
             why = s["status"]
             if s.get("stderr"):
                 why += ": " + s["stderr"].strip().splitlines()[-1]
-            rows.append([s["id"][4:], "", "", "", "", "", why])
+            rows.append([s["title"].split(": ", 1)[-1], "", "", "", "", "", why])
             continue
         rows.append([d.get("attn", ""), f"{fmt(d.get('ppl'), '{:.4f}')} ± {fmt(d.get('ppl_stderr'), '{:.4f}')}",
                      fmt(d.get("kld_mean")), fmt(d.get("kld_p99")), fmt(d.get("top1_agreement"), "{:.4f}"),

@@ -33,10 +33,6 @@ Causal to_causal(const CausalArg& c) {
   }
 }
 
-bool overlaps(const void* a0, const void* a1, const void* b0, const void* b1) {
-  return a0 < b1 && b0 < a1;
-}
-
 // Inputs of one problem, kept alive while it runs: the views point into the caller's arrays or
 // into the copies held here.
 struct Inputs {
@@ -44,8 +40,7 @@ struct Inputs {
   Layout layout = Layout::kBHND;
   std::vector<std::uint8_t> bool_mask;
   std::vector<float> add_mask;
-  const void* mask_begin = nullptr;
-  const void* mask_end = nullptr;
+  MemSpan mask_mem;  // the caller's mask when read in place
   AttentionProblem p;  // q, k, v, scale, causal, mask, window (out/lse set by the caller)
 };
 
@@ -81,12 +76,7 @@ void read_inputs(Inputs& in, const AnyArray& q, const AnyArray& k, const AnyArra
   const auto dt = m.dtype();
   const auto code = static_cast<nb::dlpack::dtype_code>(dt.code);
   const bool row_contig = nk <= 1 || m.stride(1) == 1;
-  const void *b0 = nullptr, *b1 = nullptr;
-  {
-    const auto* base = static_cast<const unsigned char*>(m.data());
-    b0 = base;
-    b1 = base + ((nq - 1) * m.stride(0) + (nk - 1) * m.stride(1) + 1) * static_cast<index_t>(m.itemsize());
-  }
+  const MemSpan mem = mem_span(m.data(), {nq, nk}, {m.stride(0), m.stride(1)}, m.itemsize());
   auto at = [&](index_t i, index_t j) {
     return static_cast<const unsigned char*>(m.data()) +
            (i * m.stride(0) + j * m.stride(1)) * static_cast<index_t>(m.itemsize());
@@ -96,9 +86,10 @@ void read_inputs(Inputs& in, const AnyArray& q, const AnyArray& k, const AnyArra
     // Boolean: nonzero = the key is visible. NumPy bools are bytes 0/1: read in place.
     if (code == nb::dlpack::dtype_code::Bool && dt.bits == 8 && row_contig && m.stride(0) >= nk) {
       p.mask = {MaskKind::kBool, static_cast<const std::uint8_t*>(m.data()), nullptr, m.stride(0)};
-      in.mask_begin = b0, in.mask_end = b1;
+      in.mask_mem = mem;
       return;
     }
+    reserve_array("the mask as bool", {nq, nk}, 1);
     in.bool_mask.resize(static_cast<std::size_t>(nq * nk));
     const auto isz = m.itemsize();
     for (index_t i = 0; i < nq; ++i)
@@ -118,9 +109,10 @@ void read_inputs(Inputs& in, const AnyArray& q, const AnyArray& k, const AnyArra
   const bool aligned = reinterpret_cast<std::uintptr_t>(m.data()) % alignof(float) == 0;
   if (f32 && aligned && row_contig && m.stride(0) >= nk) {
     p.mask = {MaskKind::kAdditive, nullptr, static_cast<const float*>(m.data()), m.stride(0)};
-    in.mask_begin = b0, in.mask_end = b1;
+    in.mask_mem = mem;
     return;
   }
+  reserve_array("the mask as float32", {nq, nk}, 4);
   in.add_mask.resize(static_cast<std::size_t>(nq * nk));
   for (index_t i = 0; i < nq; ++i)
     for (index_t j = 0; j < nk; ++j) {
@@ -135,6 +127,22 @@ void read_inputs(Inputs& in, const AnyArray& q, const AnyArray& k, const AnyArra
       in.add_mask[static_cast<std::size_t>(i * nk + j)] = x;
     }
   p.mask = {MaskKind::kAdditive, nullptr, in.add_mask.data(), nk};
+}
+
+// The shapes are checked before any output is sized from them: validate() wants an out view
+// of the right shape, a placeholder that nothing writes through.
+void validate_before_output(AttentionProblem& p) {
+  static float dummy = 0;
+  p.out = TensorView<float>(&dummy, {p.q.shape[0], p.q.shape[1], p.q.shape[2], p.v.shape[3]}, {0, 0, 0, 1});
+  validate(p);
+}
+
+// "q [1, 8, 100, 64], k [...], v [...]" as the caller passed them (before validation).
+std::string in_shapes(const Inputs& in) {
+  auto one = [](const char* n, const TensorView<const float>& t) {
+    return fmt::format("{} [{}]", n, fmt::join(t.shape, ", "));
+  };
+  return one("q", in.p.q) + ", " + one("k", in.p.k) + ", " + one("v", in.p.v) + " (as [B, H, N, D])";
 }
 
 // The output's memory shape (as the caller holds it: q's rank and layout) for logical
@@ -232,6 +240,8 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v,
   AttentionProblem& p = in.p;
   const index_t dv = p.v.shape[3];
   const std::vector<std::int64_t> oshape = memory_shape(in, dv);
+  doing(fmt::format("preparing {} on {}", m->spec(), in_shapes(in)));
+  validate_before_output(p);
   nb::object result;
   if (out) {
     const nb::ndarray<>& o = *out;
@@ -245,31 +255,37 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v,
                          "the last axis must be contiguous (stride 1), got stride {}", strides.back());
     NUMATTN_CHECK_OPTION(reinterpret_cast<std::uintptr_t>(o.data()) % alignof(float) == 0, "out",
                          "the buffer is not aligned for float32");
-    p.out = logical_view(static_cast<float*>(o.data()), in, shape, strides);
-    // The kernels read q, k, v while they write out: the two must not share memory.
-    const auto* o0 = static_cast<const unsigned char*>(o.data());
-    std::int64_t hi = 0;
-    for (std::size_t i = 0; i < o.ndim(); ++i) hi += (shape[i] - 1) * strides[i];
-    const void* o1 = o0 + (hi + 1) * 4;
+    // Every element of out is written once, by one thread, while q, k, v are read: two
+    // elements of out on the same memory (a stride of 0, axes that interleave) would race and
+    // keep whichever write came last, and out on an input's memory would change what is read.
+    NUMATTN_CHECK_OPTION(!may_self_overlap(shape, strides, sizeof(float)), "out",
+                         "its elements overlap one another (strides [{}] over shape [{}], in elements): "
+                         "pass an array whose elements are distinct memory, e.g. numpy.empty",
+                         fmt::join(strides, ", "), fmt::join(shape, ", "));
+    const MemSpan om = mem_span(o.data(), shape, strides, sizeof(float));
     for (const auto* t : {&in.q, &in.k, &in.v})
       if (!t->copied)
-        NUMATTN_CHECK_OPTION(!overlaps(o0, o1, t->mem_begin, t->mem_end), "out",
+        NUMATTN_CHECK_OPTION(!om.overlaps(t->mem), "out",
                              "shares memory with {}: the output must not overlap an input",
                              t == &in.q ? "q" : t == &in.k ? "k" : "v");
-    NUMATTN_CHECK_OPTION(!in.mask_begin || !overlaps(o0, o1, in.mask_begin, in.mask_end), "out",
-                         "shares memory with the mask");
+    NUMATTN_CHECK_OPTION(!om.overlaps(in.mask_mem), "out",
+                         "shares memory with the mask: the output must not overlap an input");
+    p.out = logical_view(static_cast<float*>(o.data()), in, shape, strides);
     result = nb::cast(o);
   } else {
-    NpArray<float> o = new_array<float>(oshape);
+    NpArray<float> o = new_array<float>(oshape, "the output");
     p.out = logical_view(o.data(), in, oshape, c_strides(oshape));
     result = nb::cast(o);
   }
   nb::object lse_obj = nb::none();
   if (return_lse) {
-    NpArray<float> l = new_array<float>(lse_shape(in));
+    NpArray<float> l = new_array<float>(lse_shape(in), "the log-sum-exp");
     p.lse = TensorView<float>::contiguous(l.data(), {p.q.shape[0], p.q.shape[1], p.q.shape[2], 1});
     lse_obj = nb::cast(l);
   }
+  // The method's own scratch, as it declares it (the exact kernels: a few rows per thread).
+  reserve(m->workspace_bytes(p, ctx), fmt::format("the workspace of {} on {}", m->spec(), p.describe()));
+  doing(fmt::format("running {} on {}", m->spec(), p.describe()));
   if (PyErr_CheckSignals() != 0) throw nb::python_error();
   run_released(in, [&] { m->run(p, ctx); });
   if (PyErr_CheckSignals() != 0) throw nb::python_error();
@@ -318,18 +334,16 @@ nb::object reference(const AnyArray& q, const AnyArray& k, const AnyArray& v,
   read_inputs(in, q, k, v, causal, mask, scale, window, layout);
   AttentionProblem& p = in.p;
   const index_t dv = p.v.shape[3];
-  // validate() wants an out view of the right shape; reference_row never touches it.
-  static float dummy = 0;
-  p.out = TensorView<float>(&dummy, {p.q.shape[0], p.q.shape[1], p.q.shape[2], dv}, {0, 0, 0, 1});
-  validate(p);
+  validate_before_output(p);  // reference_row never touches p.out
+  doing(fmt::format("computing the float64 reference on {}", p.describe()));
   const std::vector<std::int64_t> oshape = memory_shape(in, dv);
-  NpArray<double> o = new_array<double>(oshape);
+  NpArray<double> o = new_array<double>(oshape, "the float64 output");
   const TensorView<double> ov = logical_view(o.data(), in, oshape, c_strides(oshape));
   const std::vector<std::int64_t> st{ov.stride[0], ov.stride[1], ov.stride[2]};
   nb::object lse_obj = nb::none();
   double* lse = nullptr;
   if (return_lse) {
-    NpArray<double> l = new_array<double>(lse_shape(in));
+    NpArray<double> l = new_array<double>(lse_shape(in), "the float64 log-sum-exp");
     lse = l.data();
     lse_obj = nb::cast(l);
   }
@@ -355,6 +369,10 @@ nb::dict error_metrics(const AnyArray& approx, const AnyArray& exact,
                 fmt::join(as, ", "));
   // exact's rows, in float64 (the reference's own precision).
   const auto& s = a.view.shape;
+  doing(fmt::format("comparing arrays of shape {}", shape_str(as)));
+  // exact in float64 and one (b, h, i) row index per row of Dv values.
+  reserve(array_bytes({s[0], s[1], s[2], s[3] + 4}, sizeof(double), "exact"),
+          fmt::format("exact {} as float64, with its row indices and LSEs", shape_str(as)));
   ReferenceRows ref;
   ref.out.reserve(static_cast<std::size_t>(a.view.numel()));
   {
@@ -456,7 +474,7 @@ cannot read. The GIL is released while it computes.)doc";
 }  // namespace
 
 void bind_attention(nb::module_& m) {
-  m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+  m.def("attention", guarded("numattn.attention", &attention), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("method") = "exact.flash", nb::kw_only(), nb::arg("causal") = false,
         nb::arg("mask") = nb::none(), nb::arg("scale") = nb::none(),
         nb::arg("window") = nb::none(), nb::arg("layout") = "bhnd", nb::arg("return_lse") = false,
@@ -473,7 +491,7 @@ contiguous, not overlapping the inputs). The result supports DLPack
 Cost: the method's (``numattn.methods()``: time_complexity); exact.flash O(B·Hq·Nq·Nk·(Dk+Dv)).)doc") +
          kProblemDoc)
             .c_str());
-  m.def("reference", &reference, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::kw_only(),
+  m.def("reference", guarded("numattn.reference", &reference), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::kw_only(),
         nb::arg("causal") = false, nb::arg("mask") = nb::none(), nb::arg("scale") = nb::none(),
         nb::arg("window") = nb::none(), nb::arg("layout") = "bhnd", nb::arg("return_lse") = false,
         nb::arg("threads") = nb::none(),
@@ -486,7 +504,7 @@ Returns a float64 array shaped like ``attention``'s output, or ``(out, lse)`` wi
 which Ctrl-C is honoured.)doc") +
          kProblemDoc)
             .c_str());
-  m.def("error", &error_metrics, nb::arg("approx"), nb::arg("exact"), nb::kw_only(),
+  m.def("error", guarded("numattn.error", &error_metrics), nb::arg("approx"), nb::arg("exact"), nb::kw_only(),
         nb::arg("approx_lse") = nb::none(), nb::arg("exact_lse") = nb::none(),
         R"doc(Error metrics of a float32 result against the float64 reference, named as everywhere
 in numattn (docs/numerics.md):

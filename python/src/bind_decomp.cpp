@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -15,18 +16,22 @@ namespace {
 
 using decomp::MatrixXd;
 
-MatrixXd to_matrix(const AnyArray& a, const char* name) {
+// `work_copies`: how many more matrices of this size the computation that follows makes (the
+// basis selection factorises a working copy), reserved with the copy itself.
+MatrixXd to_matrix(const AnyArray& a, const char* name, int work_copies = 0) {
   std::int64_t r = 0, c = 0;
-  std::vector<double> buf = as_f64_matrix(a, name, r, c);
-  MatrixXd m(r, c);
-  if (r * c > 0) std::memcpy(m.data(), buf.data(), buf.size() * sizeof(double));
+  check_f64_matrix(a, name, r, c);
+  reserve_array(fmt::format("{} as float64{}", name, work_copies ? " and its working copy" : ""), {r, c},
+                sizeof(double), 1 + work_copies);
+  MatrixXd m(r, c);  // row-major, as copy_f64_matrix writes
+  copy_f64_matrix(a, m.data());
   return m;
 }
 
 // New NumPy arrays (copies: the matrices are small next to the work that made them), returned
 // as objects so that properties do not apply their reference_internal policy to them.
 nb::object to_numpy(const MatrixXd& m) {
-  NpArray<double> a = new_array<double>({m.rows(), m.cols()});
+  NpArray<double> a = new_array<double>({m.rows(), m.cols()}, "the result matrix");
   if (m.size() > 0) std::memcpy(a.data(), m.data(), static_cast<std::size_t>(m.size()) * sizeof(double));
   return nb::cast(a);
 }
@@ -42,7 +47,7 @@ std::vector<MatrixXd> matrices(nb::handle w, const char* name) {
   std::vector<MatrixXd> out;
   AnyArray a;
   if (nb::try_cast(w, a, false)) {
-    out.push_back(to_matrix(a, name));
+    out.push_back(to_matrix(a, name, 1));
     return out;
   }
   if (!nb::isinstance<nb::sequence>(w) || nb::isinstance<nb::str>(w))
@@ -52,7 +57,7 @@ std::vector<MatrixXd> matrices(nb::handle w, const char* name) {
     AnyArray x;
     if (!nb::try_cast(item, x, false))
       throw nb::type_error(fmt::format("{}[{}]: expected a 2-d array", name, i).c_str());
-    out.push_back(to_matrix(x, fmt::format("{}[{}]", name, i).c_str()));
+    out.push_back(to_matrix(x, fmt::format("{}[{}]", name, i).c_str(), 1));
     ++i;
   }
   NUMATTN_CHECK(!out.empty(), "{}: the list of matrices is empty", name);
@@ -64,19 +69,57 @@ class PyBd {
   PyBd(nb::handle w, std::optional<std::int64_t> rank, const std::string& strategy,
        const std::string& form, std::optional<double> tolerance,
        std::optional<std::vector<std::int64_t>> basis, std::optional<nb::handle> factor_v) {
-    configure(rank, strategy, form, tolerance, basis, factor_v.has_value());
-    std::vector<MatrixXd> ws = matrices(w, factor_v ? "U" : "W");
-    if (factor_v) {
-      std::vector<MatrixXd> vs = matrices(*factor_v, "V");
-      NUMATTN_CHECK(vs.size() == ws.size(), "U and V: {} factors U but {} factors V", ws.size(), vs.size());
-      nb::gil_scoped_release release;
-      bd_.compute_lowrank(std::span<const MatrixXd>(ws), std::span<const MatrixXd>(vs));
-    } else {
-      nb::gil_scoped_release release;
-      bd_.compute(std::span<const MatrixXd>(ws));
-    }
-    NUMATTN_CHECK(bd_.info() == decomp::ComputationInfo::kSuccess, "BasisDecomposition: {} ({})",
-                  bd_.message(), decomp::to_string(bd_.info()));
+    entry("numattn.BasisDecomposition", [&] {
+      configure(rank, strategy, form, tolerance, basis, factor_v.has_value());
+      std::vector<MatrixXd> ws = matrices(w, factor_v ? "U" : "W");
+      if (basis) {
+        // Indices of rows (row form) or columns (column form) of the matrices, each once.
+        const bool rows = bd_.form() == decomp::BdForm::kRows;
+        const std::int64_t limit = rows ? ws[0].rows() : ws[0].cols();
+        std::vector<std::int64_t> sorted = *basis;
+        std::sort(sorted.begin(), sorted.end());
+        for (std::size_t i = 0; i < sorted.size(); ++i) {
+          NUMATTN_CHECK_OPTION(sorted[i] >= 0 && sorted[i] < limit, "basis",
+                               "index {} is not a {} index of the {}×{} matrix (0 to {})", sorted[i],
+                               rows ? "row" : "column", ws[0].rows(), ws[0].cols(), limit - 1);
+          NUMATTN_CHECK_OPTION(i == 0 || sorted[i] != sorted[i - 1], "basis", "index {} is given twice", sorted[i]);
+        }
+      }
+      doing(fmt::format("decomposing {} matri{} of shape [{}, {}] ({} strategy)", ws.size(),
+                              ws.size() == 1 ? "x" : "ces", ws[0].rows(), ws[0].cols(), strategy));
+      if (factor_v) {
+        std::vector<MatrixXd> vs = matrices(*factor_v, "V");
+        NUMATTN_CHECK(vs.size() == ws.size(), "U and V: {} factors U but {} factors V", ws.size(), vs.size());
+        nb::gil_scoped_release release;
+        bd_.compute_lowrank(std::span<const MatrixXd>(ws), std::span<const MatrixXd>(vs));
+      } else {
+        nb::gil_scoped_release release;
+        bd_.compute(std::span<const MatrixXd>(ws));
+      }
+      NUMATTN_CHECK(bd_.info() == decomp::ComputationInfo::kSuccess, "BasisDecomposition: {} ({})",
+                    bd_.message(), decomp::to_string(bd_.info()));
+    });
+  }
+
+  // Ŵ_k, m×n, and its NumPy copy.
+  nb::object reconstruct(index_t k) const {
+    return entry("BasisDecomposition.reconstruct", [&] {
+      checked(k);
+      doing(fmt::format("reconstructing W_{} {}", k, shape_str({bd_.rows(), bd_.cols()})));
+      reserve_array(fmt::format("W_{} and its NumPy copy", k), {bd_.rows(), bd_.cols()}, sizeof(double), 2);
+      return to_numpy(bd_.reconstruct(k));
+    });
+  }
+
+  // x·W_k: x copied to float64 (t×m), the product (t×n) and its NumPy copy.
+  nb::object apply(const AnyArray& x, index_t k) const {
+    return entry("BasisDecomposition.apply", [&] {
+      checked(k);
+      MatrixXd xm = to_matrix(x, "x");
+      doing(fmt::format("computing x·W_{} {}", k, shape_str({xm.rows(), bd_.cols()})));
+      reserve_array(fmt::format("x·W_{} and its NumPy copy", k), {xm.rows(), bd_.cols()}, sizeof(double), 2);
+      return to_numpy(bd_.apply(xm, k));
+    });
   }
 
   const decomp::BasisDecomposition& bd() const { return bd_; }
@@ -172,11 +215,9 @@ numerically singular basis (κ·eps ≥ 1).)doc")
         d["macs_dense"] = a.macs_dense, d["macs_lowrank"] = a.macs_lowrank, d["macs_bd"] = a.macs_bd;
         return d;
       }, "storage and multiply-accumulates per input row of matrix 0: dense m·n, low-rank r(m+n), BD r(m+n−r)")
-      .def("reconstruct", [](const PyBd& s, index_t k) { return to_numpy(s.bd().reconstruct(s.checked(k))); },
+      .def("reconstruct", &PyBd::reconstruct,
            nb::arg("k") = 0, "Ŵ_k = P·[I; C]·B (rows) or B·[I C]·P (cols), m×n; costs (m−r)·r·n MACs")
-      .def("apply", [](const PyBd& s, const AnyArray& x, index_t k) {
-             return to_numpy(s.bd().apply(to_matrix(x, "x"), s.checked(k)));
-           }, nb::arg("x"), nb::arg("k") = 0,
+      .def("apply", &PyBd::apply, nb::arg("x"), nb::arg("k") = 0,
            "x·W_k through BD for x of shape (t, m): r(m+n−r) MACs per row instead of m·n")
       .def("__repr__", [](const PyBd& s) {
         return fmt::format("BasisDecomposition(shape=({}, {}), rank={}, form='{}', strategy='{}', cond={:.3g}, residual={:.3g})",

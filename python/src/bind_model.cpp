@@ -28,17 +28,31 @@ using TextArg = std::variant<std::string, std::vector<std::int32_t>>;
 
 class PyModel {
  public:
-  static std::unique_ptr<PyModel> load(const std::string& path_arg, std::optional<int> threads) {
-    const ExecContext ctx{threads.value_or(0)};
-    ctx.num_threads();
-    const std::string path = resolve_model_path(path_arg);
-    nb::gil_scoped_release release;
-    GgufFile file = GgufFile::open(path);
-    Tokenizer tok = Tokenizer::from_gguf(file);
-    std::string name = file.get_string("general.name", "");
-    LlamaModel model = LlamaModel::load(file, ctx);
-    return std::unique_ptr<PyModel>(new PyModel(path, std::move(name), std::move(model), std::move(tok)));
+  // What a loaded model is made of (a PyModel itself holds a mutex and cannot move).
+  struct Parts {
+    std::string path, name;
+    LlamaModel model;
+    Tokenizer tok;
+  };
+  static Parts load_parts(const std::string& path_arg, std::optional<int> threads) {
+    return entry("numattn.Model.load", [&] {
+      const ExecContext ctx{threads.value_or(0)};
+      ctx.num_threads();
+      const std::string path = resolve_model_path(path_arg);
+      doing("loading the model " + path);
+      nb::gil_scoped_release release;
+      GgufFile file = GgufFile::open(path);
+      Tokenizer tok = Tokenizer::from_gguf(file);
+      std::string name = file.get_string("general.name", "");
+      LlamaModel model = LlamaModel::load(file, ctx);
+      return Parts{path, std::move(name), std::move(model), std::move(tok)};
+    });
   }
+  static std::unique_ptr<PyModel> load(const std::string& path_arg, std::optional<int> threads) {
+    return std::make_unique<PyModel>(load_parts(path_arg, threads));
+  }
+  explicit PyModel(Parts&& p)
+      : path_(std::move(p.path)), name_(std::move(p.name)), model_(std::move(p.model)), tok_(std::move(p.tok)) {}
 
   const std::string& path() const { return path_; }
   const std::string& name() const { return name_; }
@@ -77,6 +91,7 @@ class PyModel {
       nb::gil_scoped_release release;
       const std::vector<std::int32_t> tokens = text_tokens(text);
       check_ppl_options(po, &model_.hparams(), static_cast<std::int64_t>(tokens.size()));
+      doing(fmt::format("evaluating perplexity on {} tokens with ctx={}", tokens.size(), ctx_len));
       r = evaluate_perplexity(model_, tokens, tok_.bos_id(), tok_.add_bos(), po, ctx);
     }
     nb::dict d;
@@ -142,7 +157,11 @@ class PyModel {
     const bool replace = mode == BosMode::kReplace || (mode == BosMode::kAuto && tok_.add_bos());
     NUMATTN_CHECK_OPTION(!replace || tok_.bos_id() >= 0, "bos", "the vocabulary has no BOS token");
     if (replace) window[0] = tok_.bos_id();
-    // Outputs allocated up front (with the GIL); the capture callback fills them.
+    doing(fmt::format("capturing q, k, v of {} layer(s) over {} tokens", layers.size(), N));
+    // Outputs allocated up front (with the GIL), all of them reserved first; the capture
+    // callback fills them.
+    reserve_array("the captured q, k, v (float32) of every layer asked for",
+                  {static_cast<std::int64_t>(layers.size()), Hq + 2 * Hkv, N, D}, sizeof(float));
     std::vector<int> slot(static_cast<std::size_t>(hp.n_layer), -1);
     std::vector<std::array<float*, 3>> dst;
     nb::dict out;
@@ -193,6 +212,7 @@ class PyModel {
     const std::string text = chat ? "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n" : prompt;
     const std::vector<std::int32_t> ids = tok_.encode(text, tok_.add_bos(), true);
     check_generation(max_tokens, static_cast<std::int64_t>(ids.size()), &model_.hparams());
+    doing(fmt::format("generating up to {} tokens after a prompt of {}", max_tokens, ids.size()));
     std::vector<std::int32_t> out;
     {
       nb::gil_scoped_release release;
@@ -215,8 +235,6 @@ class PyModel {
   }
 
  private:
-  PyModel(std::string path, std::string name, LlamaModel m, Tokenizer t)
-      : path_(std::move(path)), name_(std::move(name)), model_(std::move(m)), tok_(std::move(t)) {}
   std::string path_, name_;
   LlamaModel model_;
   Tokenizer tok_;
@@ -239,6 +257,12 @@ pluggable attention method per layer (model/llama.h).
 ``Model.load("default" | path)``; then ``ppl``, ``capture``, ``generate``, ``tokenize``. Each
 long call releases the GIL and stops on Ctrl-C (KeyboardInterrupt) between chunks, layers or
 tokens; the model is left as it was.)doc")
+      // The constructor, so that the Python package's Model (which checks its arguments) can
+      // subclass this one; Model.load is the spelling the documentation uses.
+      .def("__init__", [](PyModel* self, const std::string& path, std::optional<int> threads) {
+             new (self) PyModel(PyModel::load_parts(path, threads));
+           }, nb::arg("path") = "default", nb::kw_only(), nb::arg("threads") = nb::none(),
+           "Model(path) is Model.load(path).")
       .def_static("load", &PyModel::load, nb::arg("path") = "default", nb::kw_only(),
                   nb::arg("threads") = nb::none(),
                   "Reads a GGUF file ('default': the cached SmolLM2-135M): hyper-parameters and "
@@ -256,13 +280,23 @@ tokens; the model is left as it was.)doc")
         return d;
       }, "hyper-parameters (GGUF llama.* keys)")
       .def("tokenize", [](const PyModel& s, const std::string& text, bool add_bos, bool parse_special) {
-             return s.tokenizer().encode(text, add_bos, parse_special);
+             return entry("Model.tokenize", [&] {
+               doing(fmt::format("tokenizing {} bytes of text", text.size()));
+               return s.tokenizer().encode(text, add_bos, parse_special);
+             });
            }, nb::arg("text"), nb::kw_only(), nb::arg("add_bos") = false, nb::arg("parse_special") = true,
            "Token ids of text (GPT-2 byte-level BPE, as llama.cpp).")
       .def("detokenize", [](const PyModel& s, const std::vector<std::int32_t>& ids, bool render_special) {
-             return s.tokenizer().decode(ids, render_special);
+             return entry("Model.detokenize", [&] {
+               doing(fmt::format("decoding {} token ids", ids.size()));
+               const std::int32_t n = s.tokenizer().vocab_size();
+               for (std::size_t i = 0; i < ids.size(); ++i)
+                 NUMATTN_CHECK_OPTION(ids[i] >= 0 && ids[i] < n, "ids",
+                                      "token id {} at position {} is outside the vocabulary [0, {})", ids[i], i, n);
+               return s.tokenizer().decode(ids, render_special);
+             });
            }, nb::arg("ids"), nb::kw_only(), nb::arg("render_special") = true)
-      .def("ppl", &PyModel::ppl, nb::arg("text"), nb::arg("ctx") = 512, nb::arg("chunks") = -1,
+      .def("ppl", guarded("Model.ppl", &PyModel::ppl), nb::arg("text"), nb::arg("ctx") = 512, nb::arg("chunks") = -1,
            nb::kw_only(), nb::arg("attn") = "exact.flash", nb::arg("baseline") = nb::none(),
            nb::arg("bos") = "auto", nb::arg("allow_long_ctx") = false, nb::arg("threads") = nb::none(),
            R"doc(Perplexity on a text (a str, tokenized whole as `numattn ppl` does, or a list of token
@@ -273,7 +307,7 @@ second half of each scored. ``chunks=-1``: all that fit. ``attn``: one spec or o
 Returns a dict: ppl, ppl_stderr, nll_mean, nll (float64 per scored token), tokens_scored,
 tokens_processed, seconds, tokens_per_s, attn, ctx, chunks.
 Cost: one forward pass of ctx tokens per chunk (two with a baseline).)doc")
-      .def("capture", &PyModel::capture, nb::arg("text"), nb::arg("tokens") = 2048,
+      .def("capture", guarded("Model.capture", &PyModel::capture), nb::arg("text"), nb::arg("tokens") = 2048,
            nb::arg("layers") = std::vector<std::int64_t>{0}, nb::kw_only(), nb::arg("offset") = 0,
            nb::arg("pre_rope") = false, nb::arg("bos") = "auto", nb::arg("threads") = nb::none(),
            R"doc(The Q, K, V that the attention layers see on ``tokens`` tokens of a text (from token
@@ -281,7 +315,7 @@ Cost: one forward pass of ctx tokens per chunk (two with a baseline).)doc")
 writes them: a dict {layer: (q, k, v)} of float32 arrays q [Hq, N, D], k and v [Hkv, N, D],
 after RoPE (``pre_rope=True``: before). ``numattn.attention(q, k, v, causal=True,
 scale=...)`` then runs that layer's problem. ``layers``: indices or "all".)doc")
-      .def("generate", &PyModel::generate, nb::arg("prompt"), nb::arg("max_tokens") = 32, nb::kw_only(),
+      .def("generate", guarded("Model.generate", &PyModel::generate), nb::arg("prompt"), nb::arg("max_tokens") = 32, nb::kw_only(),
            nb::arg("attn") = nb::none(), nb::arg("chat") = false, nb::arg("return_ids") = false,
            nb::arg("threads") = nb::none(),
            R"doc(Greedy generation with the KV cache (as `numattn generate`): the new text (or token ids

@@ -143,6 +143,45 @@ ParsedSpec parse_spec(std::string_view spec) {
   return out;
 }
 
+std::vector<std::string> split_specs(std::string_view list, std::string_view separators) {
+  const std::string sep_names = [&] {
+    std::string s;
+    for (char c : separators) s += (s.empty() ? "'" : " or '") + std::string(1, c) + "'";
+    return s;
+  }();
+  NUMATTN_CHECK(!trim(list).empty(),
+                "empty spec list: give one or more method specs separated by {} (e.g. "
+                "exact.flash{}lowrank.nystrom(landmarks=64))",
+                sep_names, separators.empty() ? ',' : separators.front());
+  std::vector<std::string> out;
+  std::size_t start = 0, open_at = 0;
+  int depth = 0;
+  auto item = [&](std::size_t end) {
+    std::string it = trim(list.substr(start, end - start));
+    NUMATTN_CHECK(!it.empty(),
+                  "spec list '{}': empty item at position {} (a leading, trailing or doubled "
+                  "separator {}); remove it",
+                  list, start, sep_names);
+    out.push_back(std::move(it));
+  };
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const char c = list[i];
+    if (c == '(') {
+      if (depth++ == 0) open_at = i;
+    } else if (c == ')') {
+      NUMATTN_CHECK(depth > 0, "spec list '{}': ')' at position {} closes no '('", list, i);
+      --depth;
+    } else if (depth == 0 && separators.find(c) != std::string_view::npos) {
+      item(i);
+      start = i + 1;
+    }
+  }
+  NUMATTN_CHECK(depth == 0, "spec list '{}': the '(' at position {} is never closed", list,
+                open_at);
+  item(list.size());
+  return out;
+}
+
 std::vector<const MethodInfo*> list_methods() {
   std::vector<const MethodInfo*> v;
   for (const Entry& e : entries()) v.push_back(&e.describe());

@@ -1,6 +1,7 @@
 #include "numattn/core/file_io.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,9 +9,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <system_error>
 
 #include "numattn/core/error.h"
+#include "numattn/core/memory.h"
 
 namespace numattn {
 
@@ -52,45 +55,129 @@ std::atomic<unsigned> g_temp_counter{0};
 }  // namespace
 
 namespace {
-// Opens an input for reading after naming what is wrong with it: an empty path, a missing file,
-// a directory, or (when `regular_only`) a device, FIFO or socket. Returns the descriptor.
-int open_input(const std::string& path, std::string_view what, bool regular_only) {
-  NUMATTN_CHECK(!path.empty(), "{}: empty path", what);
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  NUMATTN_CHECK(fs::exists(st), "{} '{}' does not exist{}", what, path,
-                ec && ec != std::errc::no_such_file_or_directory ? ": " + ec.message() : "");
-  NUMATTN_CHECK(!fs::is_directory(st), "{} '{}' is a directory, not a file", what, path);
-  NUMATTN_CHECK(!regular_only || fs::is_regular_file(st),
-                "{} '{}' is not a regular file (a device, FIFO or socket)", what, path);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  NUMATTN_CHECK(fd >= 0, "cannot read {} '{}': {}", what, path, sys_error(errno));
-  return fd;
+
+// What a non-regular file is, for the message that refuses it.
+std::string_view file_type_name(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
 }
+
+// " (a symbolic link to '/dev/zero')" when `path` is a link, so that the refusal of a link to a
+// device names what the link hides.
+std::string link_note(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_symlink(fs::symlink_status(path, ec))) return "";
+  const fs::path t = fs::weakly_canonical(path, ec);
+  return ec ? std::string(" (a symbolic link)")
+            : fmt::format(" (a symbolic link to '{}')", t.string());
+}
+
 }  // namespace
 
-void check_input_file(const std::string& path, std::string_view what) {
-  ::close(open_input(path, what, true));
+InputFile::InputFile(const std::string& path, std::string_view what, InputLimit limit)
+    : path_(path), what_(what), limit_(limit) {
+  NUMATTN_CHECK(!path.empty(), "{}: empty path: give the path of a file", what);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    NUMATTN_CHECK(err != ENOENT, "{} '{}' does not exist{}: cannot open it; check the path", what,
+                  path, link_note(path));
+    throw Error(fmt::format("cannot read {} '{}': {}", what, path, sys_error(err)));
+  }
+  NUMATTN_CHECK(!S_ISDIR(st.st_mode), "{} '{}' is a directory, not a file", what, path);
+  // Never opened: a FIFO would block the open, a device could be read without end.
+  NUMATTN_CHECK(S_ISREG(st.st_mode),
+                "{} '{}'{} is {}, not a regular file: numattn reads inputs only from regular "
+                "files; copy the data into one",
+                what, path, link_note(path), file_type_name(st.st_mode));
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  NUMATTN_CHECK(size <= limit.max_bytes,
+                "{} '{}' is {} bytes ({}), more than {} may have ({}): is it the intended file?",
+                what, path, size, format_bytes(size), limit.kind, format_bytes(limit.max_bytes));
+  // Non-blocking, so that a path swapped for a FIFO after the stat cannot hang the open.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  NUMATTN_CHECK(fd_ >= 0, "cannot read {} '{}': {}", what, path, sys_error(errno));
+  struct stat fst {};
+  if (::fstat(fd_, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_dev != st.st_dev ||
+      fst.st_ino != st.st_ino) {
+    ::close(fd_);
+    fd_ = -1;
+    throw Error(fmt::format("{} '{}' changed while it was being opened; run again", what, path));
+  }
+  size_ = size;
 }
 
-std::string read_file(const std::string& path, std::string_view what) {
-  // Pipes and devices are read to their end (e.g. a shell's <(...)); only directories refused.
-  const int fd = open_input(path, what, false);
+InputFile::~InputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+InputFile::InputFile(InputFile&& o) noexcept
+    : path_(std::move(o.path_)),
+      what_(std::move(o.what_)),
+      limit_(o.limit_),
+      size_(o.size_),
+      fd_(o.fd_) {
+  o.fd_ = -1;
+}
+
+void InputFile::read_at(void* dst, std::size_t n, std::uint64_t offset) const {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    NUMATTN_CHECK(r >= 0, "error reading {} '{}': {}", what_, path_, sys_error(errno));
+    NUMATTN_CHECK(
+        r > 0,
+        "error reading {} '{}': the file ended at byte {} (was it truncated while being read?)",
+        what_, path_, offset);
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    offset += static_cast<std::uint64_t>(r);
+  }
+}
+
+std::string InputFile::read_all() const {
+  check_memory(size_, fmt::format("reading {} '{}'", what_, path_));
   std::string out;
+  out.reserve(static_cast<std::size_t>(size_));
   char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
+  for (std::uint64_t at = 0;;) {
+    const ssize_t n = ::pread(fd_, buf, sizeof buf, static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw Error(fmt::format("error reading {} '{}': {}", what, path, sys_error(err)));
-    }
+    NUMATTN_CHECK(n >= 0, "error reading {} '{}': {}", what_, path_, sys_error(errno));
     if (n == 0) break;
+    at += static_cast<std::uint64_t>(n);
+    // The stat's size is checked; a file that grows while it is read is held to the same bound.
+    NUMATTN_CHECK(at <= limit_.max_bytes,
+                  "{} '{}' grew past {} bytes ({}) while being read, more than {} may have", what_,
+                  path_, limit_.max_bytes, format_bytes(limit_.max_bytes), limit_.kind);
     out.append(buf, static_cast<std::size_t>(n));
   }
-  ::close(fd);
   return out;
+}
+
+void InputFile::check_mappable() const {
+  NUMATTN_CHECK(size_ <= static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()),
+                "{} '{}' is {} bytes, more than this process can address", what_, path_, size_);
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    NUMATTN_CHECK(size_ <= static_cast<std::uint64_t>(rl.rlim_cur),
+                  "{} '{}' is {} ({} bytes), more than this process may map: its address space is "
+                  "limited to {} (RLIMIT_AS; raise it with `ulimit -v`)",
+                  what_, path_, format_bytes(size_), size_,
+                  format_bytes(static_cast<std::uint64_t>(rl.rlim_cur)));
+}
+
+void check_input_file(const std::string& path, std::string_view what, InputLimit limit) {
+  (void)InputFile(path, what, limit);
+}
+
+std::string read_file(const std::string& path, std::string_view what, InputLimit limit) {
+  return InputFile(path, what, limit).read_all();
 }
 
 bool same_file(const std::string& a, const std::string& b) {
@@ -123,6 +210,52 @@ void check_outputs_distinct(const std::vector<NamedPath>& outputs,
                     "{} '{}' and {} '{}' are the same file: give each output its own path",
                     outputs[j].what, outputs[j].path, o.what, o.path);
   }
+}
+
+void check_output_path(const std::string& path, std::string_view what, OutputKind kind) {
+  NUMATTN_CHECK(!path.empty(),
+                "{}: empty path: give a {} (an empty one would write into the current directory)",
+                what, kind == OutputKind::kFile ? "file name" : "directory");
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  const bool exists = fs::exists(st);
+  if (kind == OutputKind::kDirectory) {
+    NUMATTN_CHECK(!exists || fs::is_directory(st),
+                  "{}: '{}'{} exists and is not a directory; give a directory", what, path,
+                  link_note(path));
+    // The nearest existing ancestor must be a directory, or the parents cannot be created.
+    for (fs::path p = fs::absolute(path, ec).parent_path(); !exists && !p.empty();
+         p = p.parent_path()) {
+      const fs::file_status ps = fs::status(p, ec);
+      if (!fs::exists(ps)) {
+        if (p == p.parent_path()) break;
+        continue;
+      }
+      NUMATTN_CHECK(fs::is_directory(ps),
+                    "{}: '{}' cannot be created: '{}' is a file, not a directory", what, path,
+                    p.string());
+      break;
+    }
+    return;
+  }
+  NUMATTN_CHECK(!exists || !fs::is_directory(st), "{}: '{}'{} is a directory; give a file name",
+                what, path, link_note(path));
+  NUMATTN_CHECK(path.back() != '/', "{}: '{}' names a directory (it ends in '/'); give a file name",
+                what, path);
+  NUMATTN_CHECK(!exists || fs::is_regular_file(st),
+                "{}: '{}'{} exists and is {}: numattn writes regular files only", what, path,
+                link_note(path), [&] {
+                  struct stat s {};
+                  return ::stat(path.c_str(), &s) == 0 ? file_type_name(s.st_mode)
+                                                       : "not a regular file";
+                }());
+  const fs::path target = follow_symlinks(path, what);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::file_status ds = fs::status(dir, ec);
+  NUMATTN_CHECK(fs::exists(ds), "{}: '{}': the directory '{}' does not exist; create it first",
+                what, path, dir.string());
+  NUMATTN_CHECK(fs::is_directory(ds), "{}: '{}': '{}' is a file, not a directory", what, path,
+                dir.string());
 }
 
 AtomicFile::AtomicFile(const std::string& path, std::string_view what) : path_(path), what_(what) {

@@ -78,9 +78,9 @@ std::string format_bytes(std::uint64_t bytes) {
 
 void check_memory(std::uint64_t bytes, std::string_view what) {
   const std::uint64_t avail = available_memory_bytes();
-  NUMATTN_CHECK(bytes <= avail,
-                "{} needs {} ({} bytes) of memory, but only {} ({} bytes) are available", what,
-                format_bytes(bytes), bytes, format_bytes(avail), avail);
+  if (bytes > avail)
+    throw OutOfMemory(fmt::format("{} needs {} ({} bytes) of memory, but only {} ({} bytes) are available",
+                                  what, format_bytes(bytes), bytes, format_bytes(avail), avail));
 }
 
 }  // namespace numattn

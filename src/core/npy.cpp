@@ -9,6 +9,7 @@
 
 #include "numattn/core/error.h"
 #include "numattn/core/file_io.h"
+#include "numattn/core/memory.h"
 
 namespace numattn::npy {
 
@@ -210,26 +211,21 @@ class HeaderParser {
 // Bytes from a file, read piecewise so that the payload is read once, into its vector.
 class FileSource {
  public:
-  explicit FileSource(const std::string& path) {
-    check_input_file(path, ".npy file");
-    in_.open(path, std::ios::binary);
-    std::error_code ec;
-    const auto sz = std::filesystem::file_size(path, ec);
-    NUMATTN_CHECK(!ec && in_.good(), "cannot read .npy file '{}'{}", path,
-                  ec ? ": " + ec.message() : "");
-    left_ = sz;
-  }
+  // A regular file only; its size is what the header must account for, byte for byte.
+  explicit FileSource(const std::string& path)
+      : in_(path, ".npy file", kSizedByHeader), left_(in_.size()) {}
   std::uint64_t left() const { return left_; }
   bool read(void* dst, std::size_t n) {
     if (n > left_) return false;
-    in_.read(static_cast<char*>(dst), static_cast<std::streamsize>(n));
+    in_.read_at(dst, n, at_);
+    at_ += n;
     left_ -= n;
-    return static_cast<std::size_t>(in_.gcount()) == n;
+    return true;
   }
 
  private:
-  std::ifstream in_;
-  std::uint64_t left_ = 0;
+  InputFile in_;
+  std::uint64_t left_ = 0, at_ = 0;
 };
 
 class MemorySource {
@@ -323,6 +319,7 @@ Array read_from(Source& src, const std::string& name, Info* info_only = nullptr)
     return a;
   }
   auto rd = [&](auto& vec) {
+    check_memory(need, fmt::format("the payload of .npy file '{}'", name));
     vec.resize(static_cast<std::size_t>(total));
     NUMATTN_CHECK(src.read(vec.data(), static_cast<std::size_t>(need)),
                   "'{}': error reading the .npy payload", name);

@@ -15,6 +15,7 @@
 
 #include "numattn/model/gguf.h"
 
+#include "numattn/core/file_io.h"
 #include "numattn/core/memory.h"
 
 // GGUF is little-endian and values are copied with memcpy.
@@ -322,26 +323,23 @@ class GgufParser {
 // ---- GgufFile ----------------------------------------------------------------------------------
 
 GgufFile GgufFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  NUMATTN_CHECK(fd >= 0, "cannot open GGUF file '{}': {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(fmt::format("'{}' is not a regular file", path));
-  }
+  // A regular file only (a FIFO is never opened, a device never mapped); its size bounds every
+  // table and tensor the parser accepts, and must fit the address space to be mapped.
+  const InputFile in(path, "GGUF file", kSizedByHeader);
+  in.check_mappable();
   auto m = std::make_unique<Mapping>();
-  m->size = static_cast<std::size_t>(st.st_size);
+  m->size = static_cast<std::size_t>(in.size());
   if (m->size > 0) {
-    void* base = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* base = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, in.fd(), 0);
     if (base == MAP_FAILED) {
       const int e = errno;
-      ::close(fd);
-      throw Error(fmt::format("cannot mmap '{}': {}", path, std::strerror(e)));
+      throw Error(fmt::format("cannot mmap GGUF file '{}' ({}): {}", path, format_bytes(m->size),
+                              std::strerror(e)));
     }
     m->mmap_base = base;
     m->data = static_cast<const std::uint8_t*>(base);
   }
-  ::close(fd);  // the mapping keeps the file alive
+  // The mapping keeps the file alive after `in` closes it.
   GgufFile f;
   f.path_ = path;
   f.size_ = m->size;
@@ -365,7 +363,18 @@ GgufFile GgufFile::from_bytes(const void* data, std::size_t size, std::string na
   return f;
 }
 
+namespace {
+thread_local GgufKeyLog* t_key_log = nullptr;
+}  // namespace
+
+GgufKeyLog::GgufKeyLog() : outer_(t_key_log) { t_key_log = this; }
+GgufKeyLog::~GgufKeyLog() { t_key_log = outer_; }
+void GgufKeyLog::record(std::string_view key) {
+  for (GgufKeyLog* l = t_key_log; l != nullptr; l = l->outer_) l->keys_.emplace_back(key);
+}
+
 const GgufValue* GgufFile::find(std::string_view key) const {
+  if (t_key_log != nullptr) GgufKeyLog::record(key);
   auto it = kv_index_.find(std::string(key));
   return it == kv_index_.end() ? nullptr : &kv_[it->second].second;
 }
@@ -415,6 +424,22 @@ double GgufFile::get_double(std::string_view key, double def) const {
 bool GgufFile::get_bool(std::string_view key, bool def) const {
   const GgufValue* v = find(key);
   return v ? with_key(path_, key, [&] { return v->as_bool(); }) : def;
+}
+const std::vector<std::string>& GgufFile::get_string_array(std::string_view key) const {
+  const GgufValue& v = at(key);
+  return with_key(path_, key, [&]() -> const std::vector<std::string>& { return v.string_array_view(); });
+}
+std::vector<std::int64_t> GgufFile::get_int_array(std::string_view key) const {
+  const GgufValue& v = at(key);
+  return with_key(path_, key, [&] { return v.int_array(); });
+}
+std::vector<double> GgufFile::get_double_array(std::string_view key) const {
+  const GgufValue& v = at(key);
+  return with_key(path_, key, [&] { return v.double_array(); });
+}
+
+void GgufFile::rethrow_for_key(std::string_view key, const Error& e) const {
+  throw Error(fmt::format("{}: metadata key '{}': {}", path_, key, e.what()));
 }
 
 const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {

@@ -59,6 +59,13 @@ bool is_signed_int(GgufType t) {
   return t == GgufType::I8 || t == GgufType::I16 || t == GgufType::I32 || t == GgufType::I64;
 }
 
+// "a string", "a u32", "an array of f64": what a value is, for type errors.
+std::string describe(GgufType t, GgufType elem) {
+  if (t == GgufType::ARRAY) return "an array of " + gguf_type_name(elem);
+  const std::string n = gguf_type_name(t);
+  return (n == "i8" || n == "i16" || n == "i32" || n == "i64" || n == "f32" || n == "f64" ? "an " : "a ") + n;
+}
+
 }  // namespace
 
 const GgmlTypeInfo* ggml_type_info(std::uint32_t t) {
@@ -186,12 +193,12 @@ GgufValue GgufValue::array_of_arrays(std::vector<GgufValue> items) {
 // ---- access ------------------------------------------------------------------------------------
 
 GgufType GgufValue::array_type() const {
-  NUMATTN_CHECK(is_array(), "GGUF value is a {}, not an array", gguf_type_name(type_));
+  NUMATTN_CHECK(is_array(), "the value is {}, expected an array", describe(type_, elem_));
   return elem_;
 }
 
 std::size_t GgufValue::array_size() const {
-  NUMATTN_CHECK(is_array(), "GGUF value is a {}, not an array", gguf_type_name(type_));
+  NUMATTN_CHECK(is_array(), "the value is {}, expected an array", describe(type_, elem_));
   return std::visit(
       [](const auto& x) -> std::size_t {
         using X = std::decay_t<decltype(x)>;
@@ -207,8 +214,8 @@ std::size_t GgufValue::array_size() const {
 template <class T>
 T GgufValue::get() const {
   constexpr GgufType want = type_of<T>();
-  NUMATTN_CHECK(type_ == want, "GGUF value has type {}, requested {}", gguf_type_name(type_),
-                gguf_type_name(want));
+  NUMATTN_CHECK(type_ == want, "the value is {}, expected {}", describe(type_, elem_),
+                describe(want, want));
   if constexpr (std::is_same_v<T, bool>) return std::get<std::uint64_t>(v_) != 0;
   else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(std::get<double>(v_));
   else if constexpr (std::is_unsigned_v<T>) return static_cast<T>(std::get<std::uint64_t>(v_));
@@ -223,7 +230,7 @@ std::int64_t GgufValue::as_int() const {
                   "GGUF value {} does not fit in int64", u);
     return static_cast<std::int64_t>(u);
   }
-  throw Error(fmt::format("GGUF value has type {}, requested an integer", gguf_type_name(type_)));
+  throw Error(fmt::format("the value is {}, expected an integer", describe(type_, elem_)));
 }
 
 std::uint64_t GgufValue::as_uint() const {
@@ -233,8 +240,7 @@ std::uint64_t GgufValue::as_uint() const {
     NUMATTN_CHECK(s >= 0, "GGUF value {} is negative, requested an unsigned integer", s);
     return static_cast<std::uint64_t>(s);
   }
-  throw Error(fmt::format("GGUF value has type {}, requested an unsigned integer",
-                          gguf_type_name(type_)));
+  throw Error(fmt::format("the value is {}, expected an unsigned integer", describe(type_, elem_)));
 }
 
 double GgufValue::as_double() const {
@@ -242,39 +248,39 @@ double GgufValue::as_double() const {
   if (is_signed_int(type_)) return static_cast<double>(std::get<std::int64_t>(v_));
   if (is_unsigned_int(type_) && type_ != GgufType::BOOL)
     return static_cast<double>(std::get<std::uint64_t>(v_));
-  throw Error(fmt::format("GGUF value has type {}, requested a number", gguf_type_name(type_)));
+  throw Error(fmt::format("the value is {}, expected a number", describe(type_, elem_)));
 }
 
 const std::string& GgufValue::as_string() const {
-  NUMATTN_CHECK(type_ == GgufType::STRING, "GGUF value has type {}, requested string",
-                gguf_type_name(type_));
+  NUMATTN_CHECK(type_ == GgufType::STRING, "the value is {}, expected a string", describe(type_, elem_));
   return std::get<std::string>(v_);
 }
 
 template <class T>
 std::span<const T> GgufValue::array_view() const {
   constexpr GgufType want = type_of<T>();
-  NUMATTN_CHECK(is_array() && elem_ == want, "GGUF value is {}{}, requested array of {}",
-                gguf_type_name(type_), is_array() ? " of " + gguf_type_name(elem_) : "",
-                gguf_type_name(want));
+  NUMATTN_CHECK(is_array() && elem_ == want, "the value is {}, expected an array of {}",
+                describe(type_, elem_), gguf_type_name(want));
   const auto& v = std::get<std::vector<T>>(v_);
   return {v.data(), v.size()};
 }
 
 std::span<const std::uint8_t> GgufValue::bool_array_view() const {
-  NUMATTN_CHECK(is_array() && elem_ == GgufType::BOOL, "GGUF value is not an array of bool");
+  NUMATTN_CHECK(is_array() && elem_ == GgufType::BOOL, "the value is {}, expected an array of bool",
+                describe(type_, elem_));
   const auto& v = std::get<std::vector<std::uint8_t>>(v_);
   return {v.data(), v.size()};
 }
 
 const std::vector<std::string>& GgufValue::string_array_view() const {
-  NUMATTN_CHECK(is_array() && elem_ == GgufType::STRING, "GGUF value is {}{}, requested array of string",
-                gguf_type_name(type_), is_array() ? " of " + gguf_type_name(elem_) : "");
+  NUMATTN_CHECK(is_array() && elem_ == GgufType::STRING, "the value is {}, expected an array of string",
+                describe(type_, elem_));
   return std::get<std::vector<std::string>>(v_);
 }
 
 const std::vector<GgufValue>& GgufValue::nested_array_view() const {
-  NUMATTN_CHECK(is_array() && elem_ == GgufType::ARRAY, "GGUF value is not an array of arrays");
+  NUMATTN_CHECK(is_array() && elem_ == GgufType::ARRAY, "the value is {}, expected an array of arrays",
+                describe(type_, elem_));
   return std::get<std::vector<GgufValue>>(v_);
 }
 
@@ -302,8 +308,7 @@ std::vector<Out> convert_array(const V& v, F ok) {
 
 std::vector<std::int64_t> GgufValue::int_array() const {
   NUMATTN_CHECK(is_array() && (is_signed_int(elem_) || is_unsigned_int(elem_)),
-                "GGUF value is {}{}, requested an integer array", gguf_type_name(type_),
-                is_array() ? " of " + gguf_type_name(elem_) : "");
+                "the value is {}, expected an array of integers", describe(type_, elem_));
   return convert_array<std::int64_t>(v_, [](auto e) -> std::int64_t {
     if constexpr (std::is_same_v<decltype(e), std::uint64_t>)
       NUMATTN_CHECK(e <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
@@ -316,8 +321,7 @@ std::vector<std::int64_t> GgufValue::int_array() const {
 std::vector<double> GgufValue::double_array() const {
   NUMATTN_CHECK(is_array() && elem_ != GgufType::BOOL && elem_ != GgufType::STRING &&
                     elem_ != GgufType::ARRAY,
-                "GGUF value is {}{}, requested a numeric array", gguf_type_name(type_),
-                is_array() ? " of " + gguf_type_name(elem_) : "");
+                "the value is {}, expected an array of numbers", describe(type_, elem_));
   return convert_array<double>(v_, [](auto e) { return static_cast<double>(e); });
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
@@ -10,9 +11,11 @@
 #include "numattn/core/memory.h"
 #include "numattn/core/simd.h"
 #include "numattn/model/gguf.h"
+#include "numattn/model/gguf_keys.h"
 #include "numattn/model/mla_model.h"
 #include "numattn/model/tensor_convert.h"
 #include "numattn/model/quant.h"
+#include "numattn/transform/mla.h"
 
 namespace numattn {
 
@@ -169,6 +172,55 @@ void load_tensor(const GgufFile& f, const std::string& name, float* dst, std::in
   dequantize_tensor(t, dst, ctx, NonFinite::kRefuse);
 }
 
+// The BDA keys of a llama file (model/bda_model.h): `numattn.bda.version` (the layout this build
+// reads: 1), `numattn.bda.pairs` (the pairs the layout stores: only "vo"; QK forms of MLA models are
+// made at load), and per BD layer the channel permutation and the dense-head list, which must
+// come with the layer's `attn_v_bd.coef` tensor and it with them.
+constexpr std::int64_t kBdaFormatVersion = 1;
+constexpr const char* kBdaVersion = "numattn.bda.version";
+constexpr const char* kBdaPairs = "numattn.bda.pairs";
+
+// Refuses BDA keys or tensors where they do not belong and checks the file-wide keys of a BDA
+// file. Returns whether the file is one.
+bool check_bda_file(const GgufFile& f, const std::string& arch, std::int64_t n_layer) {
+  const GgufKeyReader keys(f);
+  std::string coef;  // the first layer's BD tensor, if any
+  for (std::int64_t l = 0; l < n_layer && coef.empty(); ++l)
+    if (f.find_tensor("blk." + std::to_string(l) + ".attn_v_bd.coef")) coef = "blk." + std::to_string(l) + ".attn_v_bd.coef";
+  const bool keyed = keys.has(kBdaVersion) || keys.has(kBdaPairs);
+  if (coef.empty() && !keyed) return false;
+  if (arch != "llama")
+    throw Error(fmt::format("{}: {} in a '{}' file: BD Attention files are llama files (model/bda_model.h); "
+                            "apply BDA to this model at load instead", f.path(),
+                            keyed ? (keys.has(kBdaVersion) ? kBdaVersion : kBdaPairs) : "tensor " + coef, arch));
+  keys.version(kBdaVersion, kBdaFormatVersion);
+  keys.one_of(kBdaPairs, {"vo"},
+              "the pairs whose BD form the file stores; this layout stores the VO pair only (qk and qkvo are "
+              "applied at load)");
+  return true;
+}
+
+// The validated permutation and dense-head list of BD layer prefix `p` (E channels, Hkv heads).
+struct BdaLayerKeys {
+  std::vector<std::int64_t> perm, dense;
+};
+BdaLayerKeys read_bda_layer(const GgufFile& f, const std::string& p, std::int64_t E, std::int64_t Hkv) {
+  const GgufKeyReader keys(f);
+  const std::string pk = p + "attn_v_bd.perm", dk = p + "attn_v_bd.dense";
+  BdaLayerKeys k;
+  k.perm = keys.integers(pk, static_cast<std::size_t>(E), static_cast<std::size_t>(E), 0, E - 1,
+                         "the input channels in [S, S^c] order: a permutation of 0 .. embedding_length − 1");
+  std::vector<char> seen(static_cast<std::size_t>(E), 0);
+  for (std::int64_t c : k.perm)
+    if (seen[static_cast<std::size_t>(c)]++)
+      keys.refuse(pk, fmt::format("lists channel {} twice: not a permutation of 0 .. {}", c, E - 1));
+  k.dense = keys.integers(dk, 0, static_cast<std::size_t>(Hkv), 0, Hkv - 1,
+                          "the KV heads kept dense, each at most once, at most head_count_kv of them");
+  for (std::size_t i = 1; i < k.dense.size(); ++i)
+    if (k.dense[i] <= k.dense[i - 1]) keys.refuse(dk, "must list KV heads in increasing order, each once");
+  return k;
+}
+
 // The fused BD projection of the VO pair a BDA file stores for layer prefix `p` instead of
 // attn_v (model/bda_model.h); float32 in both weight storages.
 std::shared_ptr<const transform::BdProjection> load_v_bd(const GgufFile& f, const std::string& p, std::int64_t E,
@@ -178,41 +230,95 @@ std::shared_ptr<const transform::BdProjection> load_v_bd(const GgufFile& f, cons
   parts.heads = Hkv;
   parts.head_dim = D;
   parts.rank = D;
-  for (std::int64_t c : f.at(p + "attn_v_bd.perm").int_array()) parts.perm.push_back(c);
-  for (std::int64_t c : f.at(p + "attn_v_bd.dense").int_array()) parts.dense_heads.push_back(c);
+  const BdaLayerKeys k = read_bda_layer(f, p, E, Hkv);
+  for (std::int64_t c : k.perm) parts.perm.push_back(c);
+  for (std::int64_t c : k.dense) parts.dense_heads.push_back(c);
   load_tensor(f, p + "attn_v_bd.coef", parts.rest, (E - D) * Hkv * D, ctx);
   const auto nd = static_cast<std::int64_t>(parts.dense_heads.size());
   if (nd > 0) load_tensor(f, p + "attn_v_bd.top", parts.top, D * nd * D, ctx);
   return std::make_shared<const transform::BdProjection>(transform::BdProjection::from_parts(std::move(parts)));
 }
 
-// The MLA dimensions of a `numattn-mla` file (model/mla_convert.h), validated: ranges first, so
-// that the tensor shapes computed from them cannot overflow.
+// The MLA keys of a `numattn-mla` file (model/mla_convert.h), each read through GgufKeyReader
+// with its range, then checked against each other and against the file's GQA hyper-parameters
+// `hp` the way convert_layer_to_mla relates them: d_v = D, d_rope = rope_heads·n_rot,
+// d_nope = Hkv·D − d_rope, r = the latent width d_nope + Hkv·D cut to rank_option, softmax
+// scale 1/sqrt(D). So the informational options and the renamed GQA keys (head_count_kv,
+// rope.dimension_count, which size KV-cache comparisons) cannot disagree with the layers.
 struct MlaFileDims {
   std::int64_t rank = 0, d_nope = 0, d_rope = 0, d_v = 0;
+  std::int64_t freqfold = 1, rope_heads = 1, rank_option = 0;
   double scale = 0;
 };
 constexpr std::int64_t kMaxMlaDim = std::int64_t{1} << 20;
-MlaFileDims read_mla_dims(const GgufFile& f) {
+// The numattn-mla layout this build reads (1: model/mla_convert.h).
+constexpr std::int64_t kMlaFormatVersion = 1;
+constexpr const char* kMla = "numattn-mla.mla.";
+std::string mla_key(const char* k) { return std::string(kMla) + k; }
+
+MlaFileDims read_mla_dims(const GgufFile& f, const LlamaHParams& hp) {
+  const GgufKeyReader keys(f);
   MlaFileDims d;
-  auto dim = [&](const char* key, std::int64_t lo) {
-    const std::string k = std::string("numattn-mla.mla.") + key;
-    const std::int64_t v = f.get_int(k);
-    NUMATTN_CHECK(v >= lo && v <= kMaxMlaDim, "{}: {} = {} must be between {} and {}", f.path(), k, v,
-                  lo, kMaxMlaDim);
-    return v;
-  };
-  d.rank = dim("kv_lora_rank", 1);
-  d.d_nope = dim("nope_dim", 0);
-  d.d_rope = dim("rope_dim", 0);
-  d.d_v = dim("value_dim", 1);
-  NUMATTN_CHECK(d.d_rope % 2 == 0, "{}: numattn-mla.mla.rope_dim = {} must be even", f.path(), d.d_rope);
-  NUMATTN_CHECK(d.d_nope + d.d_rope >= 1,
-                "{}: numattn-mla.mla.nope_dim + rope_dim = 0: the keys would be empty", f.path());
-  d.scale = f.get_double("numattn-mla.mla.softmax_scale");
-  NUMATTN_CHECK(std::isfinite(d.scale) && d.scale > 0,
-                "{}: numattn-mla.mla.softmax_scale = {} must be finite and positive", f.path(), d.scale);
+  keys.version(mla_key("version"), kMlaFormatVersion, 1);  // files before the key are version 1
+  const std::int64_t D = hp.head_dim, Hkv = hp.n_head_kv, pairs = hp.n_rot / 2;
+  const std::string dims = fmt::format("an MLA dimension, at most {}", kMaxMlaDim);
+  d.rank = keys.integer(mla_key("kv_lora_rank"), 1, kMaxMlaDim, dims);
+  d.d_nope = keys.integer(mla_key("nope_dim"), 0, kMaxMlaDim, dims);
+  d.d_rope = keys.integer(mla_key("rope_dim"), 0, kMaxMlaDim, dims);
+  d.d_v = keys.integer(mla_key("value_dim"), 1, kMaxMlaDim, dims);
+  d.scale = keys.number(mla_key("softmax_scale"), 0, true, std::numeric_limits<double>::infinity(), "");
+  d.freqfold = keys.integer(mla_key("freqfold"), 1, std::max<std::int64_t>(1, pairs),
+                            fmt::format("RoPE frequencies folded together, at most the n_rot/2 = {} of "
+                                        "numattn-mla.rope.dimension_count", pairs));
+  d.rope_heads = keys.integer(mla_key("rope_heads"), 1, Hkv,
+                              "KV heads' worth of RoPE dims kept, at most numattn-mla.attention.head_count_kv");
+  d.rank_option = keys.integer(mla_key("rank_option"), 0, std::numeric_limits<std::int64_t>::max(),
+                               "the conversion's rank, 0 = the full latent width");
+  if (pairs % d.freqfold != 0)
+    keys.refuse(mla_key("freqfold"), fmt::format("does not divide the {} RoPE frequencies (n_rot/2, "
+                                                 "numattn-mla.rope.dimension_count = {})", pairs, hp.n_rot));
+  if (d.d_v != D)
+    keys.refuse(mla_key("value_dim"), fmt::format("must equal the head dim {} (numattn-mla.attention.key_length, or "
+                                                  "numattn-mla.embedding_length / numattn-mla.attention.head_count): "
+                                                  "the conversion keeps W_o", D));
+  if (d.d_rope % 2 != 0) keys.refuse(mla_key("rope_dim"), "must be even (RoPE rotates pairs)");
+  if (d.d_rope != d.rope_heads * hp.n_rot)
+    keys.refuse(mla_key("rope_dim"), fmt::format("must be rope_heads × n_rot = {} × {} = {} ({} and "
+                                                 "numattn-mla.rope.dimension_count)",
+                                                 d.rope_heads, hp.n_rot, d.rope_heads * hp.n_rot, mla_key("rope_heads")));
+  if (d.d_nope != Hkv * D - d.d_rope)
+    keys.refuse(mla_key("nope_dim"), fmt::format("must be head_count_kv × head dim − rope_dim = {} × {} − {} = {} "
+                                                 "(numattn-mla.attention.head_count_kv = {})",
+                                                 Hkv, D, d.d_rope, Hkv * D - d.d_rope, Hkv));
+  if (d.d_nope + d.d_rope < 1) keys.refuse(mla_key("nope_dim"), "nope_dim + rope_dim = 0: the keys would be empty");
+  const std::int64_t full = d.d_nope + Hkv * D;
+  const std::int64_t want = d.rank_option == 0 || d.rank_option > full ? full : d.rank_option;
+  if (d.rank != want)
+    keys.refuse(mla_key("kv_lora_rank"), fmt::format("must be {} ({} = {} of the latent width nope_dim + "
+                                                     "head_count_kv × head dim = {}; 0 or more = all of it)",
+                                                     want, mla_key("rank_option"), d.rank_option, full));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  if (std::abs(d.scale - scale) > 1e-12 * scale)
+    keys.refuse(mla_key("softmax_scale"), fmt::format("must be 1/sqrt(head dim {}) = {}, the GQA model's scale", D, scale));
   return d;
+}
+
+// The per-layer RoPE frequencies `numattn-mla.mla.rope_theta.ℓ`: d_rope/2 values, those the
+// conversion derives from rope.freq_base, rope.dimension_count, freqfold and rope_heads.
+std::vector<double> read_mla_theta(const GgufFile& f, std::int64_t l, const LlamaHParams& hp, const MlaFileDims& d) {
+  const GgufKeyReader keys(f);
+  const std::string k = mla_key("rope_theta.") + std::to_string(l);
+  const std::vector<double> th = keys.numbers(k, static_cast<std::size_t>(d.d_rope / 2), 0, true,
+                                              std::numeric_limits<double>::infinity(),
+                                              "one frequency per RoPE pair, rope_dim / 2 of them");
+  const std::vector<double> want = transform::mla_rope_theta(hp, static_cast<int>(d.freqfold), d.rope_heads);
+  for (std::size_t i = 0; i < th.size(); ++i)
+    if (std::abs(th[i] - want[i]) > 1e-12 * want[i])
+      keys.refuse(k, fmt::format("element {} = {} must be {}, the frequency {} = {} and {} = {} give from "
+                                 "numattn-mla.rope.freq_base = {} and numattn-mla.rope.dimension_count = {}",
+                                 i, th[i], want[i], mla_key("freqfold"), d.freqfold, mla_key("rope_heads"),
+                                 d.rope_heads, hp.rope_base, hp.n_rot));
+  return th;
 }
 
 // One MLA layer of a numattn-mla file (shapes checked by read_hparams), in float32.
@@ -227,7 +333,7 @@ std::shared_ptr<const MlaLayer> load_mla_layer(const GgufFile& f, std::int64_t l
   M.d_rope = dr;
   M.d_v = dv;
   M.softmax_scale = d.scale;
-  M.rope_theta = f.at("numattn-mla.mla.rope_theta." + std::to_string(l)).double_array();
+  M.rope_theta = read_mla_theta(f, l, hp, d);
   M.w_in.resize(static_cast<std::size_t>(M.in_rows() * E));
   load_tensor(f, p + "attn_kv_a_mqa.weight", M.w_in.data(), (r + dr) * E, ctx);
   std::vector<float> q, kvb;
@@ -273,30 +379,34 @@ std::int64_t LlamaHParams::weight_count(bool tied) const {
   return add(add(add(emb, n_embd), mul(n_layer, layer)), tied ? 0 : emb);
 }
 
-void LlamaHParams::validate(const std::string& source) const {
+void LlamaHParams::validate(const std::string& source, const std::string& arch) const {
   const std::string at = source.empty() ? "" : source + ": ";
-  auto at_least_1 = [&](std::int64_t v, const char* key, const char* field) {
-    NUMATTN_CHECK(v >= 1, "{}{} ({}) = {}: must be at least 1", at, key, field, v);
+  // numattn's own architectures keep the llama keys under their own prefix.
+  auto key = [&](const char* llama_key) {
+    return arch == "llama" ? std::string(llama_key) : arch + "." + std::string(llama_key + 6);
+  };
+  auto at_least_1 = [&](std::int64_t v, const std::string& k, const char* field) {
+    NUMATTN_CHECK(v >= 1, "{}{} ({}) = {}: must be at least 1", at, k, field, v);
   };
   at_least_1(n_vocab, "rows of token_embd.weight", "n_vocab");
-  at_least_1(n_embd, kKeyEmbd, "n_embd");
-  at_least_1(n_layer, kKeyBlocks, "n_layer");
-  at_least_1(n_ff, kKeyFf, "n_ff");
-  at_least_1(n_head, kKeyHeads, "n_head");
-  at_least_1(n_head_kv, kKeyHeadsKv, "n_head_kv");
-  at_least_1(head_dim, kKeyKeyLen, "head_dim");
+  at_least_1(n_embd, key(kKeyEmbd), "n_embd");
+  at_least_1(n_layer, key(kKeyBlocks), "n_layer");
+  at_least_1(n_ff, key(kKeyFf), "n_ff");
+  at_least_1(n_head, key(kKeyHeads), "n_head");
+  at_least_1(n_head_kv, key(kKeyHeadsKv), "n_head_kv");
+  at_least_1(head_dim, key(kKeyKeyLen), "head_dim");
   NUMATTN_CHECK(n_head % n_head_kv == 0,
                 "{}{} = {} is not a multiple of {} = {}: grouped-query attention needs whole groups",
-                at, kKeyHeads, n_head, kKeyHeadsKv, n_head_kv);
+                at, key(kKeyHeads), n_head, key(kKeyHeadsKv), n_head_kv);
   NUMATTN_CHECK(n_rot >= 0 && n_rot % 2 == 0 && n_rot <= head_dim,
-                "{}{} (n_rot) = {}: must be even and between 0 and the head dim {}", at, kKeyRot,
+                "{}{} (n_rot) = {}: must be even and between 0 and the head dim {}", at, key(kKeyRot),
                 n_rot, head_dim);
   NUMATTN_CHECK(std::isfinite(rms_eps) && rms_eps > 0 && rms_eps < 1,
-                "{}{} (rms_eps) = {}: must be finite and in (0, 1)", at, kKeyEps, rms_eps);
+                "{}{} (rms_eps) = {}: must be finite and in (0, 1)", at, key(kKeyEps), rms_eps);
   NUMATTN_CHECK(std::isfinite(rope_base) && rope_base > 0,
-                "{}{} (rope_base) = {}: must be finite and positive", at, kKeyRopeBase, rope_base);
+                "{}{} (rope_base) = {}: must be finite and positive", at, key(kKeyRopeBase), rope_base);
   NUMATTN_CHECK(n_ctx_train >= 1 && n_ctx_train <= kMaxContextLength,
-                "{}{} (n_ctx_train) = {}: must be between 1 and {}", at, kKeyCtx, n_ctx_train,
+                "{}{} (n_ctx_train) = {}: must be between 1 and {}", at, key(kKeyCtx), n_ctx_train,
                 kMaxContextLength);
   weight_count(false);  // every weight size fits in 64 bits (throws otherwise)
 }
@@ -368,22 +478,7 @@ std::string attention_spec(const AttentionMethods& methods) {
 }
 
 std::vector<std::string> split_spec_list(const std::string& specs) {
-  std::vector<std::string> out;
-  std::string cur;
-  int depth = 0;
-  for (char c : specs) {
-    if (c == '(') ++depth;
-    if (c == ')') --depth;
-    if (c == ';' || (c == ',' && depth == 0)) {
-      out.push_back(cur);
-      cur.clear();
-    } else if (c != ' ') {
-      cur += c;
-    }
-  }
-  out.push_back(cur);
-  for (const auto& s : out) NUMATTN_CHECK(!s.empty(), "empty attention spec in '{}'", specs);
-  return out;
+  return split_specs(specs, ",;");
 }
 
 LlamaModel::LlamaModel(LlamaHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(w)) {
@@ -497,7 +592,7 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
   const LlamaHParams hp = read_hparams(f);  // shapes and types of every tensor below checked
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hkv = hp.n_head_kv;
   const bool mla = f.architecture() == "numattn-mla";
-  const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
+  const MlaFileDims md = mla ? read_mla_dims(f, hp) : MlaFileDims{};
   // A numattn-tensor file (model/tensor_convert.h): the kinds it rebuilds are left to it.
   const bool tens = f.architecture() == "numattn-tensor";
   const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
@@ -551,7 +646,7 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
   };
   NUMATTN_CHECK(!f.has(K("llama.rope.scaling.type")) ||
                     f.get_string(K("llama.rope.scaling.type")) == "none",
-                "{}: RoPE scaling '{}' is not supported", f.path(),
+                "{}: {} = '{}': RoPE scaling is not supported (only 'none')", f.path(), K("llama.rope.scaling.type"),
                 f.get_string(K("llama.rope.scaling.type"), ""));
   LlamaHParams hp;
   hp.n_embd = f.get_int(K(kKeyEmbd));
@@ -577,7 +672,7 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
   hp.n_ctx_train = f.get_int(K(kKeyCtx));  // required, as in llama.cpp
   const GgufTensorInfo& emb = f.tensor("token_embd.weight");
   hp.n_vocab = emb.ne.size() >= 2 ? emb.ne[1] : 0;
-  hp.validate(f.path());
+  hp.validate(f.path(), arch);
 
   const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff, Hq = hp.n_head,
                      Hkv = hp.n_head_kv, V = hp.n_vocab;
@@ -601,7 +696,8 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
   auto stored = [&](const char* kind) { return !tens || !tl.drops(kind); };
 
   const bool mla = arch == "numattn-mla";
-  const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
+  const MlaFileDims md = mla ? read_mla_dims(f, hp) : MlaFileDims{};
+  const bool bda = check_bda_file(f, arch, hp.n_layer);
   const std::string e_why = fmt::format("{} = {}", K(kKeyEmbd), E);
   const std::string hd = f.has(K(kKeyKeyLen)) ? std::string(K(kKeyKeyLen)) : "embedding_length / head_count";
   const std::string q_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, K(kKeyHeads), Hq, D, hd);
@@ -622,12 +718,7 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
       check_tensor(f, p + "attn_q.weight", E, Hq * (dn + dr), m_why);
       check_tensor(f, p + "attn_kv_b.weight", r, Hq * (dn + dv), m_why);
       check_tensor(f, p + "attn_output.weight", Hq * dv, E, m_why);
-      const std::string tk = "numattn-mla.mla.rope_theta." + std::to_string(l);
-      const std::vector<double> th = f.at(tk).double_array();
-      NUMATTN_CHECK(static_cast<std::int64_t>(th.size()) == dr / 2, "{}: {} has {} values, expected d_rope/2 = {}",
-                    f.path(), tk, th.size(), dr / 2);
-      for (std::size_t i = 0; i < th.size(); ++i)
-        NUMATTN_CHECK(std::isfinite(th[i]), "{}: {}[{}] = {} is not finite", f.path(), tk, i, th[i]);
+      read_mla_theta(f, l, hp, md);
       check_tensor(f, p + "ffn_gate.weight", E, F, f_why);
       check_tensor(f, p + "ffn_up.weight", E, F, f_why);
       check_tensor(f, p + "ffn_down.weight", F, E, f_why);
@@ -635,17 +726,15 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
     }
     if (stored("attn_q")) check_tensor(f, p + "attn_q.weight", E, Hq * D, q_why);
     if (stored("attn_k")) check_tensor(f, p + "attn_k.weight", E, Hkv * D, kv_why);
-    if (!tens && f.find_tensor(p + "attn_v_bd.coef")) {
-      // A BDA file (model/bda_model.h); the values of perm/dense are checked by from_parts.
+    if (bda && f.find_tensor(p + "attn_v_bd.coef")) {
+      // A BDA layer (model/bda_model.h).
       NUMATTN_CHECK(E > D, "{}: BDA layer {} needs {} > head dim ({} <= {})", f.path(), l, K(kKeyEmbd), E, D);
       check_tensor(f, p + "attn_v_bd.coef", Hkv * D, E - D, kv_why + " (BD coefficients)");
-      const std::size_t n_perm = f.at(p + "attn_v_bd.perm").array_size();
-      NUMATTN_CHECK(static_cast<std::int64_t>(n_perm) == E,
-                    "{}: {}attn_v_bd.perm has {} entries, expected {} ({})", f.path(), p, n_perm, E, e_why);
-      const auto nd = static_cast<std::int64_t>(f.at(p + "attn_v_bd.dense").array_size());
-      NUMATTN_CHECK(nd <= Hkv, "{}: {}attn_v_bd.dense lists {} heads, but {} = {}", f.path(), p,
-                    nd, K(kKeyHeadsKv), Hkv);
+      const auto nd = static_cast<std::int64_t>(read_bda_layer(f, p, E, Hkv).dense.size());
       if (nd > 0) check_tensor(f, p + "attn_v_bd.top", nd * D, D, kv_why + " (BD dense heads)");
+    } else if (bda && (f.has(p + "attn_v_bd.perm") || f.has(p + "attn_v_bd.dense"))) {
+      throw Error(fmt::format("{}: {} is set, but tensor {}attn_v_bd.coef, the layer's BD coefficients, is missing",
+                              f.path(), f.has(p + "attn_v_bd.perm") ? p + "attn_v_bd.perm" : p + "attn_v_bd.dense", p));
     } else if (stored("attn_v")) {
       check_tensor(f, p + "attn_v.weight", E, Hkv * D, kv_why);
     }
@@ -669,7 +758,7 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
   LlamaWeights w;
   const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff, Hq = hp.n_head, Hkv = hp.n_head_kv;
   const bool mla = f.architecture() == "numattn-mla";
-  const MlaFileDims md = mla ? read_mla_dims(f) : MlaFileDims{};
+  const MlaFileDims md = mla ? read_mla_dims(f, hp) : MlaFileDims{};
   const bool tens = f.architecture() == "numattn-tensor";
   const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
   auto keep = [&](const char* kind) { return !tens || !tl.rebuilds(kind); };

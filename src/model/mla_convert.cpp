@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 
 #include "numattn/core/blas.h"
@@ -135,6 +136,23 @@ void write_mla_gguf(const GgufFile& source, const LlamaModel& m, const transform
     NUMATTN_CHECK(M->d_v == hp.head_dim, "write_mla_gguf: value width {} differs from the head dim {}",
                   M->d_v, hp.head_dim);
   }
+  // The loader checks the option keys against the layers (model/llama.cpp, read_mla_dims): the
+  // layers must be what convert_model_to_mla makes from this model with `opt`.
+  const std::int64_t Hkv = hp.n_head_kv, D = hp.head_dim, full = m0.d_nope + Hkv * D;
+  const bool opts_ok = opt.freqfold >= 1 && hp.n_rot / 2 % opt.freqfold == 0 && opt.rope_heads >= 1 &&
+                       opt.rope_heads <= Hkv && opt.rank >= 0;
+  NUMATTN_CHECK(opts_ok && m0.d_rope == opt.rope_heads * hp.n_rot && m0.d_nope == Hkv * D - m0.d_rope &&
+                    m0.rank == (opt.rank == 0 || opt.rank > full ? full : opt.rank) &&
+                    m0.softmax_scale == 1.0 / std::sqrt(static_cast<double>(D)),
+                "write_mla_gguf: the MLA layers (r = {}, d_nope = {}, d_rope = {}) are not what the conversion "
+                "makes from this model (Hkv = {}, D = {}, n_rot = {}) with rank {}, freqfold {}, rope_heads {}: the "
+                "file's keys would disagree with its layers",
+                m0.rank, m0.d_nope, m0.d_rope, Hkv, D, hp.n_rot, opt.rank, opt.freqfold, opt.rope_heads);
+  const std::vector<double> theta = transform::mla_rope_theta(hp, opt.freqfold, opt.rope_heads);
+  for (std::size_t l = 0; l < layers.size(); ++l)
+    NUMATTN_CHECK(layers[l].mla->rope_theta == theta,
+                  "write_mla_gguf: layer {}'s RoPE frequencies are not those of freqfold {}, rope_heads {}", l,
+                  opt.freqfold, opt.rope_heads);
   GgufWriter out(static_cast<std::uint32_t>(source.alignment()));
   const std::string pre = "numattn-mla.";
   for (const auto& [key, value] : source.metadata()) {
@@ -148,6 +166,7 @@ void write_mla_gguf(const GgufFile& source, const LlamaModel& m, const transform
     }
   }
   auto u32 = [](std::int64_t v) { return GgufValue::u32(static_cast<std::uint32_t>(v)); };
+  out.set(pre + "mla.version", u32(1));  // the layout above; the loader refuses newer ones
   out.set(pre + "mla.kv_lora_rank", u32(m0.rank));
   out.set(pre + "mla.nope_dim", u32(m0.d_nope));
   out.set(pre + "mla.rope_dim", u32(m0.d_rope));

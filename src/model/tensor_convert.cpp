@@ -6,6 +6,7 @@
 #include "numattn/core/file_io.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/gguf.h"
+#include "numattn/model/gguf_keys.h"
 #include "numattn/model/quant.h"
 
 namespace numattn {
@@ -13,6 +14,8 @@ namespace numattn {
 namespace {
 
 constexpr const char* kArch = "numattn-tensor";
+// The numattn-tensor layout this build reads (1: model/tensor_convert.h).
+constexpr std::int64_t kTensorFormatVersion = 1;
 constexpr const char* kAttnKinds[] = {"attn_q", "attn_k", "attn_v", "attn_output"};
 constexpr const char* kFfnKinds[] = {"ffn_gate", "ffn_up", "ffn_down"};
 
@@ -102,36 +105,45 @@ bool TensorFileLayout::rebuilds(const std::string& kind) const {
 
 TensorFileLayout read_tensor_file_layout(const GgufFile& f, const LlamaHParams& hp) {
   NUMATTN_CHECK(f.architecture() == kArch, "{}: architecture '{}' is not {}", f.path(), f.architecture(), kArch);
+  const GgufKeyReader keys(f);
   TensorFileLayout lay;
   transform::TensorSpec& sp = lay.spec_only.spec;
-  const std::string scheme = f.get_string(key("scheme"));
-  bool known = false;
+  keys.version(key("version"), kTensorFormatVersion, 1);  // files before the key are version 1
+  const std::string scheme = keys.one_of(key("scheme"), {"vo-cp", "qk-cp", "tucker-qkvo", "tucker-ffn", "tucker-heads"},
+                                         "the compression scheme (model/tensor_convert.h)");
   for (auto s : {transform::TensorScheme::kVoCp, transform::TensorScheme::kQkCp, transform::TensorScheme::kTuckerQkvo,
                  transform::TensorScheme::kTuckerFfn, transform::TensorScheme::kTuckerHeads})
-    if (scheme == transform::to_string(s)) sp.scheme = s, known = true;
-  NUMATTN_CHECK(known, "{}: {} = '{}' is not one of vo-cp, qk-cp, tucker-qkvo, tucker-ffn, tucker-heads", f.path(), key("scheme"),
-                scheme);
+    if (scheme == transform::to_string(s)) sp.scheme = s;
   auto ranged = [&](const char* k, std::int64_t lo, std::int64_t hi, const std::string& why) {
-    const std::int64_t v = f.get_int(key(k));
-    NUMATTN_CHECK(v >= lo && v <= hi, "{}: {} = {} must be between {} and {} ({})", f.path(), key(k), v, lo, hi, why);
-    return v;
+    return keys.integer(key(k), lo, hi, why);
   };
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, F = hp.n_ff;
+  // qk-cp replaces Q and K by position-free factors, so its model has no RoPE; every other scheme
+  // keeps RoPE on Q and K (the models numattn converts apply it), and a file that lost it would
+  // run a different model without a word.
+  const std::string rot = std::string(kArch) + ".rope.dimension_count";
+  if (sp.scheme == transform::TensorScheme::kQkCp && hp.n_rot != 0)
+    keys.refuse(rot, fmt::format("{} = qk-cp, but the model applies RoPE to {} Q/K dimensions per head (qk-cp "
+                                 "needs position-free Q/K, rope.dimension_count = 0)", key("scheme"), hp.n_rot));
+  if (sp.scheme != transform::TensorScheme::kQkCp && hp.n_rot == 0)
+    keys.refuse(rot, fmt::format("must be between 2 and the head dim {} for {} = {} (RoPE on Q and K; 0 is qk-cp's)",
+                                 D, key("scheme"), scheme));
   if (sp.is_cp()) {
     lay.cp_rank = ranged("rank", 1, Hq * D, fmt::format("the CP rank, at most Hq·D = {}·{}", Hq, D));
     sp.rank = lay.cp_rank;
-    const std::string ex = f.get_string(key("exec"), "embedded");
-    NUMATTN_CHECK(ex == "embedded" || (ex == "factored" && sp.scheme == transform::TensorScheme::kVoCp),
-                  "{}: {} = '{}' must be embedded (or factored, for vo-cp)", f.path(), key("exec"), ex);
+    const bool vo = sp.scheme == transform::TensorScheme::kVoCp;
+    const std::string ex = vo ? keys.one_of_or(key("exec"), "embedded", {"embedded", "factored"},
+                                               "how vo-cp runs: embedded (head dim max(D, R)) or factored")
+                              : keys.one_of_or(key("exec"), "embedded", {"embedded"},
+                                               "factored is vo-cp's alone");
     sp.factored = ex == "factored";
-    NUMATTN_CHECK(sp.scheme != transform::TensorScheme::kQkCp || hp.n_rot == 0,
-                  "{}: {} = qk-cp, but the model applies RoPE to {} Q/K dimensions per head (qk-cp needs "
-                  "position-free Q/K)", f.path(), key("scheme"), hp.n_rot);
   } else {
+    if (keys.has(key("exec"))) keys.refuse(key("exec"), fmt::format("is a CP key; {} = {} has no exec", key("scheme"), scheme));
     const std::int64_t maxdim = sp.scheme == transform::TensorScheme::kTuckerQkvo    ? std::max({Hq * D, Hkv * D, E})
                                 : sp.scheme == transform::TensorScheme::kTuckerHeads ? std::max(E, D)
                                                                                      : std::max(F, E);
-    const std::string why = fmt::format("a Tucker rank, at most the largest matrix dimension {}", maxdim);
+    const std::string why = fmt::format("a Tucker rank of {} = {}, at most the largest matrix dimension {}",
+                                        key("scheme"), scheme, maxdim);
     sp.rank = ranged("rank", 1, maxdim, why);
     sp.rank2 = ranged("rank2", 1, maxdim, why);
     const bool heads = sp.scheme == transform::TensorScheme::kTuckerHeads;
@@ -139,8 +151,16 @@ TensorFileLayout read_tensor_file_layout(const GgufFile& f, const LlamaHParams& 
                        heads ? fmt::format("the head-mode rank, 0 = one core per head, at most {} heads", hp.n_head)
                              : fmt::format("the stack rank, 0 = shared, at most {} layers", hp.n_layer));
   }
-  const std::string why = fmt::format("{} = {}, {} = {}, E = {}, Hq = {}, {} layers", key("scheme"), scheme, key("rank"),
-                                      sp.rank, E, Hq, hp.n_layer);
+  if (sp.is_cp() && keys.has(key("rank2"))) keys.refuse(key("rank2"), fmt::format("is a Tucker key; {} = {} has none", key("scheme"), scheme));
+  if (sp.is_cp() && keys.has(key("layers"))) keys.refuse(key("layers"), fmt::format("is a Tucker key; {} = {} has none", key("scheme"), scheme));
+  // Every key a factor shape depends on, so a disagreement names them all.
+  auto llama_key = [](const char* k) { return std::string(kArch) + "." + k; };
+  std::string why = fmt::format("{} = {}, {} = {}", key("scheme"), scheme, key("rank"), sp.rank);
+  if (!sp.is_cp()) why += fmt::format(", {} = {}, {} = {}", key("rank2"), sp.rank2, key("layers"), sp.layers);
+  why += fmt::format("; {} E = {}, {} Hq = {}, {} Hkv = {}, head dim D = {} ({} or E / Hq), {} F = {}, {} L = {}",
+                     llama_key("embedding_length"), E, llama_key("attention.head_count"), Hq,
+                     llama_key("attention.head_count_kv"), Hkv, D, llama_key("attention.key_length"),
+                     llama_key("feed_forward_length"), F, llama_key("block_count"), hp.n_layer);
   for (const auto& [name, ne] : factor_shapes(lay, hp)) {
     const GgufTensorInfo* t = f.find_tensor(name);
     NUMATTN_CHECK(t != nullptr, "{}: tensor {} is missing ({} needs it)", f.path(), name, why);
@@ -150,6 +170,26 @@ TensorFileLayout read_tensor_file_layout(const GgufFile& f, const LlamaHParams& 
                   shape_str(ne), why);
     NUMATTN_CHECK(t->type == GgmlType::F32, "{}: tensor {} has type {}; factor tensors are F32", f.path(), name,
                   ggml_type_name(t->type));
+  }
+  // The spec is informational, but it is what reports show: it must describe these factors.
+  {
+    const GgufValue* v = f.find(key("spec"));
+    if (v == nullptr) keys.refuse(key("spec"), "the canonical spec of the conversion is required");
+    if (v->type() != GgufType::STRING)
+      keys.refuse(key("spec"), fmt::format("has type {}, expected a string (a tensor spec)", gguf_type_name(v->type())));
+    transform::TensorSpec got;
+    try {
+      got = transform::parse_tensor_spec(v->as_string());
+    } catch (const Error& e) {
+      keys.refuse(key("spec"), fmt::format("is not a tensor spec: {}", e.what()));
+    }
+    const bool same = got.scheme == sp.scheme && got.factored == sp.factored &&
+                      (sp.is_cp() ? got.rank == sp.rank || (got.rank == 0 && sp.rank == Hq * D)
+                                  : got.rank == sp.rank && got.rank2 == sp.rank2 && got.layers == sp.layers);
+    if (!same)
+      keys.refuse(key("spec"), fmt::format("disagrees with the file's keys {}, {}, {} (they give {})", key("scheme"),
+                                           key("rank"), sp.is_cp() ? key("exec") : key("rank2") + ", " + key("layers"),
+                                           sp.canonical()));
   }
   return lay;
 }
@@ -195,6 +235,10 @@ void write_tensor_gguf(const GgufFile& source, const TensorFactors& fac, const s
                   "write_tensor_gguf: the source {} is a BDA model (tensor {})", source.path(), t.name);
   const LlamaHParams hp = LlamaModel::read_hparams(source);
   const transform::TensorSpec& sp = fac.spec;
+  NUMATTN_CHECK(sp.scheme == transform::TensorScheme::kQkCp || hp.n_rot > 0,
+                "write_tensor_gguf: {} of a model without RoPE (rope.dimension_count = 0): a numattn-tensor file "
+                "of a scheme other than qk-cp keeps RoPE on Q and K, so its loader would refuse this one",
+                transform::to_string(sp.scheme));
   TensorFileLayout lay;
   lay.spec_only.spec = sp;
   if (sp.is_cp()) {
@@ -226,6 +270,7 @@ void write_tensor_gguf(const GgufFile& source, const TensorFactors& fac, const s
   }
   if (sp.factored) out.set(key("exec"), GgufValue::string("factored"));
   out.set(key("spec"), GgufValue::string(sp.canonical()));
+  out.set(key("version"), u32(kTensorFormatVersion));
   for (const GgufTensorInfo& t : source.tensors()) {
     bool dropped = false;
     for (const char* kind : kAttnKinds) dropped |= lay.drops(kind) && gguf_block_index(t.name, std::string(".") + kind + ".weight") >= 0;

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
+#include <cstdint>
+#include <optional>
 
 #include "model/tokenizer_unicode.h"
 #include "numattn/core/error.h"
@@ -102,7 +103,10 @@ bool other(std::uint32_t cp) { return !space(cp) && !letter(cp) && !number(cp); 
 // starting at code point `i` of `c[0, n)`, with backtracking written out by hand: returns the
 // end of the match (always > i). The piece boundaries act as the end of text, as in both
 // llama.cpp and HF, which run the pattern on each piece of the previous split separately.
-std::size_t gpt2_match(const std::vector<Cp>& c, std::size_t i, std::size_t n) {
+// Cost O(match length): the three ` ?X+` classes are disjoint, so at most one run is scanned,
+// and the whitespace alternatives scan the same run once; a text is thus split in linear time
+// whatever its runs of one letter, digit, space or punctuation mark.
+std::size_t gpt2_match(const Cp* c, std::size_t i, std::size_t n) {
   auto at = [&](std::size_t k) { return k < n ? c[k].cp : kInvalidCp - 1; };  // past end: none
   const std::uint32_t c0 = at(i);
   if (c0 == '\'' && i + 1 < n) {
@@ -138,6 +142,63 @@ std::size_t gpt2_match(const std::vector<Cp>& c, std::size_t i, std::size_t n) {
   }
   return i + 1;  // not reachable for valid classes; keeps progress guaranteed
 }
+
+// ---- BPE candidate queue ----------------------------------------------------------------------
+
+// A min-heap of 64-bit keys with four children per node (a d-ary heap, Johnson, "Priority
+// queues with update and finding minimum spanning trees", Inf. Process. Lett. 1975). Against a
+// binary heap it has half the depth, and a node's four children share one cache line, so a pop
+// from a heap of millions of entries (a word of a million bytes) takes about half as many cache
+// misses; below that size both are cache-resident and cost the same.
+class QuadHeap {
+ public:
+  bool empty() const { return v_.empty(); }
+  /// Appends without restoring the heap order; heapify() must follow before top/pop.
+  void append(std::uint64_t x) { v_.push_back(x); }
+  /// Bottom-up construction, O(size).
+  void heapify() {
+    if (v_.size() < 2) return;
+    for (std::size_t i = (v_.size() - 2) / 4 + 1; i-- > 0;) sift_down(i, v_[i]);
+  }
+  void push(std::uint64_t x) {
+    std::size_t i = v_.size();
+    v_.push_back(x);
+    while (i > 0) {
+      const std::size_t p = (i - 1) / 4;
+      if (v_[p] <= x) break;
+      v_[i] = v_[p];
+      i = p;
+    }
+    v_[i] = x;
+  }
+  std::uint64_t pop() {
+    const std::uint64_t top = v_.front();
+    const std::uint64_t last = v_.back();
+    v_.pop_back();
+    if (!v_.empty()) sift_down(0, last);
+    return top;
+  }
+
+ private:
+  // Places x at the hole i, moving smaller children up.
+  void sift_down(std::size_t i, std::uint64_t x) {
+    const std::size_t n = v_.size();
+    for (;;) {
+      const std::size_t c = 4 * i + 1;
+      if (c >= n) break;
+      std::size_t m = c;
+      const std::size_t end = std::min(c + 4, n);
+      for (std::size_t k = c + 1; k < end; ++k)
+        if (v_[k] < v_[m]) m = k;
+      if (v_[m] >= x) break;
+      v_[i] = v_[m];
+      i = m;
+    }
+    v_[i] = x;
+  }
+
+  std::vector<std::uint64_t> v_;
+};
 
 }  // namespace
 
@@ -175,8 +236,10 @@ Tokenizer::Tokenizer(TokenizerConfig cfg) : cfg_(std::move(cfg)) {
     const auto sp = m.find(' ');
     NUMATTN_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < m.size() &&
                       m.find(' ', sp + 1) == std::string::npos,
-                  "merge {} ('{}') is not of the form 'A B'", r, m);
+                  "tokenizer.ggml.merges[{}] = '{}' is not of the form 'A B' (two symbols joined by one "
+                  "space)", r, m);
     merge_rank_.emplace(m, static_cast<std::int32_t>(r));
+    max_merge_bytes_ = std::max(max_merge_bytes_, m.size());
   }
   for (int b = 0; b < 256; ++b) {
     auto it = token_to_id_.find(alphabet().to_utf8[b]);
@@ -230,10 +293,9 @@ std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
   auto byte_at = [&](std::size_t k) { return k < cps.size() ? cps[k].byte : text.size(); };
   for (auto [b, e] : pieces) {
     // The GPT-2 pattern on the sub-range, whose end acts as end of text.
-    std::vector<Cp> sub(cps.begin() + static_cast<std::ptrdiff_t>(b),
-                        cps.begin() + static_cast<std::ptrdiff_t>(e));
-    for (std::size_t i = 0; i < sub.size();) {
-      const std::size_t j = gpt2_match(sub, i, sub.size());
+    const Cp* sub = cps.data() + b;
+    for (std::size_t i = 0; i < e - b;) {
+      const std::size_t j = gpt2_match(sub, i, e - b);
       out.emplace_back(text.substr(byte_at(b + i), byte_at(b + j) - byte_at(b + i)));
       i = j;
     }
@@ -242,37 +304,94 @@ std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
 }
 
 void Tokenizer::bpe_piece(std::string_view piece, std::vector<std::int32_t>& out) const {
+  // Byte-pair encoding (Sennrich, Haddow & Birch, "Neural Machine Translation of Rare Words with
+  // Subword Units", ACL 2016) as GPT-2 applies it (Radford et al., "Language Models are
+  // Unsupervised Multitask Learners", 2019): merge the adjacent pair of lowest merge rank, the
+  // leftmost one among equal ranks, until no adjacent pair is a merge. Rescanning the word for
+  // each merge costs O(n^2) for a word of n bytes (a long run of one letter, a base64 blob, a
+  // minified line); here the symbols form a doubly linked list over the piece's bytes and the
+  // candidate pairs sit in a min-heap (QuadHeap) keyed by (rank, offset of the left symbol). A
+  // merge changes only the pairs touching it: the (at most two) new ones are pushed and the old
+  // ones stay in the heap, recognised as stale when they come to the top (lazy deletion). Each
+  // merge removes a symbol, so there are fewer than n merges and 3n pushes: O(n log n) time and
+  // O(n) memory. The result is the rescan's, merge for merge: every live adjacent pair has a heap
+  // entry, and a symbol keeps the offset of its first byte, so (rank, offset) orders the live
+  // pairs exactly as "lowest rank, then leftmost" does.
+  const std::size_t n = piece.size();
+  if (n == 0) return;
+  NUMATTN_CHECK(n < kNoSymbol,
+                "a pre-tokenized word of {} bytes is longer than the {} bytes the "
+                "tokenizer's symbol indices can address",
+                n, kNoSymbol - 1);
   const ByteAlphabet& ab = alphabet();
-  std::vector<std::string> sym;
-  sym.reserve(piece.size());
-  for (char ch : piece) sym.push_back(ab.to_utf8[static_cast<unsigned char>(ch)]);
-  // Greedy lowest-rank merge, leftmost on ties (what both llama.cpp's queue and HF's BPE do).
-  std::string key;
-  while (sym.size() > 1) {
-    std::int32_t best = INT32_MAX;
-    std::size_t best_i = 0;
-    for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
-      key.assign(sym[i]).append(" ").append(sym[i + 1]);
-      auto it = merge_rank_.find(key);
-      if (it != merge_rank_.end() && it->second < best) {
-        best = it->second;
-        best_i = i;
-      }
-    }
-    if (best == INT32_MAX) break;
-    sym[best_i] += sym[best_i + 1];
-    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(best_i) + 1);
+  // The piece in the byte alphabet (1 or 2 UTF-8 bytes per input byte); a symbol is the slice
+  // enc[off, off + len), and the live symbols tile enc in list order. len = 0 marks a symbol
+  // merged into its left neighbour; rank is the merge rank of the pair (this, next), -1 if that
+  // pair is no merge.
+  struct Sym {
+    std::uint32_t off, len, prev, next;
+    std::int32_t rank;
+  };
+  std::string enc;
+  enc.reserve(2 * n);
+  std::vector<Sym> sym(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::string& u = ab.to_utf8[static_cast<unsigned char>(piece[k])];
+    sym[k] = {static_cast<std::uint32_t>(enc.size()), static_cast<std::uint32_t>(u.size()),
+              k == 0 ? kNoSymbol : static_cast<std::uint32_t>(k - 1),
+              k + 1 < n ? static_cast<std::uint32_t>(k + 1) : kNoSymbol, -1};
+    enc += u;
   }
-  for (const std::string& s : sym) {
-    auto it = token_to_id_.find(s);
+  const std::string_view encv = enc;
+  auto text = [&](std::uint32_t k) { return encv.substr(sym[k].off, sym[k].len); };
+
+  // Heap entries are (rank << 32 | offset of the left symbol), so integer order is (rank,
+  // offset) order, in 8 bytes. An entry is stale once its left symbol was merged away or the
+  // pair starting there changed; a changed pair has another rank (a rank names one "A B"
+  // string, and a symbol's text only grows), so "sym[left].rank == rank" tells a live entry.
+  QuadHeap heap;
+  std::string key;  // "A B", reused so that a lookup does not allocate
+  // Sets the rank of the pair starting at symbol l; if it is a merge, returns its heap key.
+  auto rank_pair = [&](std::uint32_t l) -> std::optional<std::uint64_t> {
+    if (l == kNoSymbol) return std::nullopt;
+    Sym& s = sym[l];
+    s.rank = -1;
+    if (s.next == kNoSymbol) return std::nullopt;
+    if (std::size_t{s.len} + sym[s.next].len + 1 > max_merge_bytes_) return std::nullopt;
+    key.assign(text(l)).append(1, ' ').append(text(s.next));
+    auto it = merge_rank_.find(key);
+    if (it == merge_rank_.end()) return std::nullopt;
+    s.rank = it->second;
+    return static_cast<std::uint64_t>(s.rank) << 32 | l;
+  };
+  for (std::size_t k = 0; k + 1 < n; ++k)
+    if (auto e = rank_pair(static_cast<std::uint32_t>(k))) heap.append(*e);
+  heap.heapify();
+  while (!heap.empty()) {
+    const std::uint64_t top = heap.pop();
+    const auto left = static_cast<std::uint32_t>(top);
+    Sym& l = sym[left];
+    if (l.len == 0 || l.rank != static_cast<std::int32_t>(top >> 32)) continue;  // stale
+    Sym& r = sym[l.next];
+    l.len += r.len;
+    l.next = r.next;
+    if (r.next != kNoSymbol) sym[r.next].prev = left;
+    r.len = 0;
+    if (auto e = rank_pair(l.prev)) heap.push(*e);
+    if (auto e = rank_pair(left)) heap.push(*e);
+  }
+
+  for (std::uint32_t k = 0; k != kNoSymbol; k = sym[k].next) {
+    key.assign(text(k));
+    auto it = token_to_id_.find(key);
     if (it != token_to_id_.end()) {
       out.push_back(it->second);
       continue;
     }
     // Not in the vocabulary: one token per byte (encode() checked that each byte has one).
-    for (std::size_t k = 0; k < s.size();) {
+    for (std::size_t j = 0; j < key.size();) {
       std::uint32_t cp;
-      k += decode_utf8(s, k, cp);
+      j += decode_utf8(key, j, cp);
       auto b = ab.from_cp.find(cp);
       NUMATTN_ASSERT(b != ab.from_cp.end() && byte_token_[b->second] >= 0);
       out.push_back(byte_token_[b->second]);
@@ -284,6 +403,13 @@ void Tokenizer::encode_fragment(
     std::string_view text, std::vector<std::int32_t>& out,
     std::unordered_map<std::string, std::vector<std::int32_t>>& cache) const {
   for (const std::string& piece : pre_tokenize(text)) {
+    // Words recur in prose, so their ids are memoised within one encode() call. Long pieces
+    // (a base64 blob, a run of one character) rarely recur; memoising them would only hold a
+    // second copy of the text, so they are encoded afresh.
+    if (piece.size() > kMaxMemoisedPiece) {
+      bpe_piece(piece, out);
+      continue;
+    }
     auto it = cache.find(piece);
     if (it == cache.end()) {
       std::vector<std::int32_t> ids;

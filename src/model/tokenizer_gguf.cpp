@@ -1,5 +1,7 @@
 // Tokenizer construction from GGUF metadata (key names: llama.cpp gguf-py constants.py,
 // Keys.Tokenizer).
+#include <limits>
+
 #include "numattn/model/gguf.h"
 #include "numattn/model/tokenizer.h"
 
@@ -12,16 +14,33 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
                 "{}: tokenizer.ggml.model is '{}'; only byte-level BPE ('gpt2') is supported",
                 f.path(), c.model);
   c.pre = f.get_string("tokenizer.ggml.pre", "default");
-  c.tokens = f.at("tokenizer.ggml.tokens").string_array_view();
-  if (const GgufValue* m = f.find("tokenizer.ggml.merges")) c.merges = m->string_array_view();
-  if (const GgufValue* t = f.find("tokenizer.ggml.token_type")) {
-    for (std::int64_t v : t->int_array()) c.token_types.push_back(static_cast<std::int32_t>(v));
+  c.tokens = f.get_string_array("tokenizer.ggml.tokens");
+  if (f.has("tokenizer.ggml.merges")) c.merges = f.get_string_array("tokenizer.ggml.merges");
+  if (f.has("tokenizer.ggml.token_type")) {
+    for (std::int64_t v : f.get_int_array("tokenizer.ggml.token_type")) {
+      NUMATTN_CHECK(v >= std::numeric_limits<std::int32_t>::min() && v <= std::numeric_limits<std::int32_t>::max(),
+                    "{}: tokenizer.ggml.token_type holds {}, which is not an int32 token type", f.path(), v);
+      c.token_types.push_back(static_cast<std::int32_t>(v));
+    }
   }
-  c.bos_id = static_cast<std::int32_t>(f.get_int("tokenizer.ggml.bos_token_id", -1));
-  c.eos_id = static_cast<std::int32_t>(f.get_int("tokenizer.ggml.eos_token_id", -1));
-  c.unk_id = static_cast<std::int32_t>(f.get_int("tokenizer.ggml.unknown_token_id", -1));
+  // Special ids index the vocabulary (-1 = none); checked here, where the key is known.
+  auto special = [&](const char* key) {
+    const std::int64_t id = f.get_int(key, -1);
+    NUMATTN_CHECK(id >= -1 && id < static_cast<std::int64_t>(c.tokens.size()),
+                  "{}: {} = {} is outside the vocabulary of {} tokens (tokenizer.ggml.tokens)", f.path(), key, id,
+                  c.tokens.size());
+    return static_cast<std::int32_t>(id);
+  };
+  c.bos_id = special("tokenizer.ggml.bos_token_id");
+  c.eos_id = special("tokenizer.ggml.eos_token_id");
+  c.unk_id = special("tokenizer.ggml.unknown_token_id");
   c.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", false);
-  return Tokenizer(std::move(c));
+  // The vocabulary's own checks (merges, special ids) name the key but cannot know the file.
+  try {
+    return Tokenizer(std::move(c));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", f.path(), e.what()));
+  }
 }
 
 Tokenizer Tokenizer::from_gguf_path(const std::string& path) {

@@ -261,6 +261,16 @@ RoRopeBasis basis_unchecked(const LlamaHParams& hp, const std::vector<double>& w
 
 }  // namespace
 
+std::vector<double> mla_rope_theta(const LlamaHParams& hp, int freqfold, std::int64_t rope_heads) {
+  check_freqfold(hp, freqfold);
+  NUMATTN_CHECK_OPTION(rope_heads >= 1 && rope_heads <= hp.n_head_kv, "rope_heads",
+                       "must be in 1..{} (the model's KV heads), got {}", hp.n_head_kv, rope_heads);
+  const std::int64_t keep = rope_heads * freqfold;
+  std::vector<double> out;
+  for (double th : folded_theta(hp, freqfold)) out.insert(out.end(), static_cast<std::size_t>(keep), th);
+  return out;
+}
+
 RoRopeBasis rorope_basis(const LlamaHParams& hp, const std::vector<double>& wk,
                          const MlaCalibration& calib, int freqfold) {
   hp.validate("MLA conversion");

@@ -97,7 +97,10 @@ TEST(Cli, ErrorsExitNonZeroWithAMessage) {
   EXPECT_NE(out.find("top-left"), std::string::npos);
   EXPECT_NE(test::run_command(cli() + " nosuchcommand 2>&1", &out), 0);
   // --lse-out with a method that gives no LSE: refused by name, not a crash.
-  EXPECT_EQ(test::run_command(cli() + " run --method lowrank.nystrom --n 64 --d 8 --lse-out /nonexistent/l.npy 2>&1", &out), 1)
+  EXPECT_EQ(test::run_command(cli() + " run --method lowrank.nystrom --n 64 --d 8 --lse-out " +
+                                  test::temp_path("l.npy") + " 2>&1",
+                              &out),
+            1)
       << out;
   EXPECT_NE(out.find("lse-out"), std::string::npos) << out;
   EXPECT_NE(out.find("gives no LSE"), std::string::npos) << out;

@@ -5,12 +5,13 @@
 // writes an empty index.html), so these run anywhere.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "support/test_util.h"
+#include "support/tiny_llama.h"
 
 namespace numattn {
 namespace {
@@ -38,9 +39,12 @@ std::string fake_python(const test::ScratchDir& dir) {
 }
 
 // Random inputs only, tiny sizes, no plotting: a report in well under a second of measurements.
-std::string tiny(const test::ScratchDir& dir, const std::string& methods) {
-  return "report --no-model --no-progress --threads 1 --out " + dir.file("r") + " --bench-methods " + methods +
-         " --n 32 --heads 1 --d 8 --reps 1 --check-rows 8 --gemm-size 32 --bd-seeds 1 --bd-tokens 8 " +
+std::string tiny(const test::ScratchDir& dir,
+                 const std::string& methods,
+                 const std::string& n = "32") {
+  return "report --no-model --no-progress --threads 1 --out " + dir.file("r") +
+         " --bench-methods " + methods + " --n " + n +
+         " --heads 1 --d 8 --reps 1 --check-rows 8 --gemm-size 32 --bd-seeds 1 --bd-tokens 8 " +
          "--python " + fake_python(dir);
 }
 
@@ -115,12 +119,14 @@ TEST(ReportCli, EachStepIsAPrintedCommandThatReproducesItsDataFile) {
 TEST(ReportCli, AFailingChildIsReportedWithItsCommandAndStderrAndFailsTheReport) {
   test::ScratchDir dir;
   int rc = 0;
-  const std::string out = run(tiny(dir, "nosuch.method"), &rc);
+  // --n 0 reaches the bench children, which refuse it (the report passes sizes on unchecked).
+  const std::string out = run(tiny(dir, "exact.flash", "0"), &rc);
   EXPECT_EQ(rc, 1) << out;
   // The line of the step, its command and the child's own error message.
   EXPECT_NE(out.find("error, time and memory: gaussian inputs: failed"), std::string::npos) << out;
-  EXPECT_NE(out.find("command: " + cli() + " bench --method nosuch.method"), std::string::npos) << out;
-  EXPECT_NE(out.find("unknown method 'nosuch.method'"), std::string::npos) << out;
+  EXPECT_NE(out.find("command: " + cli() + " bench --method exact.flash --n 0"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("problem sizes must be >= 1"), std::string::npos) << out;
   EXPECT_NE(out.find("error: report: 2 step(s) failed"), std::string::npos) << out;
   // The other steps still ran, and the record says which failed and why.
   const auto meta = read_json(dir.file("r/data/steps.json"));
@@ -128,12 +134,112 @@ TEST(ReportCli, AFailingChildIsReportedWithItsCommandAndStderrAndFailsTheReport)
     const bool bench = s["id"].get<std::string>().rfind("bench_", 0) == 0;
     EXPECT_EQ(s["status"], bench ? "failed" : "ok") << s.dump();
     if (bench) {
-      EXPECT_NE(s["stderr"].get<std::string>().find("unknown method"), std::string::npos) << s.dump();
+      EXPECT_NE(s["stderr"].get<std::string>().find("problem sizes must be >= 1"),
+                std::string::npos)
+          << s.dump();
     }
   }
   // No partial output is left where a data file belongs.
   EXPECT_FALSE(std::filesystem::exists(dir.file("r/data/bench_gaussian.json")));
   EXPECT_FALSE(std::filesystem::exists(dir.file("r/data/.bench_gaussian.json.part")));
+}
+
+TEST(ReportCli, AMethodListIsRefusedBeforeAnyMeasurementWhenASpecIsBrokenOrUnknown) {
+  test::ScratchDir dir;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"'lowrank.nystrom(landmarks=64,iters=2'",
+       "error: --bench-methods: spec list 'lowrank.nystrom(landmarks=64,iters=2': "
+       "the '(' at position 15 is never closed"},
+      {"'exact.flash,,exact.naive'",
+       "error: --bench-methods: spec list 'exact.flash,,exact.naive': empty item"},
+      {"'iters=2),exact.flash'",
+       "error: --bench-methods: spec list 'iters=2),exact.flash': ')' at position 7"},
+      {"nosuch.method", "error: --bench-methods: unknown method 'nosuch.method'"},
+  };
+  for (const auto& [list, want] : cases) {
+    int rc = 0;
+    const std::string out = run(tiny(dir, list), &rc);
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("r/data/steps.json"))) << list;
+  }
+}
+
+TEST(ReportCli, AnEmptyOutIsRefusedAndNothingIsWrittenHere) {
+  test::ScratchDir dir;
+  // Run from inside the scratch directory: an empty --out would mean it.
+  std::string out;
+  const int rc =
+      test::run_command("cd " + dir.path().string() + " && " + cli() +
+                            " report --no-model --python " + fake_python(dir) + " --out '' 2>&1",
+                        &out);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("error: --out: empty path"), std::string::npos) << out;
+  for (const char* d : {"data", "logs", "plots", "report.md", "index.html"})
+    EXPECT_FALSE(std::filesystem::exists(dir.file(d)))
+        << d << " written into the current directory";
+}
+
+// The acceptance case: specs with commas inside their parentheses reach their commands whole.
+// The tiny model with a vocabulary (tests/support/tiny_llama.h) stands in for the default one.
+TEST(ReportCli, SpecListsReachEveryCommandWhole) {
+  test::ScratchDir dir;
+  const std::string text = dir.file("text.txt");
+  std::ofstream(text) << test::tiny_text(4000);
+  int rc = 0;
+  const std::string out =
+      run("report --no-progress --threads 1 --model " + test::tiny_model_with_vocab() + " --text " +
+              text + " --out " + dir.file("r") +
+              " --bench-methods 'lowrank.nystrom(landmarks=64,iters=2)'" +
+              " --ppl-methods "
+              "'sparse.window(left=32,sinks=4),exact.flash,lowrank.nystrom(landmarks=8)'" +
+              " --n 64 --heads 1 --d 8 --reps 1 --check-rows 8 --gemm-size 32 --tokens 64 --layers "
+              "0 --ctx 64" +
+              " --chunks 1 --bd-seeds 1 --bd-tokens 8 --mla-ranks 4 --analyze-tokens 16 "
+              "--analyze-layers 0" +
+              " --python " + fake_python(dir),
+          &rc);
+  const auto meta = read_json(dir.file("r/data/steps.json"));
+  std::map<std::string, nlohmann::json> steps;
+  for (const auto& s : meta["steps"]) steps[s["id"]] = s;
+  // Every bench step ran the one spec whole.
+  for (const char* id : {"bench_gaussian", "bench_spiky", "bench_captured_n64"}) {
+    ASSERT_TRUE(steps.count(id)) << out;
+    const std::string cmd = steps[id]["command"];
+    EXPECT_NE(cmd.find("--method 'lowrank.nystrom(landmarks=64,iters=2)' "), std::string::npos)
+        << cmd;
+    EXPECT_EQ(cmd.find("--method 'iters=2)'"), std::string::npos) << cmd;
+    EXPECT_EQ(steps[id]["status"], "ok") << steps[id].dump();
+  }
+  const auto rows = read_json(dir.file("r/data/bench_gaussian.json"));
+  ASSERT_EQ(rows.size(), 2u) << rows.dump();  // sgemm and the one method
+  const std::string spec = rows[1]["method"];
+  EXPECT_EQ(spec.rfind("lowrank.nystrom(", 0), 0u) << spec;
+  EXPECT_NE(spec.find("landmarks=64"), std::string::npos) << spec;
+  EXPECT_NE(spec.find("iters=2"), std::string::npos) << spec;
+  // One perplexity step per spec, each run whole and required: a method that can run the model
+  // must not fail quietly.
+  ASSERT_TRUE(steps.count("ppl_sparse.window_left=32_sinks=4")) << out;
+  const auto& win = steps["ppl_sparse.window_left=32_sinks=4"];
+  EXPECT_NE(win["command"].get<std::string>().find("--attn 'sparse.window(left=32,sinks=4)' "),
+            std::string::npos)
+      << win.dump();
+  EXPECT_EQ(win["status"], "ok") << win.dump();
+  EXPECT_EQ(win["required"], true);
+  EXPECT_EQ(steps["ppl_exact.flash_2"]["status"], "ok") << steps["ppl_exact.flash_2"].dump();
+  EXPECT_EQ(read_json(dir.file("r/data/ppl/ppl_sparse.window_left=32_sinks=4.json"))["attn"]
+                .get<std::string>()
+                .rfind("sparse.window(", 0),
+            0u);
+  // A method that cannot run the model (no causal masking) is an optional row with the reason.
+  const auto& nys = steps["ppl_lowrank.nystrom_landmarks=8"];
+  EXPECT_EQ(nys["status"], "failed") << nys.dump();
+  EXPECT_EQ(nys["required"], false);
+  EXPECT_NE(nys["stderr"].get<std::string>().find("cannot run"), std::string::npos) << nys.dump();
+  // Nothing else failed that was required, so the report succeeded.
+  for (const auto& [id, s] : steps)
+    if (s["required"] == true) EXPECT_EQ(s["status"], "ok") << s.dump();
+  EXPECT_EQ(rc, 0) << out;
 }
 
 }  // namespace NUMATTN_UNITY_ID

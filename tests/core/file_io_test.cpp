@@ -229,6 +229,120 @@ TEST(InputFiles, DirectoriesAndMissingFilesAreNamed) {
   }
 }
 
+// Every reader goes through InputFile: a path that is not a regular file is refused from its
+// stat, by name, before it is opened (a FIFO would block the open, /dev/zero never ends).
+TEST(InputFiles, DevicesFifosAndSocketsAreRefusedBeforeTheyAreOpened) {
+  test::ScratchDir s;
+  const std::string zero = s.file("manifest.json");
+  fs::create_symlink("/dev/zero", zero);
+  const std::string m = error_of([&] { read_file(zero, "--qkv manifest", kJsonInput); });
+  EXPECT_NE(m.find("--qkv manifest '" + zero +
+                   "' (a symbolic link to '/dev/zero') is a character device, not a "
+                   "regular file"),
+            std::string::npos)
+      << m;
+  const std::string fifo = s.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // No writer ever opens the FIFO: an open for reading would wait for one forever.
+  for (const auto& fn : std::vector<std::function<void()>>{
+           [&] { read_file(fifo, "--text file"); },
+           [&] { check_input_file(fifo, ".npy file"); },
+           [&] { InputFile f(fifo, "GGUF file"); },
+       }) {
+    const std::string e = error_of(fn);
+    EXPECT_NE(e.find("'" + fifo + "' is a FIFO (named pipe), not a regular file"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_NE(error_of([&] { read_file("/dev/null", "--text file"); }).find("is a character device"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { read_file("", "--text file"); }).find("--text file: empty path"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { InputFile f(s.path().string(), "GGUF file"); }).find("is a directory"),
+            std::string::npos);
+}
+
+TEST(InputFiles, SizesAreBoundedBeforeReadingAndWhileReading) {
+  test::ScratchDir s;
+  put(s.file("big.json"), std::string(100, ' '));
+  const InputLimit small{"a test document", 64};
+  const std::string e = error_of([&] { read_file(s.file("big.json"), "--qkv manifest", small); });
+  EXPECT_NE(e.find("--qkv manifest '" + s.file("big.json") +
+                   "' is 100 bytes (100 B), more than a test document may "
+                   "have (64 B)"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(read_file(s.file("big.json"), "x", InputLimit{"a test document", 100}).size(), 100u);
+  // A sparse file of 1 TiB is refused from its size alone (nothing is read or allocated).
+  {
+    const std::string sparse = s.file("sparse.txt");
+    put(sparse, "");
+    fs::resize_file(sparse, std::uintmax_t{1} << 40);
+    const std::string t = error_of([&] { read_file(sparse, "--text file", kTextInput); });
+    EXPECT_NE(
+        t.find("is 1099511627776 bytes (1.00 TiB), more than a text file may have (4.00 GiB)"),
+        std::string::npos)
+        << t;
+  }
+  // /proc files report size 0: the bound holds while reading too.
+  if (fs::exists("/proc/self/status")) {
+    EXPECT_FALSE(read_file("/proc/self/status", "status", kJsonInput).empty());
+    const std::string g = error_of([&] {
+      read_file("/proc/self/status", "status", InputLimit{"a test file", 8});
+    });
+    EXPECT_NE(g.find("grew past 8 bytes"), std::string::npos) << g;
+  }
+}
+
+TEST(InputFiles, ReadAtReadsExactlyOrNamesTheFile) {
+  test::ScratchDir s;
+  put(s.file("f.bin"), "0123456789");
+  const InputFile f(s.file("f.bin"), ".npy file");
+  EXPECT_EQ(f.size(), 10u);
+  char buf[4] = {};
+  f.read_at(buf, 4, 3);
+  EXPECT_EQ(std::string(buf, 4), "3456");
+  EXPECT_NE(error_of([&] { f.read_at(buf, 4, 8); }).find("ended at byte 10"), std::string::npos);
+}
+
+TEST(OutputPaths, EachKindIsRefusedWhereItCannotBeWhatIsAsked) {
+  test::ScratchDir s;
+  put(s.file("f"), "x");
+  fs::create_directory(s.file("d"));
+  auto err = [&](const std::string& p, OutputKind k) {
+    return error_of([&] { check_output_path(p, "--out", k); });
+  };
+  EXPECT_NE(err("", OutputKind::kFile).find("--out: empty path"), std::string::npos);
+  EXPECT_NE(err("", OutputKind::kDirectory).find("--out: empty path"), std::string::npos);
+  EXPECT_NE(err(s.file("d"), OutputKind::kFile)
+                .find("'" + s.file("d") + "' is a directory; give a file name"),
+            std::string::npos);
+  EXPECT_NE(err(s.file("new") + "/", OutputKind::kFile).find("ends in '/'"), std::string::npos);
+  EXPECT_NE(err(s.file("none/o.npy"), OutputKind::kFile)
+                .find("the directory '" + s.file("none") + "' does not exist"),
+            std::string::npos);
+  EXPECT_NE(err(s.file("f/o.npy"), OutputKind::kFile)
+                .find("'" + s.file("f") + "' is a file, not a directory"),
+            std::string::npos);
+  EXPECT_NE(err("/dev/null", OutputKind::kFile).find("exists and is a character device"),
+            std::string::npos);
+  EXPECT_NE(err(s.file("f"), OutputKind::kDirectory)
+                .find("'" + s.file("f") + "' exists and is not a directory"),
+            std::string::npos);
+  EXPECT_NE(err(s.file("f/sub/deeper"), OutputKind::kDirectory)
+                .find("'" + s.file("f") + "' is a file, not a directory"),
+            std::string::npos);
+  fs::create_symlink(s.file("f"), s.file("link"));
+  EXPECT_NE(err(s.file("link"), OutputKind::kDirectory).find("(a symbolic link to"),
+            std::string::npos);
+  // What can be written is accepted.
+  EXPECT_NO_THROW(check_output_path(s.file("f"), "--out", OutputKind::kFile));
+  EXPECT_NO_THROW(check_output_path(s.file("new.npy"), "--out", OutputKind::kFile));
+  EXPECT_NO_THROW(check_output_path(s.file("d"), "--out", OutputKind::kDirectory));
+  EXPECT_NO_THROW(check_output_path(s.file("a/b/c"), "--out", OutputKind::kDirectory));
+  EXPECT_NO_THROW(check_output_path("relative.npy", "--out", OutputKind::kFile));
+}
+
 }  // namespace NUMATTN_UNITY_ID
 }  // namespace
 }  // namespace numattn

@@ -54,6 +54,8 @@ TEST(Memory, AvailableMemoryIsMeasuredOrOverridden) {
     EXPECT_NE(m.find("a test buffer"), std::string::npos) << m;
     EXPECT_NE(m.find("12346 bytes"), std::string::npos) << m;
     EXPECT_NE(m.find("12345 bytes"), std::string::npos) << m;
+    // Its own type, so that bindings can report it as the out-of-memory condition it is.
+    EXPECT_THROW(check_memory(12346, "x"), OutOfMemory);
   }
   for (const char* bad : {"12k", "-5", "1e9", " 7", "99999999999999999999999"}) {
     MemoryCap cap(bad);

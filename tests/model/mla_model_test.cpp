@@ -537,18 +537,22 @@ TEST(MlaModel, GgufRoundTripAndHostileFiles) {
   const test::TinyTensors T = test::make_tiny(false);
   const std::string src_path = test::write_gguf(T, "mla_src.gguf");
   const GgufFile src = GgufFile::open(src_path);
-  LlamaModel m = random_mla_model(MlaShape{0, 0, 7, 3, 4, 8});  // d_v = D = 8: W_o unchanged shape
+  // The file holds what the conversion makes (its keys are checked against the layers): rank 7
+  // of the latent width d_nope + Hkv·D = 8 + 16, d_rope = rope_heads·n_rot = 8.
   transform::MlaOptions opt;
   opt.rank = 7;
   const std::string out = test::temp_path("mla_out.gguf");
-  // W_o of the random model is not the source's: write the model's own W_o via a copy that
-  // keeps the source W_o (what a conversion does).
-  LlamaWeights w = m.weights();
   LlamaModel src_model = LlamaModel::load(src, ExecContext{1});
-  for (std::size_t l = 0; l < w.layers.size(); ++l) w.layers[l].wo = src_model.weights().layers[l].wo;
-  LlamaModel mm(m.hparams(), std::move(w));
+  LlamaModel mm = LlamaModel::load(src, ExecContext{1});
+  convert_model_to_mla(mm, {}, opt, ExecContext{1});
   write_mla_gguf(src, mm, opt, out);
   EXPECT_THROW(write_mla_gguf(src, src_model, opt, test::temp_path("mla_bad.gguf")), Error);  // not MLA
+  // Options that do not give these layers: the file's keys would disagree with them.
+  for (auto bad : {transform::MlaOptions{8, 1, 1}, transform::MlaOptions{7, 2, 1}, transform::MlaOptions{7, 1, 2}})
+    EXPECT_THROW(write_mla_gguf(src, mm, bad, test::temp_path("mla_bad.gguf")), Error);
+  // A random MLA model of other dimensions is no conversion of the source.
+  EXPECT_THROW(write_mla_gguf(src, random_mla_model(MlaShape{0, 0, 7, 3, 4, 8}), opt, test::temp_path("mla_bad.gguf")),
+               Error);
   const GgufFile back_file = GgufFile::open(out);
   EXPECT_EQ(back_file.architecture(), "numattn-mla");
   EXPECT_EQ(back_file.get_int("numattn-mla.mla.kv_lora_rank"), 7);
@@ -583,14 +587,14 @@ TEST(MlaModel, GgufRoundTripAndHostileFiles) {
       EXPECT_NE(std::string(err.what()).find(what), std::string::npos) << err.what();
     }
   };
-  expect_refused({{{"numattn-mla.mla.kv_lora_rank", GgufValue::u32(8)}}, {}, {}}, "attn_kv_a_mqa.weight");
+  expect_refused({{{"numattn-mla.mla.kv_lora_rank", GgufValue::u32(8)}}, {}, {}}, "rank_option");
   expect_refused({{{"numattn-mla.mla.kv_lora_rank", GgufValue::u32(0)}}, {}, {}}, "kv_lora_rank");
   expect_refused({{{"numattn-mla.mla.rope_dim", GgufValue::u32(3)}}, {}, {}}, "rope_dim");
   expect_refused({{{"numattn-mla.mla.softmax_scale", GgufValue::f64(-1.0)}}, {}, {}}, "softmax_scale");
   expect_refused({{{"numattn-mla.mla.rope_theta.1", GgufValue::array(std::vector<double>{1.0})}}, {}, {}},
                  "rope_theta.1");
   expect_refused({{{"numattn-mla.mla.rope_theta.0", GgufValue::array(std::vector<double>{1.0, NAN})}}, {}, {}},
-                 "not finite");
+                 "rope_theta.0");
   expect_refused({{}, {}, {"blk.1.attn_kv_b.weight"}}, "attn_kv_b.weight");
 }
 

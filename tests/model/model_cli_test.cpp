@@ -4,9 +4,9 @@
 // error that names its key with exit status 1.
 #include <gtest/gtest.h>
 
-#include <string>
-
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "numattn/core/error.h"
 #include "numattn/model/data.h"
@@ -17,6 +17,13 @@
 namespace numattn {
 namespace {
 namespace NUMATTN_UNITY_ID {
+
+// An empty text file (a regular one: devices such as /dev/null are refused as inputs).
+std::string empty_text() {
+  const std::string p = test::temp_path("cli_empty.txt");
+  std::ofstream(p).flush();
+  return p;
+}
 
 using Result = test::CliResult;
 using test::cli;
@@ -41,9 +48,10 @@ TEST(ModelCli, TrainedContextBoundsPplBeforeTheWeightsAreRead) {
   // The tiny model (trained context 256) has no vocabulary: any step past the context check
   // fails on the tokenizer, so an error about --ctx shows the check came first.
   const std::string tiny = test::write_gguf(test::make_tiny(false), "cli_tiny.gguf");
-  expect_cli_error("ppl --model " + tiny + " --text /dev/null --ctx 1024",
-               {"error: --ctx: ", "1024", "256", "llama.context_length", "--allow-long-ctx"});
-  const Result r = cli("ppl --model " + tiny + " --text /dev/null --ctx 1024 --allow-long-ctx");
+  expect_cli_error("ppl --model " + tiny + " --text " + empty_text() + " --ctx 1024",
+                   {"error: --ctx: ", "1024", "256", "llama.context_length", "--allow-long-ctx"});
+  const Result r =
+      cli("ppl --model " + tiny + " --text " + empty_text() + " --ctx 1024 --allow-long-ctx");
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_EQ(r.out.find("--ctx"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tokenizer"), std::string::npos) << r.out;
@@ -54,7 +62,7 @@ TEST(ModelCli, HostileGgufEndsInANamedError) {
   e.keys.emplace_back("llama.embedding_length", GgufValue::u32(1u << 22));
   const std::string base = test::write_gguf(test::make_tiny(false), "cli_base.gguf");
   const std::string bad = test::rewrite_gguf(base, e, "cli_hostile.gguf");
-  for (const std::string cmd : {"ppl --text /dev/null", "generate --prompt hi"})
+  for (const std::string cmd : {"ppl --text " + empty_text(), std::string("generate --prompt hi")})
     expect_cli_error(cmd + " --model " + bad, {"llama.embedding_length", "token_embd.weight"});
 }
 

@@ -7,6 +7,7 @@
 #include "numattn/analysis/estimate.h"
 #include "numattn/analysis/metrics.h"
 #include "numattn/attention/reference.h"
+#include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/timing.h"
 #include "numattn/model/llama.h"
@@ -24,6 +25,51 @@ std::vector<std::string> split_list(const std::string& s) {
     start = c + 1;
   }
   return out;
+}
+
+std::vector<std::string> split_spec_option(const std::string& option,
+                                           const std::string& value,
+                                           std::string_view separators) {
+  try {
+    return split_specs(value, separators);
+  } catch (const Error& e) {
+    throw OptionError(option, e.what());
+  }
+}
+
+std::vector<std::string> split_spec_option(const std::string& option,
+                                           const std::vector<std::string>& values,
+                                           std::string_view separators) {
+  std::vector<std::string> out;
+  for (const std::string& v : values) {
+    std::vector<std::string> part = split_spec_option(option, v, separators);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+void check_output_options(const CLI::App& app,
+                          const std::vector<OutputOption>& outputs,
+                          const std::vector<NamedPath>& inputs) {
+  std::vector<NamedPath> given;
+  for (const OutputOption& o : outputs)
+    if (app.count(o.flag) > 0) given.push_back({o.flag, o.path});
+  // An output that is an input is the more telling error (it names both), so it comes first.
+  check_outputs_distinct(given, inputs);
+  for (const OutputOption& o : outputs)
+    if (app.count(o.flag) > 0) check_output_option(o.flag, o.path, o.kind);
+}
+
+void check_output_option(const std::string& flag, const std::string& path, OutputKind kind) {
+  try {
+    check_output_path(path, flag, kind);
+  } catch (const Error& e) {
+    // check_output_path's message starts with the flag, which main prints from the option.
+    std::string detail = e.what();
+    const std::string prefix = flag + ": ";
+    if (detail.rfind(prefix, 0) == 0) detail = detail.substr(prefix.size());
+    throw OptionError(flag.substr(2), detail);
+  }
 }
 
 void add_common(CLI::App& app, int* threads, std::string* format) {

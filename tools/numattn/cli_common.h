@@ -11,6 +11,7 @@
 #include "numattn/attention/method.h"
 #include "numattn/attention/random_problem.h"
 #include "numattn/core/exec.h"
+#include "numattn/core/file_io.h"
 #include "numattn/model/qgemv.h"
 
 namespace numattn::cli {
@@ -98,10 +99,42 @@ void check_model_attention(const std::string& option, const std::string& specs, 
                            index_t heads, index_t kv_heads, index_t head_dim, index_t n_q,
                            index_t n_kv, const std::string& what);
 
+/// An output option of a command: its flag ("--out"), its value and what it names.
+struct OutputOption {
+  std::string flag;
+  std::string path;
+  OutputKind kind;
+};
+
+/// The one check of a command's output paths, before any work, of each output whose flag was
+/// given on `app`'s command line (a required one always is): no output may be the same file as
+/// an input or as another output (check_outputs_distinct, naming both), and each must be a
+/// usable path of its kind (file_io.h's check_output_path: not empty, a file where a file is
+/// expected, a directory where a directory is; errors are OptionError of the flag).
+void check_output_options(const CLI::App& app,
+                          const std::vector<OutputOption>& outputs,
+                          const std::vector<NamedPath>& inputs);
+/// check_output_path of one output whose flag is known to be given, as OptionError of `flag`.
+void check_output_option(const std::string& flag, const std::string& path, OutputKind kind);
+
 /// Adds `--threads` and `--format`.
 void add_common(CLI::App& app, int* threads, std::string* format);
 
+/// Splits a comma-separated list of plain values (sizes, layers, names without parameters);
+/// empty items are dropped. Never for method specs: a spec's parameters hold commas
+/// (split_spec_option).
 std::vector<std::string> split_list(const std::string& s);
+
+/// The specs of an option that takes several (`--ppl-methods`, `--bench-methods`, `--method`,
+/// `--methods`): attention/registry.h's split_specs at `separators` outside parentheses, its
+/// errors (empty list or item, unbalanced parentheses) as OptionError(`option`).
+std::vector<std::string> split_spec_option(const std::string& option,
+                                           const std::string& value,
+                                           std::string_view separators = ",");
+/// The same for a repeatable option: every value may itself be a list.
+std::vector<std::string> split_spec_option(const std::string& option,
+                                           const std::vector<std::string>& values,
+                                           std::string_view separators = ",");
 
 /// Adds `--activations` (f32 | q8: the activations of the products with in-place weights,
 /// model/qgemv.h); `list` accepts a comma-separated list (bench-model's interleaved forms).

@@ -98,9 +98,10 @@ void add_advise(CLI::App& app) {
                   "a `numattn capture` directory: the problem is layer --layer's captured q/k/v "
                   "(shape flags are refused; --causal, --scale, --logit-scale, --window-* apply)");
   sub->add_option("--layer", o->layer, "the captured layer (with --qkv)");
-  sub->add_option("--method", o->methods,
-                  "consider only this method (name, repeatable); default: every registered "
-                  "approximate method");
+  sub->add_option(
+      "--method", o->methods,
+      "consider only this method (name, repeatable or comma-separated); default: every registered "
+      "approximate method");
   sub->add_flag("--no-progress", o->no_progress, "no progress bar (it is drawn only on a terminal anyway)");
   sub->callback([o] {
     NUMATTN_CHECK_OPTION(o->est.rows >= 2, "est-rows", "advise needs at least 2 rows for a bound (got {})", o->est.rows);
@@ -132,7 +133,7 @@ void add_advise(CLI::App& app) {
     opt.est_rows = o->est.rows;
     opt.level = o->est.level;
     opt.reps = o->reps;
-    opt.methods = o->methods;
+    opt.methods = split_spec_option("method", o->methods);
     std::optional<ProgressBar> bar;
     const Advice a = advise(p, opt, ctx, [&](std::size_t done, std::size_t total, const std::string& spec) {
       if (o->no_progress) return;

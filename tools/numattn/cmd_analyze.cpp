@@ -91,8 +91,10 @@ void add_analyze(CLI::App& app) {
                 "also write predict.csv: per head and method, the lower bound on its error from the spectrum or "
                 "top-k mass of P, against its measured error");
   sub->add_option("--methods", o->methods,
-                  "methods for --predict, ';'-separated specs (default: lowrank.svd rank 8/32, lowrank.nystrom 16/64, "
-                  "sparse.topk 8/32, lowrank.loki, sparse.window(left=32,sinks=4)); each must be one whose budget "
+                  "methods for --predict, specs separated by ';' or by ',' outside parentheses "
+                  "(default: lowrank.svd rank 8/32, lowrank.nystrom 16/64, "
+                  "sparse.topk 8/32, lowrank.loki, sparse.window(left=32,sinks=4)); each must be "
+                  "one whose budget "
                   "bounds its error (predict.h)");
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o] {
@@ -105,15 +107,7 @@ void add_analyze(CLI::App& app) {
       if (o->methods.empty()) {
         specs = analysis::default_predict_specs();
       } else {
-        std::string cur;
-        for (char c : o->methods + ";")
-          if (c == ';') {
-            if (!cur.empty()) specs.push_back(cur);
-            cur.clear();
-          } else {
-            cur += c;
-          }
-        NUMATTN_CHECK_OPTION(!specs.empty(), "methods", "names no method (';'-separated specs)");
+        specs = split_spec_option("methods", o->methods, ";,");
       }
       // Every spec must parse and carry a budget: checked on a 2-token problem before any work.
       for (const std::string& s : specs) {

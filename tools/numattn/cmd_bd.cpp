@@ -78,15 +78,18 @@ void add_bd(CLI::App& app) {
   sub->add_option("--out-prefix", o->out_prefix,
                   "write PREFIX.basis.npy (int64), PREFIX.B.npy, PREFIX.C.npy (float64)");
   add_common(*sub, &o->threads, &o->format);
-  sub->callback([o] {
+  sub->callback([o, sub] {
     NUMATTN_CHECK_OPTION(o->rank >= 0, "rank", "must be >= 0 (0 = from --tol), got {}", o->rank);
     NUMATTN_CHECK_OPTION(!o->tol || (std::isfinite(*o->tol) && *o->tol >= 0), "tol",
                          "must be a finite number >= 0, got {}", o->tol.value_or(0));
-    if (!o->out_prefix.empty())
-      check_outputs_distinct({{"--out-prefix", o->out_prefix + ".basis.npy"},
-                              {"--out-prefix", o->out_prefix + ".B.npy"},
-                              {"--out-prefix", o->out_prefix + ".C.npy"}},
-                             {{"--in", o->in}, {"--u", o->u}, {"--v", o->v}});
+    // The prefix itself first (an empty one would write hidden files into the current directory).
+    if (sub->count("--out-prefix"))
+      check_output_option("--out-prefix", o->out_prefix, OutputKind::kFile);
+    check_output_options(*sub,
+                         {{"--out-prefix", o->out_prefix + ".basis.npy", OutputKind::kFile},
+                          {"--out-prefix", o->out_prefix + ".B.npy", OutputKind::kFile},
+                          {"--out-prefix", o->out_prefix + ".C.npy", OutputKind::kFile}},
+                         {{"--in", o->in}, {"--u", o->u}, {"--v", o->v}});
     decomp::BasisDecomposition bd;
     bd.set_form(decomp::parse_form(o->axis)).set_strategy(decomp::parse_strategy(o->strategy));
     if (o->rank > 0)

@@ -89,8 +89,11 @@ void add_bench(CLI::App& app) {
       "bench", "time methods × shapes; every row carries its error, its efficiency against the "
                "same-run BLAS sgemm, and speedup_vs_exact: the time of exact.flash on the same "
                "problem, measured once per problem in the same run, over the row's time");
-  sub->add_option("--method", o->methods, "method spec (repeatable); default: all exact methods but the reference and dist.* "
-                  "(under mpirun: dist.ring and dist.ulysses)");
+  sub->add_option(
+      "--method", o->methods,
+      "method spec (repeatable, or a comma-separated list: commas inside a spec's parentheses are "
+      "its own); default: all exact methods but the reference and dist.* "
+      "(under mpirun: dist.ring and dist.ulysses)");
   sub->add_flag("--all", o->all, "every registered method (default parameters)");
   o->pf.add_to(*sub, true);
   add_common(*sub, &o->threads, &o->format);
@@ -120,15 +123,16 @@ void add_bench(CLI::App& app) {
                   "(error against time)");
   sub->callback([o] {
     ExecContext ctx{o->threads};
-    std::vector<std::string> specs = o->methods;
+    // A --method value may be a list: "lowrank.nystrom(landmarks=64,iters=2),exact.flash".
+    std::vector<std::string> specs = split_spec_option("method", o->methods);
     std::string sweep_param;
     std::vector<std::string> sweep_values;
     if (!o->sweep.empty()) {
-      NUMATTN_CHECK_OPTION(o->methods.size() == 1 && !o->all, "sweep",
-                           "needs exactly one --method (got {}{})", o->methods.size(),
+      NUMATTN_CHECK_OPTION(specs.size() == 1 && !o->all, "sweep",
+                           "needs exactly one --method (got {}{})", specs.size(),
                            o->all ? " and --all" : "");
       std::tie(sweep_param, sweep_values) = parse_sweep(o->sweep);
-      specs = sweep_specs(o->methods[0], sweep_param, sweep_values);
+      specs = sweep_specs(specs[0], sweep_param, sweep_values);
     }
     if (specs.empty()) {
       for (const MethodInfo* m : list_methods())

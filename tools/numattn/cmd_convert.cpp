@@ -71,7 +71,7 @@ void add_convert(CLI::App& app) {
     }
     check_mla_options(*sub, o->mla);
     const std::string path = resolve_model_path(o->model);
-    check_outputs_distinct({{"--out", o->out}}, {{"--model", path}});
+    check_output_options(*sub, {{"--out", o->out, OutputKind::kFile}}, {{"--model", path}});
     if (tspec) {
       auto src = std::make_shared<const GgufFile>(GgufFile::open(path));
       NUMATTN_CHECK_OPTION(src->architecture() == "llama", "tensor", "{} is a '{}' model; --tensor needs a plain llama model",

@@ -110,7 +110,8 @@ void add_ppl(CLI::App& app) {
     }
     const std::string mpath = resolve_model_path(o->model);
     const std::string tpath = resolve_text_path(o->text);
-    const std::string text = read_file(tpath, "--text file");  // before the slow model load
+    const std::string text =
+        read_file(tpath, "--text file", kTextInput);  // before the slow model load
     GgufFile file = GgufFile::open(mpath);
     const LlamaHParams hp = LlamaModel::read_hparams(file);
     check_ppl_options(po, &hp);

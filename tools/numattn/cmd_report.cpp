@@ -8,23 +8,28 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "cli_common.h"
 #include "commands.h"
+#include "numattn/attention/registry.h"
 #include "numattn/core/error.h"
 #include "numattn/core/exec.h"
 #include "numattn/core/file_io.h"
 #include "numattn/core/progress.h"
 #include "numattn/model/data.h"
+#include "numattn/model/gguf.h"
+#include "numattn/model/llama.h"
 
 extern char** environ;
 
@@ -113,7 +118,18 @@ std::string join_command(const std::vector<std::string>& argv) {
 // The last `max_lines` lines of a file (a child's stderr), without the progress lines that a
 // carriage return overwrote.
 std::string tail_lines(const std::string& path, std::size_t max_lines) {
-  std::ifstream f(path);
+  // Only the end of the file is read: a child may have written any amount.
+  constexpr std::uint64_t kTailBytes = 64 << 10;
+  std::string text;
+  try {
+    const InputFile in(path, "log file", kSizedByHeader);
+    const std::uint64_t n = std::min(in.size(), kTailBytes);
+    text.resize(static_cast<std::size_t>(n));
+    in.read_at(text.data(), text.size(), in.size() - n);
+  } catch (const Error& e) {
+    return std::string(e.what()) + "\n";
+  }
+  std::istringstream f(text);
   std::vector<std::string> lines;
   for (std::string l; std::getline(f, l);) {
     const std::size_t cr = l.find_last_of('\r');
@@ -191,11 +207,9 @@ void append(std::vector<std::string>& v, const std::vector<std::string>& more) {
 
 bool contains_word(const std::string& text, const std::string& word) { return text.find(word) != std::string::npos; }
 
+// A probe's output or /proc/loadavg: small text, read through the bounded entry point.
 std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_file(path, "report input", kJsonInput);
 }
 
 class Runner {
@@ -274,6 +288,22 @@ bool has_cap(const MethodEntry& m, const std::string& cap) {
   for (std::string w; ss >> w;)
     if (w == cap) return true;
   return false;
+}
+
+// A step id made from a spec, usable as a file name (data/ppl/ID.json, logs/ID.stderr): the
+// characters of a spec's parameter list other than letters, digits, '.', '=' and '-' become '_';
+// an id already taken gets a suffix.
+std::string file_id(const std::string& raw, std::set<std::string>& taken) {
+  std::string id;
+  for (char c : raw) {
+    if (c == ')' || c == ' ') continue;
+    const bool keep =
+        std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '=' || c == '-' || c == '_';
+    id += keep ? c : '_';
+  }
+  const std::string base = id;
+  for (int k = 2; !taken.insert(id).second; ++k) id = base + "_" + std::to_string(k);
+  return id;
 }
 
 std::string pick(const std::string& user, const std::string& preset) { return user.empty() ? preset : user; }
@@ -362,12 +392,30 @@ void add_report(CLI::App& app) {
     ExecContext ctx{o->threads};  // checks --threads
     (void)ctx.num_threads();
 
-    // Everything that can be refused is refused before the first measurement.
+    // Everything that can be refused is refused before the first measurement. The method
+    // lists first: each spec whole (commas inside its parentheses are its own) and
+    // known to the registry, or the report stops here instead of measuring with a mangled list.
+    auto specs_of = [](const std::string& option, const std::string& list) {
+      std::vector<std::string> specs = split_spec_option(option, list);
+      for (const std::string& sp : specs) {
+        try {
+          (void)create_method(sp);
+        } catch (const Error& e) {
+          throw OptionError(option, e.what());
+        }
+      }
+      return specs;
+    };
+    const std::vector<std::string> bench_specs = s.bench_methods.empty()
+                                                     ? std::vector<std::string>{}
+                                                     : specs_of("bench-methods", s.bench_methods);
+    const std::vector<std::string> user_ppl_specs = s.ppl_methods.empty() || o->no_model
+                                                        ? std::vector<std::string>{}
+                                                        : specs_of("ppl-methods", s.ppl_methods);
     const std::string exe = self_exe();
     const std::string script = find_plots_script(o->plots_script, exe);
+    check_output_option("--out", o->out, OutputKind::kDirectory);
     std::error_code ec;
-    if (fs::exists(o->out, ec))
-      NUMATTN_CHECK_OPTION(fs::is_directory(o->out, ec), "out", "'{}' exists and is not a directory", o->out);
     const fs::path dir(o->out);
     for (const char* sd : {"data", "logs", "plots"}) {
       fs::create_directories(dir / sd, ec);
@@ -378,6 +426,20 @@ void add_report(CLI::App& app) {
       model_path = resolve_model_path(o->model);
       text_path = resolve_text_path(o->text);
     }
+    // The model's attention problem, from the GGUF header: a perplexity method whose own can_run
+    // refuses it is expected to be refused by ppl (an optional row with the reason); any other
+    // failed perplexity run fails the report.
+    std::optional<LlamaHParams> hp;
+    if (!o->no_model) hp = LlamaModel::read_hparams(GgufFile::open(model_path));
+    auto runs_on_model = [&](const std::string& spec) {
+      try {
+        check_model_attention("ppl-methods", spec, hp->n_layer, hp->n_head, hp->n_head_kv,
+                              hp->head_dim, s.ctx, s.ctx, "chunk's");
+        return true;
+      } catch (const OptionError&) {
+        return false;
+      }
+    };
     {
       // Plots need matplotlib; a missing one is found now, not after the measurements.
       const std::string err = (dir / "logs" / "python_check.stderr").string();
@@ -406,7 +468,7 @@ void add_report(CLI::App& app) {
     if (s.bench_methods.empty()) {
       bench_sel = {"--all"};
     } else {
-      for (const auto& m : split_list(s.bench_methods)) {
+      for (const auto& m : bench_specs) {
         bench_sel.push_back("--method");
         bench_sel.push_back(m);
       }
@@ -451,12 +513,14 @@ void add_report(CLI::App& app) {
           if (has_cap(m, "causal") && m.name != "exact.flash" && m.name != "exact.reference" && m.family != "dist")
             ppl_methods.push_back(m.name);
       } else {
-        ppl_methods = split_list(s.ppl_methods);
+        ppl_methods = user_ppl_specs;
       }
       // A method that cannot run the model's problem (e.g. no GQA) is refused by ppl before
-      // the weights load: its row says so, the report goes on.
+      // the weights load: its row says so, the report goes on. A method that can run it must.
+      std::set<std::string> ppl_ids{"ppl_exact.flash"};
       for (const auto& m : ppl_methods)
-        ppl_step("ppl_" + m, "ppl", "perplexity and KL: " + m, {"--attn", m, "--baseline", "exact.flash"}, false);
+        ppl_step(file_id("ppl_" + m, ppl_ids), "ppl", "perplexity and KL: " + m,
+                 {"--attn", m, "--baseline", "exact.flash"}, runs_on_model(m));
       ppl_step("bda_ppl_vo", "bda", "BD Attention (VO) on the model", {"--bda", "vo"}, true);
       if (has_mla) {
         fs::create_directories(dir / "data" / "mla", ec);

@@ -203,9 +203,10 @@ void add_run(CLI::App& app) {
   sub->add_flag("--no-lse", o->no_lse,
                 "do not request the log-sum-exp (lse_max_abs_error is then null); an LSE beyond "
                 "the float32 range is refused, the output itself is not");
-  sub->callback([o] {
-    check_outputs_distinct({{"--out", o->out}, {"--lse-out", o->lse_out}},
-                           {{"--q", o->q}, {"--k", o->k}, {"--v", o->v}, {"--mask", o->mask}});
+  sub->callback([o, sub] {
+    check_output_options(
+        *sub, {{"--out", o->out, OutputKind::kFile}, {"--lse-out", o->lse_out, OutputKind::kFile}},
+        {{"--q", o->q}, {"--k", o->k}, {"--v", o->v}, {"--mask", o->mask}});
     NUMATTN_CHECK(!o->no_lse || o->lse_out.empty(), "--lse-out needs the LSE: drop --no-lse");
     ExecContext ctx{o->threads};
     auto method = create_method(o->method);

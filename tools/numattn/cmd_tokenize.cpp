@@ -4,6 +4,8 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "numattn/core/error.h"
+#include "numattn/core/file_io.h"
 #include "numattn/model/data.h"
 #include "numattn/model/tokenizer.h"
 
@@ -11,7 +13,7 @@ namespace numattn::cli {
 
 namespace {
 struct TokenizeOptions {
-  std::string model = "default", text, format = "json";
+  std::string model = "default", text, text_file, format = "json";
   int threads = 0;
   bool add_bos = false, no_special = false, pieces = false;
 };
@@ -22,7 +24,12 @@ void add_tokenize(CLI::App& app) {
   auto* sub = app.add_subcommand("tokenize", "token ids of a text under a GGUF model's tokenizer");
   sub->add_option("--model", o->model, "GGUF file, or 'default' (the cached SmolLM2-135M)")
       ->capture_default_str();
-  sub->add_option("--text", o->text, "the text to tokenize")->required();
+  auto* text = sub->add_option("--text", o->text, "the text to tokenize");
+  // A command-line argument is limited (Linux: 128 KiB), so long texts come from a file.
+  auto* text_file =
+      sub->add_option("--text-file", o->text_file,
+                      "a file whose bytes are the text to tokenize (instead of --text)");
+  text->excludes(text_file);
   sub->add_flag("--add-bos", o->add_bos, "prepend the BOS token");
   sub->add_flag("--no-special", o->no_special,
                 "treat control-token markers such as <|im_start|> as plain text");
@@ -31,7 +38,10 @@ void add_tokenize(CLI::App& app) {
                 "bytes that are not valid UTF-8 (part of a multi-byte character) as \\xNN, a "
                 "backslash as \\\\");
   add_common(*sub, &o->threads, &o->format);
-  sub->callback([o] {
+  sub->callback([o, text, text_file] {
+    if (text->count() + text_file->count() != 1)
+      throw Error("--text: give the text with --text TEXT or, for a long one, --text-file FILE");
+    if (text_file->count()) o->text = read_file(o->text_file, "--text-file");
     const std::string path = resolve_model_path(o->model);
     const Tokenizer tok = Tokenizer::from_gguf_path(path);
     const auto ids = tok.encode(o->text, o->add_bos, !o->no_special);

@@ -79,16 +79,13 @@ class FileShard {
     const std::size_t elem = info.dtype == npy::DType::kFloat32 ? 4 : 8;
     buf.resize(static_cast<std::size_t>(B * H * n * D));
     auto dst = TensorView<float>::contiguous(buf.data(), {B, H, n, D});
-    check_input_file(path, ".npy file");
-    std::ifstream in(path, std::ios::binary);
-    NUMATTN_CHECK(in.good(), "cannot read .npy file '{}'", path);
+    const InputFile in(path, ".npy file", kSizedByHeader);
     std::vector<char> raw;
     // One read per contiguous run: (b, h, segment) in BHND, (b, segment) in BNHD.
     auto run = [&](index_t first_elem, index_t count, auto&& place) {
       raw.resize(static_cast<std::size_t>(count) * elem);
-      in.seekg(static_cast<std::streamoff>(info.data_offset + static_cast<std::uint64_t>(first_elem) * elem));
-      in.read(raw.data(), static_cast<std::streamsize>(raw.size()));
-      NUMATTN_CHECK(static_cast<std::size_t>(in.gcount()) == raw.size(), "'{}': error reading rows of the payload", path);
+      in.read_at(raw.data(), raw.size(),
+                 info.data_offset + static_cast<std::uint64_t>(first_elem) * elem);
       for (index_t e = 0; e < count; ++e) {
         float x;
         if (elem == 4) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "commands.h"
@@ -68,6 +70,13 @@ std::string version_text() {
   for (const KernelPath& k : kernel_paths(path)) s += fmt::format("\n  {:<34}{}", k.family, cpu_path_name(k.path));
   return s;
 }
+
+// "numattn run --n 100": what a failure message names as the operation.
+std::string command_line(int argc, char** argv) {
+  std::string out = "numattn";
+  for (int i = 1; i < argc; ++i) out += std::string(" ") + argv[i];
+  return out;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,6 +100,16 @@ int main(int argc, char** argv) {
   } catch (const numattn::OptionError& e) {
     std::fprintf(stderr, "error: %s: %s\n", flag_name(e.option()).c_str(),
                  elide_long_runs(flags_in(e.detail())).c_str());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // Sizes are checked against available memory before the big allocations; one that still
+    // fails is named by the command that asked (its flags carry the sizes).
+    std::fprintf(stderr, "error: out of memory (std::bad_alloc) while running `%s`: reduce the sizes "
+                 "or free memory\n", elide_long_runs(command_line(argc, argv)).c_str());
+    return 1;
+  } catch (const std::length_error& e) {
+    std::fprintf(stderr, "error: out of memory (a size beyond what a buffer can hold: %s) while "
+                 "running `%s`: reduce the sizes\n", e.what(), elide_long_runs(command_line(argc, argv)).c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", elide_long_runs(e.what()).c_str());

@@ -70,7 +70,7 @@ void check_mla_against_model(const MlaCliOptions& o, const LlamaHParams& hp, boo
 MlaCliResult convert_for_cli(LlamaModel& model, const Tokenizer& tok, const MlaCliOptions& o,
                              std::int64_t chunk, const ExecContext& ctx, bool progress) {
   MlaCliResult r;
-  const std::string text = read_file(resolve_text_path(o.calib), "--calib file");
+  const std::string text = read_file(resolve_text_path(o.calib), "--calib file", kTextInput);
   auto toks = tok.encode(text, false, false);
   NUMATTN_CHECK_OPTION(!toks.empty(), "calib", "the calibration text encodes to no token");
   const auto n = std::min<std::int64_t>(o.calib_tokens, static_cast<std::int64_t>(toks.size()));

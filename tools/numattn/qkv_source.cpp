@@ -31,7 +31,7 @@ CapturedLayer read_capture(const std::string& dir, std::int64_t layer) {
   std::error_code ec;
   NUMATTN_CHECK(fs::is_directory(dir, ec), "--qkv: '{}' is not a directory (a `numattn capture --out` directory)", dir);
   const std::string mpath = (fs::path(dir) / "manifest.json").string();
-  const std::string text = read_file(mpath, "--qkv manifest");
+  const std::string text = read_file(mpath, "--qkv manifest", kJsonInput);
   CapturedLayer c;
   c.dir = dir;
   c.layer = layer;

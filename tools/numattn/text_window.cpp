@@ -64,14 +64,11 @@ TextWindow open_text_window(const TextWindowFlags& f, const std::string& out, co
   NUMATTN_CHECK_OPTION(f.offset >= 0, "offset", "must be >= 0, got {}", f.offset);
   const BosMode bos = parse_bos_mode(f.bos);
   const std::string model_path = resolve_model_path(f.model), text_path = resolve_text_path(f.text);
-  namespace fs = std::filesystem;
-  std::error_code ec;
   for (const NamedPath& in : {NamedPath{"--model", model_path}, NamedPath{"--text", text_path}})
     NUMATTN_CHECK_OPTION(!same_file(out, in.path), "out", "'{}' is the {} file: the output directory must not be an input",
                          out, in.what);
-  if (fs::exists(out, ec))
-    NUMATTN_CHECK_OPTION(fs::is_directory(out, ec), "out", "'{}' exists and is not a directory", out);
-  const std::string text = read_file(text_path, "--text file");
+  check_output_option("--out", out, OutputKind::kDirectory);
+  const std::string text = read_file(text_path, "--text file", kTextInput);
   TextWindow w{model_path, text_path, GgufFile::open(model_path), {}, {}, {}, 0, false};
   w.hp = LlamaModel::read_hparams(w.file);
   w.layers = parse_index_list(f.layers, "layers", w.hp.n_layer, "layer", "n_layer");

@@ -30,6 +30,16 @@ struct ParsedSpec {
 /// Syntax-only parse. Throws `Error` with the position of the problem.
 ParsedSpec parse_spec(std::string_view spec);
 
+/// Splits a list of specs at the `separators` that lie outside parentheses, so that
+/// "lowrank.nystrom(landmarks=64,iters=2),exact.flash" is two specs, not three pieces. This is
+/// the one splitter of every option that takes several specs (the CLI's comma lists, the
+/// per-layer lists of model/llama.h with separators ",;"). Items are returned as written,
+/// without the whitespace around them, and are not parsed (parse_spec / create_method do that).
+/// Parentheses may nest; only depth 0 separates. Throws `Error` quoting the list and naming the
+/// position for: a list with no spec in it (empty or blank), an empty item (a leading,
+/// trailing or doubled separator), a ')' with no '(' open, and a '(' never closed.
+std::vector<std::string> split_specs(std::string_view list, std::string_view separators = ",");
+
 /// Every registered method's description, in catalogue order.
 std::vector<const MethodInfo*> list_methods();
 /// The description of `name` ("family.name"), or nullptr.

@@ -21,7 +21,17 @@
 #include <string>
 #include <string_view>
 
+#include "numattn/core/error.h"
+
 namespace numattn {
+
+/// A request for more memory than the machine has available (`check_memory`), or an
+/// allocation that failed anyway: the message names what was being allocated and the bytes
+/// asked for. Python maps it onto a MemoryError that is also a numattn.Error.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
 
 /// a·b for sizes: throws numattn::Error naming `what` if either is negative or the product
 /// overflows int64.
@@ -36,8 +46,8 @@ bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t* out);
 /// Throws numattn::Error when NUMATTN_MEMORY_AVAILABLE is set but not a byte count.
 std::uint64_t available_memory_bytes();
 
-/// Throws numattn::Error "<what> needs X of memory but only Y are available" when `bytes`
-/// exceeds available_memory_bytes().
+/// Throws numattn::OutOfMemory (a numattn::Error) "<what> needs X of memory but only Y are
+/// available" when `bytes` exceeds available_memory_bytes().
 void check_memory(std::uint64_t bytes, std::string_view what);
 
 /// "1.50 GiB", "12.0 MiB", "512 B": a byte count for messages.

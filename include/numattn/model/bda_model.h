@@ -9,9 +9,12 @@
 /// so "qk" and "qkvo" are refused with an error that names RoPE.
 ///
 /// GGUF form (written by `write_bda_gguf`, read back by LlamaModel::load): the source file's
-/// metadata and tensors, plus `numattn.bda.pairs = "vo"`, and per BDA layer ℓ:
-/// - `blk.ℓ.attn_v_bd.perm`   metadata int32 array [E]: input channels in [S, S^c] order
-/// - `blk.ℓ.attn_v_bd.dense`  metadata int32 array: KV heads kept dense (κ above threshold)
+/// metadata and tensors, plus `numattn.bda.pairs = "vo"` (the only value read), `numattn.bda.version
+/// = 1` (a larger one is refused as written by a newer numattn), and per BDA layer ℓ:
+/// - `blk.ℓ.attn_v_bd.perm`   metadata int32 array [E]: input channels in [S, S^c] order (a
+///                            permutation of 0..E−1)
+/// - `blk.ℓ.attn_v_bd.dense`  metadata int32 array: KV heads kept dense (κ above threshold),
+///                            increasing, at most Hkv, each < Hkv
 /// - `blk.ℓ.attn_v_bd.coef`   F32 tensor, GGUF ne {Hkv·D, E − D}: C_stack (rows in S^c order)
 /// - `blk.ℓ.attn_v_bd.top`    F32 tensor ne {n_dense·D, D}, only when some head is dense
 /// - `blk.ℓ.attn_output.weight` replaced by W_o' in F32; `blk.ℓ.attn_v.weight` removed.

@@ -212,7 +212,14 @@ class GgufFile {
   const GgufValue& at(std::string_view key) const;
   /// Typed scalar of `key` (exact type; throws if missing or mismatched).
   template <class T>
-  T get(std::string_view key) const { return at(key).get<T>(); }
+  T get(std::string_view key) const {
+    const GgufValue& v = at(key);
+    try {
+      return v.get<T>();
+    } catch (const Error& e) {
+      rethrow_for_key(key, e);
+    }
+  }
   /// Convenience: `key` as string / any-integer / any-number, or `def` when missing
   /// (a present key of the wrong type still throws).
   std::string get_string(std::string_view key) const;
@@ -222,6 +229,13 @@ class GgufFile {
   double get_double(std::string_view key) const;
   double get_double(std::string_view key, double def) const;
   bool get_bool(std::string_view key, bool def) const;
+  /// Arrays of `key` (throw if missing or of another element type): strings; any integer type
+  /// as int64; any numeric type as double.
+  const std::vector<std::string>& get_string_array(std::string_view key) const;
+  std::vector<std::int64_t> get_int_array(std::string_view key) const;
+  std::vector<double> get_double_array(std::string_view key) const;
+  // Every typed accessor above names the file, the key, the type found and the type expected
+  // when the value does not fit (GgufValue's own errors know neither the key nor the file).
   /// `general.architecture` (throws if missing).
   std::string architecture() const { return get_string("general.architecture"); }
 
@@ -235,6 +249,8 @@ class GgufFile {
  private:
   GgufFile() = default;
   friend class GgufParser;
+  /// Throws `e` again with the file and `key` named.
+  [[noreturn]] void rethrow_for_key(std::string_view key, const Error& e) const;
   struct Mapping;
   std::unique_ptr<Mapping> map_;
   std::string path_;
@@ -246,6 +262,24 @@ class GgufFile {
   std::unordered_map<std::string, std::size_t> kv_index_;
   std::vector<GgufTensorInfo> tensors_;
   std::unordered_map<std::string, std::size_t> tensor_index_;
+};
+
+/// While alive, records every metadata key looked up on this thread through GgufFile::find (and
+/// so through every accessor of GgufFile), present or not, in lookup order. Tests use it to check
+/// that a table of hostile edits covers every key a loader reads. Instances nest.
+class GgufKeyLog {
+ public:
+  GgufKeyLog();
+  ~GgufKeyLog();
+  GgufKeyLog(const GgufKeyLog&) = delete;
+  GgufKeyLog& operator=(const GgufKeyLog&) = delete;
+  const std::vector<std::string>& keys() const { return keys_; }
+  /// Called by GgufFile::find.
+  static void record(std::string_view key);
+
+ private:
+  std::vector<std::string> keys_;
+  GgufKeyLog* outer_ = nullptr;
 };
 
 /// Builds a GGUF v3 file: metadata of every type, tensors given as raw bytes of any type or as

@@ -101,7 +101,8 @@ struct LlamaHParams {
   /// finite and in (0, 1); rope_base is finite and > 0; 1 <= n_ctx_train <= kMaxContextLength;
   /// and every weight size fits in 64 bits. After it, qkv_rows() and layer_weights() cannot
   /// overflow.
-  void validate(const std::string& source = "") const;
+  /// `arch` names the keys: "llama.*", or numattn's own architectures' renamed "<arch>.*".
+  void validate(const std::string& source = "", const std::string& arch = "llama") const;
 };
 
 /// How a loaded model holds its weights.
@@ -343,7 +344,8 @@ std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector
                                           const std::function<void(std::int32_t)>& on_token = {},
                                           ForwardProfile* profile = nullptr);
 
-/// Splits a per-layer spec list on ';' and on ',' outside parentheses.
+/// Splits a per-layer spec list on ';' and ',' outside parentheses (attention/registry.h's
+/// split_specs, whose errors it throws).
 std::vector<std::string> split_spec_list(const std::string& specs);
 
 }  // namespace numattn

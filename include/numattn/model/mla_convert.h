@@ -15,10 +15,14 @@
 /// `general.architecture = "numattn-mla"`, every `llama.*` key of the source renamed
 /// `numattn-mla.*` (the GQA hyper-parameters, kept for validation and KV-cache comparisons),
 /// plus
-/// - `numattn-mla.mla.kv_lora_rank` (u32) r, `numattn-mla.mla.nope_dim` (u32) d_nope,
-///   `numattn-mla.mla.rope_dim` (u32) d_rope, `numattn-mla.mla.value_dim` (u32) d_v,
-///   `numattn-mla.mla.softmax_scale` (f64), and informational `numattn-mla.mla.freqfold`,
-///   `numattn-mla.mla.rope_heads`, `numattn-mla.mla.rank_option` (u32/i32, the options used);
+/// - `numattn-mla.mla.version` (u32, 1), `numattn-mla.mla.kv_lora_rank` (u32) r,
+///   `numattn-mla.mla.nope_dim` (u32) d_nope, `numattn-mla.mla.rope_dim` (u32) d_rope,
+///   `numattn-mla.mla.value_dim` (u32) d_v, `numattn-mla.mla.softmax_scale` (f64), and the options
+///   used, `numattn-mla.mla.freqfold` (i32), `numattn-mla.mla.rope_heads` (i32),
+///   `numattn-mla.mla.rank_option` (i64). The loader checks each key's range and their relations
+///   (d_v = D, d_rope = rope_heads·n_rot, d_nope = Hkv·D − d_rope, r = the latent width cut to
+///   rank_option, scale 1/sqrt(D), θ from freqfold and rope_heads; docs/model-runner.md), so the
+///   writer refuses layers and options that do not satisfy them;
 /// - per layer ℓ, `numattn-mla.mla.rope_theta.ℓ` (f64 array [d_rope/2], rad per position) and
 ///   F32 tensors (GGUF ne order {in, out}; rows as in model/mla.h):
 ///   `blk.ℓ.attn_kv_a_mqa.weight` {E, r + d_rope}: rows W_dkv then W_kr;

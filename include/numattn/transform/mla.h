@@ -119,6 +119,12 @@ RoRopeBasis rorope_basis(const LlamaHParams& hp, const std::vector<double>& wk,
 /// with freqfold 1 and keep = 1).
 double rorope_captured_energy(const RoRopeBasis& basis, std::int64_t keep);
 
+/// The RoPE frequencies (rad per position) of the d_rope/2 pairs of the decoupled key that
+/// convert_layer_to_mla gives a layer: for each folded group f, θ*_f (the mean of its freqfold
+/// frequencies θ_i = rope_base^(−2i/n_rot)) repeated rope_heads·freqfold times. What an MLA file's
+/// `rope_theta.ℓ` must hold (model/mla_convert.h). The options must be valid for `hp`.
+std::vector<double> mla_rope_theta(const LlamaHParams& hp, int freqfold, std::int64_t rope_heads);
+
 /// Steps 1–2 only: the GQA layer merged and rotated by `basis`, every rotated component kept as
 /// RoPE (d_rope = Hkv·n_rot) and the latent uncompressed. With basis.freqfold = 1 an exact rewrite
 /// of the GQA layer (identity 5); with M > 1 the folded frequencies are the only change.
