@@ -210,21 +210,29 @@ constexpr int W = Vec::W;
 /// Most query vectors a block holds (64 rows on AVX-512: 4 vectors).
 constexpr int kMaxCI = 64 / W;
 
-/// Register tile of the two kernels for a block of CI query vectors: RJ keys (S-tile) or RD
-/// value dims (O-tile) by CI vectors, about 24 accumulators of the 32 AVX-512 registers, which
-/// leaves room for the CI operand vectors and a broadcast. Loads per FMA: (RJ + CI)/(RJ·CI),
-/// 10/24 for CI = 4 (Sapphire Rapids issues two FMAs and up to three loads per cycle).
+/// Query vectors in one register tile. A block of CI vectors is processed kRegCI at a time, so
+/// that the accumulators fit the register file: all of a 64-row block (4 vectors) on AVX-512's
+/// 32 registers, 2 of its 8 vectors on AVX2's 16 (a 6 × 8 tile of 48 accumulators spilled to
+/// the stack at every FMA).
+constexpr int kRegCI = W == 8 ? 2 : 4;
+
+/// Register tile of the two kernels for CI query vectors (CI ≤ kRegCI): RJ keys (S-tile) or RD
+/// value dims (O-tile) by CI vectors. AVX-512: about 24 accumulators of the 32 registers, which
+/// leaves room for the CI operand vectors and a broadcast; loads per FMA (RJ + CI)/(RJ·CI),
+/// 10/24 for CI = 4 (Sapphire Rapids issues two FMAs and up to three loads per cycle). AVX2:
+/// 12 accumulators, 2 operand vectors and a broadcast of the 16 registers.
 constexpr int rows_for(int ci) {
+  if (W == 8) return ci >= 2 ? 6 : 12;
   return ci >= 4 ? 6 : ci == 3 ? 8 : ci == 2 ? 12 : ci == 1 ? 16 : 1;
 }
 
-/// s[r][:] = Σ_d k_r[d]·qt[d][:] for RJ keys k_r = k + r·ldk; vmax[c] = max(vmax[c], s[·][c]),
+/// s[r][:] = Σ_d k_r[d]·qt[d][:] for RJ keys k_r = k + r·ldk and CI query vectors of a block
+/// of BR lanes (qt and s rows BR floats apart); vmax[c] = max(vmax[c], s[·][c]),
 /// vmin[c] = min(vmin[c], s[·][c]) (a -inf logit, which the softmax would silently drop, shows
 /// there; NaN and +inf need no check, they propagate).
-template <int RJ, int CI>
+template <int RJ, int CI, int BR>
 inline void qk_kernel(const float* __restrict qt, index_t dk, const float* k, index_t ldk,
                       float* __restrict s, R* vmax, R* vmin) {
-  constexpr int BR = CI * W;
   R acc[RJ][CI];
   NUMATTN_UNROLL for (int r = 0; r < RJ; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c) acc[r][c] = Vec::zero();
   const float* kr[RJ];
@@ -244,28 +252,36 @@ inline void qk_kernel(const float* __restrict qt, index_t dk, const float* k, in
   }
 }
 
-/// The S-tile for `cols` keys: full RJ-key register tiles, then 8/4/2/1-key tails.
+/// The S-tile for `cols` keys and a block of CI query vectors: groups of NJ keys (full register
+/// tiles, then 8/4/2/1-key tails), each group through the block's register tiles of kRegCI
+/// vectors (its keys stay in L1 from one register tile to the next).
 template <int CI>
 inline void qk_tile(const float* qt, index_t dk, const float* k, index_t ldk, index_t cols,
                     float* s, R* vmax, R* vmin) {
-  constexpr int RJ = rows_for(CI), BR = CI * W;
+  constexpr int BR = CI * W, CR = CI < kRegCI ? CI : kRegCI, CT = CI % CR, RJ = rows_for(CR);
+  auto group = [&]<int NJ>(index_t j) {
+    for (int c0 = 0; c0 + CR <= CI; c0 += CR)
+      qk_kernel<NJ, CR, BR>(qt + c0 * W, dk, k + j * ldk, ldk, s + j * BR + c0 * W, vmax + c0, vmin + c0);
+    if constexpr (CT > 0)
+      qk_kernel<NJ, CT, BR>(qt + (CI - CT) * W, dk, k + j * ldk, ldk, s + j * BR + (CI - CT) * W,
+                            vmax + (CI - CT), vmin + (CI - CT));
+  };
   index_t j = 0;
-  for (; j + RJ <= cols; j += RJ) qk_kernel<RJ, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax, vmin);
+  for (; j + RJ <= cols; j += RJ) group.template operator()<RJ>(j);
   if constexpr (RJ > 8)
-    if (j + 8 <= cols) qk_kernel<8, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax, vmin), j += 8;
-  if (j + 4 <= cols) qk_kernel<4, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax, vmin), j += 4;
-  if (j + 2 <= cols) qk_kernel<2, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax, vmin), j += 2;
-  if (j < cols) qk_kernel<1, CI>(qt, dk, k + j * ldk, ldk, s + j * BR, vmax, vmin);
+    if (j + 8 <= cols) group.template operator()<8>(j), j += 8;
+  if (j + 4 <= cols) group.template operator()<4>(j), j += 4;
+  if (j + 2 <= cols) group.template operator()<2>(j), j += 2;
+  if (j < cols) group.template operator()<1>(j);
 }
 
-/// ot[d0+r][:] = (rescale ? corr·ot : ot) + Σ_j v_j[d0+r]·p[j][:] for RD dims, `cols` keys.
-/// The tile's sum starts from zero and is added to the old accumulator once (one FMA that also
-/// applies the rescale): a blocked summation, so the rounding error grows with
-/// block_k + Nk/block_k rather than with Nk.
-template <int RD, int CI>
+/// ot[d0+r][:] = (rescale ? corr·ot : ot) + Σ_j v_j[d0+r]·p[j][:] for RD dims, `cols` keys and
+/// CI query vectors of a block of BR lanes. The tile's sum starts from zero and is added to the
+/// old accumulator once (one FMA that also applies the rescale): a blocked summation, so the
+/// rounding error grows with block_k + Nk/block_k rather than with Nk.
+template <int RD, int CI, int BR>
 inline void pv_kernel(const float* __restrict p, index_t cols, const float* v, index_t ldv,
                       float* __restrict ot, const R* corr, bool rescale) {
-  constexpr int BR = CI * W;
   R acc[RD][CI];
   NUMATTN_UNROLL for (int r = 0; r < RD; ++r) NUMATTN_UNROLL for (int c = 0; c < CI; ++c) acc[r][c] = Vec::zero();
   for (index_t j = 0; j < cols; ++j) {
@@ -283,18 +299,26 @@ inline void pv_kernel(const float* __restrict p, index_t cols, const float* v, i
   }
 }
 
-/// The O-tile over all `dv` value dims: full RD-dim register tiles, then 8/4/2/1-dim tails.
+/// The O-tile over all `dv` value dims: groups of ND dims (full register tiles, then 8/4/2/1-dim
+/// tails), each through the block's register tiles of kRegCI vectors.
 template <int CI>
 inline void pv_tile(const float* p, index_t cols, const float* v, index_t ldv, index_t dv,
                     float* ot, const R* corr, bool rescale) {
-  constexpr int RD = rows_for(CI), BR = CI * W;
+  constexpr int BR = CI * W, CR = CI < kRegCI ? CI : kRegCI, CT = CI % CR, RD = rows_for(CR);
+  auto group = [&]<int ND>(index_t d) {
+    for (int c0 = 0; c0 + CR <= CI; c0 += CR)
+      pv_kernel<ND, CR, BR>(p + c0 * W, cols, v + d, ldv, ot + d * BR + c0 * W, corr + c0, rescale);
+    if constexpr (CT > 0)
+      pv_kernel<ND, CT, BR>(p + (CI - CT) * W, cols, v + d, ldv, ot + d * BR + (CI - CT) * W, corr + (CI - CT),
+                            rescale);
+  };
   index_t d = 0;
-  for (; d + RD <= dv; d += RD) pv_kernel<RD, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale);
+  for (; d + RD <= dv; d += RD) group.template operator()<RD>(d);
   if constexpr (RD > 8)
-    if (d + 8 <= dv) pv_kernel<8, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale), d += 8;
-  if (d + 4 <= dv) pv_kernel<4, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale), d += 4;
-  if (d + 2 <= dv) pv_kernel<2, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale), d += 2;
-  if (d < dv) pv_kernel<1, CI>(p, cols, v + d, ldv, ot + d * BR, corr, rescale);
+    if (d + 8 <= dv) group.template operator()<8>(d), d += 8;
+  if (d + 4 <= dv) group.template operator()<4>(d), d += 4;
+  if (d + 2 <= dv) group.template operator()<2>(d), d += 2;
+  if (d < dv) group.template operator()<1>(d);
 }
 
 // ---- Key lanes: blocks of few rows (decoding) ----
