@@ -11,19 +11,7 @@ namespace {
 
 const bool kRegistered = (register_kernel_family("simd (exp, softmax rows, norms)", CpuPath::kAvx512), true);
 
-const Ops& ops_now() {
-  switch (family_path(default_cpu_path(), CpuPath::kAvx512)) {
-    case CpuPath::kAvx512Vnni:
-    case CpuPath::kAvx512:
-      if (const Ops* o = avx512::ops()) return *o;
-      [[fallthrough]];
-    case CpuPath::kAvx2:
-      if (const Ops* o = avx2::ops()) return *o;
-      [[fallthrough]];
-    case CpuPath::kPortable: break;
-  }
-  return *portable::ops();
-}
+const Ops& ops_now() { return *pick_isa_variant(portable::ops(), avx2::ops(), avx512::ops()); }
 
 }  // namespace
 

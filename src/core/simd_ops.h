@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "core/isa_dispatch.h"
+
 namespace numattn::simd {
 
 struct Ops {
@@ -15,15 +17,6 @@ struct Ops {
   float (*dot)(const float* x, const float* y, std::int64_t n);
 };
 
-// nullptr where the variant was not compiled (core/isa_begin.h).
-namespace portable {
-const Ops* ops();
-}
-namespace avx2 {
-const Ops* ops();
-}
-namespace avx512 {
-const Ops* ops();
-}
+NUMATTN_DECLARE_ISA_VARIANTS(const Ops*, ops)
 
 }  // namespace numattn::simd

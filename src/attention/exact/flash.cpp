@@ -12,17 +12,7 @@ const bool kRegistered = (register_kernel_family("exact.flash", CpuPath::kAvx512
 
 /// The variant of the library's CPU path (core/cpu.h).
 const flash::Ops& ops() {
-  switch (family_path(default_cpu_path(), CpuPath::kAvx512)) {
-    case CpuPath::kAvx512Vnni:
-    case CpuPath::kAvx512:
-      if (const flash::Ops* o = flash::avx512::ops()) return *o;
-      [[fallthrough]];
-    case CpuPath::kAvx2:
-      if (const flash::Ops* o = flash::avx2::ops()) return *o;
-      [[fallthrough]];
-    case CpuPath::kPortable: break;
-  }
-  return *flash::portable::ops();
+  return *pick_isa_variant(flash::portable::ops(), flash::avx2::ops(), flash::avx512::ops());
 }
 
 }  // namespace

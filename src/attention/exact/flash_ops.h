@@ -3,6 +3,7 @@
 
 #include <cstddef>
 
+#include "core/isa_dispatch.h"
 #include "numattn/attention/method.h"
 
 namespace numattn::flash {
@@ -12,15 +13,6 @@ struct Ops {
   void (*forward)(const AttentionProblem& p, const ParamValues& params, const ExecContext& ctx);
 };
 
-// nullptr where the variant was not compiled (core/isa_begin.h).
-namespace portable {
-const Ops* ops();
-}
-namespace avx2 {
-const Ops* ops();
-}
-namespace avx512 {
-const Ops* ops();
-}
+NUMATTN_DECLARE_ISA_VARIANTS(const Ops*, ops)
 
 }  // namespace numattn::flash

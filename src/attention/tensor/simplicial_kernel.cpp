@@ -86,19 +86,7 @@ RowResult row_portable(const RowJob& job, RowScratch& sc) {
 }
 
 /// The row kernel of the library's CPU path (core/cpu.h).
-RowFn row_kernel() {
-  switch (family_path(default_cpu_path(), CpuPath::kAvx512)) {
-    case CpuPath::kAvx512Vnni:
-    case CpuPath::kAvx512:
-      if (RowFn f = avx512::row_fn()) return f;
-      [[fallthrough]];
-    case CpuPath::kAvx2:
-      if (RowFn f = avx2::row_fn()) return f;
-      [[fallthrough]];
-    case CpuPath::kPortable: break;
-  }
-  return row_portable;
-}
+RowFn row_kernel() { return pick_isa_variant<RowFn>(row_portable, avx2::row_fn(), avx512::row_fn()); }
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/isa_dispatch.h"
 #include "numattn/core/simd.h"
 #include "numattn/core/tensor.h"
 
@@ -44,7 +45,7 @@ inline float exp_nan(float x) { return std::isnan(x) ? x : simd::exp_f32(x); }
 
 using RowFn = RowResult (*)(const RowJob& job, RowScratch& sc);
 
-/// The vector row kernels (nullptr where the variant was not compiled).
+/// The vector row kernels (the portable one, row_portable, is the driver's).
 namespace avx2 {
 RowFn row_fn();
 }
