@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <memory>
+#include <ostream>
 
 #include "numattn/attention/registry.h"
 #include "numattn/core/cpu.h"
@@ -144,6 +145,8 @@ struct PathCase {
   std::string method;
   CpuPath path;
 };
+
+void PrintTo(const PathCase& c, std::ostream* os) { *os << c.method << " on " << cpu_path_name(c.path); }
 
 std::vector<PathCase> other_path_cases() {
   std::vector<PathCase> v;
