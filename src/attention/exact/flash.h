@@ -31,7 +31,10 @@ namespace numattn {
 /// against a V row, and one block holds the rows of as many kv heads as 64 rows allow, so a
 /// tile of the KV cache's [position, kv head, dim] rows is read as one stream (1.1–5× faster
 /// per decode step on AVX2 for G = 1..4, docs/model-runner.md). AVX-512 (16 lanes), AVX2+FMA
-/// (8 lanes) or a portable fallback, chosen at compile time; all give the same algorithm.
+/// (8 lanes) or a portable fallback, each compiled in its own variant unit and chosen at run time
+/// by the library's CPU path (core/cpu.h); all give the same algorithm. The register tile holds
+/// 4 query vectors on AVX-512 and 2 on AVX2 (its 16 registers): each group of keys of a 64-row
+/// block goes through one register tile on AVX-512 and four on AVX2, from L1.
 ///
 /// Parameters: `block_q` rows per block (rounded up to whole SIMD vectors, at most 64),
 /// `block_k` keys per tile, `split_kv` key-range splits per block (0 = automatic), `key_lanes`
