@@ -4,7 +4,8 @@
 # that build: on a CPU without AVX-512, core/cpu.h then lists the avx512 path, so every test that
 # loops over the CPU paths (the conformance matrix, the kernel tests) runs the AVX-512 code's
 # logic too. How: -DNUMATTN_EMULATE_AVX512, and tests/support/emulated_avx512/ first on the
-# include path with an <immintrin.h> that is SIMDe's (tests/support/qgemv_emulated_intrinsics.h).
+# include path with an <immintrin.h> that is SIMDe's (tests/support/qgemv_emulated_intrinsics.h),
+# and Eigen scalar (its own vector code would include the compiler's intrinsics beside SIMDe's).
 # The quantized kernel tables are emulated in every test build already
 # (tests/support/qgemv_emulated.h). What it cannot show is the compiler's code generation for a
 # real AVX-512 target (docs/design.md). Not part of CI: a clean build takes about 20 minutes on
@@ -19,7 +20,7 @@ if [ ! -f /usr/include/simde/x86/avx512.h ]; then
   exit 1
 fi
 BUILD_DIR=${BUILD_DIR:-build-avx512-emulated}
-FLAGS="-DNUMATTN_EMULATE_AVX512 -I$PWD/tests/support/emulated_avx512 -Wno-psabi"
+FLAGS="-DNUMATTN_EMULATE_AVX512 -DEIGEN_DONT_VECTORIZE -I$PWD/tests/support/emulated_avx512 -Wno-psabi"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNUMATTN_NATIVE=OFF \
   -DNUMATTN_BUILD_PYTHON=OFF -DNUMATTN_BUILD_BENCHMARKS=OFF -DNUMATTN_UNITY=ON -DNUMATTN_MPI=OFF \
   "-DCMAKE_CXX_FLAGS=$FLAGS" >/dev/null

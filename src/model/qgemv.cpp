@@ -82,9 +82,18 @@ const qkern::KernelTable* test_table(CpuPath p) {
   return g_test_tables[static_cast<int>(p)].load(std::memory_order_acquire);
 }
 
+// The table of p, or where this build has none for a path the CPU runs (the AVX-512 emulation
+// build's CLI, core/isa_begin.h), the widest below it: a family runs its widest variant at or
+// below the library's path (core/cpu.h).
 const qkern::KernelTable* table(CpuPath p) {
-  const qkern::KernelTable* t = test_table(p);
-  return t != nullptr ? t : own_table(p);
+  for (int i = static_cast<int>(p); i > 0; --i) {
+    const auto q = static_cast<CpuPath>(i);
+    if (const qkern::KernelTable* t = test_table(q)) return t;
+    if (cpu_can_run(q))
+      if (const qkern::KernelTable* t = own_table(q)) return t;
+  }
+  const qkern::KernelTable* t = test_table(CpuPath::kPortable);
+  return t != nullptr ? t : portable_table();
 }
 
 qkern::DotQ8Fn special_q8(const qkern::KernelTable& t, GgmlType type) {
@@ -264,7 +273,7 @@ std::string QuantMatrix::type_string() const {
 void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const float* x,
                 std::int64_t n, std::int64_t ldx, float* y, std::int64_t ldy, bool accumulate,
                 CpuPath path) {
-  NUMATTN_CHECK(cpu_path_available(path), "CPU path {} is not available on this machine",
+  NUMATTN_CHECK(cpu_path_available(path) || cpu_can_run(path), "CPU path {} is not available on this machine",
                 cpu_path_name(path));
   NUMATTN_CHECK(o0 >= 0 && o0 <= o1 && o1 <= w.rows() && n >= 0,
                 "quant_gemv: rows [{}, {}) of a matrix of {} rows, {} vectors", o0, o1, w.rows(), n);
@@ -360,7 +369,7 @@ void reset_gemv_split_stats() { t_split_stats = GemvSplitStats{}; }
 
 void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const ActivationsQ8& x,
                 float* y, std::int64_t ldy, bool accumulate, CpuPath path) {
-  NUMATTN_CHECK(cpu_path_available(path), "CPU path {} is not available on this machine",
+  NUMATTN_CHECK(cpu_path_available(path) || cpu_can_run(path), "CPU path {} is not available on this machine",
                 cpu_path_name(path));
   NUMATTN_CHECK(x.cols == w.cols, "quant_gemv: activations of {} values for rows of {}", x.cols, w.cols);
   NUMATTN_CHECK(o0 >= 0 && o0 <= o1 && o1 <= w.rows(),
