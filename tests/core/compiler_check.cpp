@@ -5,10 +5,10 @@
 // GCC 12.2 with AVX-512 VNNI or AVX-VNNI enabled vectorises that loop into vpdpbusd, which reads
 // its first operand as unsigned, so every negative int8(p) counts as p + 256 (32 terms of
 // (−1)·1 sum to 8160; at -O2 with 32 terms, at -O3 also with a run-time length). The SIMDe emulation of the kernels cannot see this (it swaps intrinsics, not the
-// compiler's vectoriser), so this program is compiled with the project's own flags (-march, the
-// build type's -O, and the workaround cmake/NumattnCompilerChecks.cmake adds where it finds the
-// bug) and fails loudly, naming the compiler and the flags that avoid it, wherever the code it
-// produced is wrong. It then runs the form the quantized kernels use instead (qgemv_simd.h's
+// compiler's vectoriser). cmake/NumattnCompilerChecks.cmake runs this program at configure time
+// with -march=native alone and adds the flags that avoid the bug where it fails; ctest
+// compiler.int8_dot runs it again compiled with every flag of the build, and it fails loudly,
+// naming the compiler and those flags, wherever the code the build's flags produce is wrong. It then runs the form the quantized kernels use instead (qgemv_simd.h's
 // unsigned × signed terms) compiled under the AVX-512 VNNI target of their kernel table, where
 // the CPU has VNNI. Exit status: 0 pass, 1 miscompiled.
 #include <cstdint>
@@ -118,7 +118,7 @@ int main() {
               "which reads its first operand as unsigned (a negative w counts as w + 256), so any such "
               "loop in numattn or the code it inlines is wrong on this CPU.\n  Avoid it with "
               "-mno-avx512vnni -mno-avxvnni (cmake/NumattnCompilerChecks.cmake adds them when its "
-              "configure-time run finds the bug; this build's run did not), or -fno-tree-vectorize, "
+              "configure-time run of this program fails; this build's run did not), or -fno-tree-vectorize, "
               "or another compiler (clang computes it right).\n",
               compiler(), NUMATTN_CHECK_FLAGS, n ? n : 32, got, want);
       }

@@ -24,29 +24,10 @@ namespace numattn {
 namespace {
 namespace NUMATTN_UNITY_ID {
 
-// GPT-2's bytes_to_unicode for one byte, as UTF-8, written independently of the tokenizer.
-std::string byte_symbol(int b) {
-  auto printable = [](int c) {
-    return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE;
-  };
-  std::uint32_t cp = static_cast<std::uint32_t>(b);
-  if (!printable(b)) {
-    cp = 256;
-    for (int c = 0; c < b; ++c) cp += !printable(c);
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
 
 std::string symbols(std::string_view bytes) {
   std::string s;
-  for (unsigned char b : bytes) s += byte_symbol(b);
+  for (unsigned char b : bytes) s += test::gpt2_byte_symbol(b);
   return s;
 }
 
@@ -69,7 +50,7 @@ class ReferenceBpe {
       // Each symbol: its text in the byte alphabet and the raw bytes it covers.
       std::vector<std::pair<std::string, std::string>> sym;
       for (char c : piece)
-        sym.emplace_back(byte_symbol(static_cast<unsigned char>(c)), std::string(1, c));
+        sym.emplace_back(test::gpt2_byte_symbol(static_cast<unsigned char>(c)), std::string(1, c));
       while (sym.size() > 1) {
         std::int32_t best = INT32_MAX;
         std::size_t at = 0;
@@ -90,7 +71,7 @@ class ReferenceBpe {
           out.push_back(it->second);
           continue;
         }
-        for (char c : raw) out.push_back(token_id_.at(byte_symbol(static_cast<unsigned char>(c))));
+        for (char c : raw) out.push_back(token_id_.at(test::gpt2_byte_symbol(static_cast<unsigned char>(c))));
       }
     }
     return out;
@@ -110,10 +91,10 @@ TokenizerConfig tricky_config(const std::string& pre) {
   c.tokens = {"<s>", "</s>"};
   c.token_types = {3, 3};
   for (int b = 0; b < 256; ++b) {
-    c.tokens.push_back(byte_symbol(b));
+    c.tokens.push_back(test::gpt2_byte_symbol(b));
     c.token_types.push_back(1);
   }
-  const std::string sp = byte_symbol(' '), e_acute = symbols("\xc3\xa9");
+  const std::string sp = test::gpt2_byte_symbol(' '), e_acute = symbols("\xc3\xa9");
   c.merges = {"a a",
               "b a",
               "a b",
@@ -130,7 +111,7 @@ TokenizerConfig tricky_config(const std::string& pre) {
               "1 2",
               "12 12",
               "2 1",
-              byte_symbol(0xC3) + " " + byte_symbol(0xA9),
+              test::gpt2_byte_symbol(0xC3) + " " + test::gpt2_byte_symbol(0xA9),
               e_acute + " " + e_acute,
               "aaaaaaaa b"};
   // Every merge's result is a token except "xy" and "aaaaaaaab".

@@ -10,6 +10,7 @@
 #include "numattn/core/error.h"
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
+#include "support/test_util.h"
 
 namespace numattn {
 namespace {
@@ -23,19 +24,9 @@ TokenizerConfig tiny_config(const std::string& pre) {
   c.tokens = {"<s>", "</s>"};
   c.token_types = {3, 3};
   // All 256 bytes as single symbols (ids 2..257, by byte value), written with GPT-2's
-  // alphabet rebuilt here independently of the tokenizer's own table.
-  std::uint32_t next = 256;
+  // alphabet as the tests rebuild it apart from the tokenizer's own table.
   for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-    const std::uint32_t cp = printable ? static_cast<std::uint32_t>(b) : next++;
-    std::string s;
-    if (cp < 0x80) {
-      s += static_cast<char>(cp);
-    } else {
-      s += static_cast<char>(0xC0 | (cp >> 6));
-      s += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-    c.tokens.push_back(s);
+    c.tokens.push_back(test::gpt2_byte_symbol(b));
     c.token_types.push_back(1);
   }
   // Merges, in rank order, and the tokens they create.

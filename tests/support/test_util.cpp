@@ -99,4 +99,21 @@ void expect_cli_error(const std::string& args, const std::vector<std::string>& m
     EXPECT_EQ(r.out.find(must_not_contain), std::string::npos) << args << "\n" << r.out;
 }
 
+std::string gpt2_byte_symbol(int b) {
+  auto printable = [](int c) { return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE; };
+  auto cp = static_cast<std::uint32_t>(b);
+  if (!printable(b)) {
+    cp = 256;
+    for (int c = 0; c < b; ++c) cp += !printable(c);
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
 }  // namespace numattn::test

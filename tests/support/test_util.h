@@ -73,6 +73,11 @@ int run_command(const std::string& cmd, std::string* out);
 /// OpenBLAS kernel restart notice), so a test can check that stderr starts with "error: ".
 std::string strip_notes(const std::string& s);
 
+/// GPT-2's bytes_to_unicode for byte b (0..255), as UTF-8: printable Latin-1 bytes stand for
+/// themselves, the other 68 take code points 256, 257, ... in byte order. Written apart from the
+/// tokenizer's own table, for the tests to build vocabularies with.
+std::string gpt2_byte_symbol(int b);
+
 /// One call of the numattn CLI built with the tests: exit status, stdout and stderr together
 /// (informational lines stripped).
 struct CliResult {

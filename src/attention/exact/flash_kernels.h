@@ -50,7 +50,6 @@ constexpr float kExpCut = -64.0f;
 struct Vec {
   using R = __m512;
   static constexpr int W = 16;
-  static constexpr const char* kIsa = "avx512";
   static R zero() { return _mm512_setzero_ps(); }
   static R set1(float x) { return _mm512_set1_ps(x); }
   static R load(const float* p) { return _mm512_load_ps(p); }
@@ -104,7 +103,6 @@ struct Vec {
 struct Vec {
   using R = __m256;
   static constexpr int W = 8;
-  static constexpr const char* kIsa = "avx2";
   static R zero() { return _mm256_setzero_ps(); }
   static R set1(float x) { return _mm256_set1_ps(x); }
   static R load(const float* p) { return _mm256_load_ps(p); }
@@ -149,7 +147,6 @@ struct Vec {
     float v[4];
   };
   static constexpr int W = 4;
-  static constexpr const char* kIsa = "portable";
   static R zero() { return set1(0.f); }
   static R set1(float x) { return R{{x, x, x, x}}; }
   static R load(const float* p) { return R{{p[0], p[1], p[2], p[3]}}; }
