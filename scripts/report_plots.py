@@ -346,7 +346,7 @@ def section_bda(rep, root, meta):
                     fmt(d.get("bda_fallback_heads"), "{:.0f}")]])
     study = ok_output(root, step_by_id(meta, "bd_study"))
     if study:
-        rep.para("Basis rules on random weights (digest §1.5 set-ups): worst-head κ and float32 error against "
+        rep.para("Basis rules on random weights (MHA-768, MLA-512, MHA-4096): worst-head κ and float32 error against "
                  "float64, medians over seeds.")
         rep.table(["setup", "strategy", "κ QK max", "κ VO max", "logit err BDA", "logit err plain", "out err BDA",
                    "out err plain"],

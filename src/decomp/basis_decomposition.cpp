@@ -44,7 +44,7 @@ struct Solved {
 
 // C·B = W[S^c,:] for a basis block B (r×n), i.e. Bᵀ·Cᵀ = W[S^c,:]ᵀ (the transposes of the
 // row-major blocks are column-major views, no copy). A square block is solved by LU with
-// partial pivoting (LAPACK getrf; exact for the unimodular integer blocks of digest §6.3); a
+// partial pivoting (LAPACK getrf; exact for unimodular integer blocks, whose C is integer); a
 // wide one by least squares through column-pivoted Householder QR of Bᵀ (rank-revealing,
 // stable). The QR's rank cut is ε·max|R_ii| (about Eigen's "nonzero pivots"): a block that
 // singular is reported through κ anyway.
@@ -123,7 +123,7 @@ std::vector<index_t> pivoted_rows(std::span<const MatrixXd> mats, index_t r) {
   return std::vector<index_t>(perm.begin(), perm.begin() + r);
 }
 
-// Multi-matrix greedy max-min pivoting (digest §1.5, step 2): a column-pivoted QR whose pivot
+// Multi-matrix greedy max-min pivoting: a column-pivoted QR whose pivot
 // is the row whose *worst* (smallest) residual norm over the matrices is largest, so that no
 // single matrix gets a nearly dependent basis row. Plain pivoted QR on the stacked matrices
 // maximises a sum instead and can leave one matrix badly conditioned.
@@ -250,8 +250,8 @@ std::vector<index_t> select_rows(std::span<const MatrixXd> mats, index_t r, Basi
     case BasisStrategy::kPivoted: out = pivoted_rows(mats, r); break;
     case BasisStrategy::kMaxMin: out = maxmin_rows(mats, r); break;
     case BasisStrategy::kResidualMin: {
-      // The paper's rule (digest §1.4): the better of first-r and last-r by mean relative
-      // residual over the matrices; a tie goes to first-r.
+      // The paper's rule (J. Zhao, arXiv 2510.01718, and its official code): the better of
+      // first-r and last-r by mean relative residual over the matrices; a tie goes to first-r.
       auto f = first_rows(m, r), l = last_rows(m, r);
       const double rf = solve_dense_rows(mats, f, complement_of(f, m)).mean_resid();
       const double rl = solve_dense_rows(mats, l, complement_of(l, m)).mean_resid();

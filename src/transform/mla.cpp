@@ -176,7 +176,7 @@ MlaLayerWeights build(const LlamaHParams& hp, const std::vector<double>& wq_v,
   } else {
     const double ek = d_nope > 0 ? covariance(k_nope, calib).trace() : 0.0;
     const double ev = covariance(Matrix(wv), calib).trace();
-    // α = RMS‖k_nope‖ / RMS‖v‖ divides the keys (errata 21), so neither block dominates the PCA.
+    // α = RMS‖k_nope‖ / RMS‖v‖ divides the keys, as in TransMLA: neither block dominates the PCA.
     if (ek > 0 && ev > 0) alpha = std::sqrt(ek / ev);
     Matrix wbal = wz;
     wbal.topRows(d_nope) /= alpha;

@@ -1,7 +1,7 @@
-// kernel.levattention against a float64 transcription of LevAttention (digest §6.1): leverage
-// scores from the dense formula kⱼ(KᵀK)⁺kⱼᵀ (non-causal) or the online definition
-// kⱼ(K_{≤j}ᵀK_{≤j} + λI)⁻¹kⱼᵀ (causal), the top `keys`, dense softmax over them; limit case,
-// error falling as the universal set grows.
+// kernel.levattention against a float64 transcription of LevAttention (Kannan et al., ICLR 2025):
+// leverage scores from the dense formula kⱼ(KᵀK)⁺kⱼᵀ (non-causal) or the online definition
+// kⱼ(K_{≤j}ᵀK_{≤j} + λI)⁻¹kⱼᵀ (causal), the top `keys`, dense softmax over them; limit case, error
+// falling as the universal set grows.
 #include <gtest/gtest.h>
 
 #include <Eigen/Core>

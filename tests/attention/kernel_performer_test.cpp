@@ -1,5 +1,6 @@
 // kernel.performer: against a dense float64 transcription of FAVOR+ (same draws), causal variants
-// against the dense masked computation, the PRF statistics of digest §13.3, and error vs features.
+// against the dense masked computation, the PRF statistics (unbiased, positive), and error vs
+// features.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -210,7 +211,7 @@ TEST(KernelPerformer, ErrorFallsAsFeaturesGrow) {
 }
 
 TEST(KernelPerformer, OrthogonalFeaturesBeatIidOnAverage) {
-  // Digest §13.3 / issue acceptance: over ≥ 20 seeds at equal M, mean error ORF < i.i.d.
+  // Choromanski et al. 2021 / issue acceptance: over ≥ 20 seeds at equal M, mean error ORF < i.i.d.
   for (int f : {16, 64}) {
     std::vector<double> orf, iid;
     median_error("kernel.performer(features=" + std::to_string(f) + ")", 24, &orf);

@@ -1,6 +1,7 @@
 // kernel.polysketch: against a dense float64 transcription of the self-tensored sketch (same
-// draws), the causal block algorithm equal to the dense tril((Q'K'ᵀ)^{⊙2})[V | 1] for several grains
-// (digest §13.2.9), the exact-tensor limit, and the error falling as the sketch grows.
+// draws), the causal block algorithm equal to the dense tril((Q'K'ᵀ)^{⊙2})[V | 1] for several
+// grains (Kacham, Mirrokni & Zhong, ICML 2024), the exact-tensor limit, and the error falling as
+// the sketch grows.
 #include <gtest/gtest.h>
 
 #include <algorithm>

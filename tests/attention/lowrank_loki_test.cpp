@@ -1,8 +1,8 @@
-// lowrank.loki against a float64 transcription of Loki (digest §5.1): PCA basis of the keys
-// (leading eigenvectors of KᵀK), approximate scores in r coordinates, the top ceil(f·visible)
-// keys per row, exact softmax over them; causal and masked variants against the dense masked
-// computation; limits (topk_frac = 1 exact; rank_frac = 1 = exact top-k attention); error
-// falling with topk_frac.
+// lowrank.loki against a float64 transcription of Loki (Singhania et al., NeurIPS 2024): PCA basis
+// of the keys (leading eigenvectors of KᵀK), approximate scores in r coordinates, the top
+// ceil(f·visible) keys per row, exact softmax over them; causal and masked variants against the
+// dense masked computation; limits (topk_frac = 1 exact; rank_frac = 1 = exact top-k attention);
+// error falling with topk_frac.
 #include <gtest/gtest.h>
 
 #include <Eigen/Core>

@@ -1,6 +1,6 @@
 // lowrank.nystrom: against a dense float64 transcription of Nyströmformer's formula (segment
 // means with near-equal segments, the Newton–Schulz iteration written out here), the limit case
-// m = Nk (digest §13.2.12), error falling with m (median over seeds), non-causal refusal.
+// m = Nk (exact softmax), error falling with m (median over seeds), non-causal refusal.
 #include <gtest/gtest.h>
 
 #include "attention/lowrank_test_util.h"

@@ -1,6 +1,6 @@
 // lowrank.skyformer: against a dense float64 transcription of the official algorithm with the
 // method's own landmark draws (exact and Newton–Schulz pseudo-inverse), the limit case (all 2N rows,
-// γ = 0, exact pinv = the Gaussian target), the block bound ‖A − Â‖ ≤ ‖B − B̂‖ (digest §13.2.4)
+// γ = 0, exact pinv = the Gaussian target), the block bound ‖A − Â‖ ≤ ‖B − B̂‖
 // in float64, error falling with the landmarks (median over seeds), the landmark sample, refusals.
 #include <gtest/gtest.h>
 
@@ -85,7 +85,7 @@ TEST(LowrankSkyformer, AllRowsWithoutRegularisationIsTheGaussianTarget) {
 }
 
 TEST(LowrankSkyformer, BlockBoundOfTheSymmetrisation) {
-  // §13.2.4: for any B̂ (here Nyström with random landmarks and γ), its off-diagonal block Â
+  // Block bound: for any B̂ (here Nyström with random landmarks and γ), its off-diagonal block Â
   // satisfies ‖A − Â‖ ≤ ‖B − B̂‖ in the Frobenius and spectral norms.
   RandomProblem prob(small_config(1, 1, 40, 40, 8, base_seed() + 3));
   const double s = prob.problem().effective_scale();

@@ -1,7 +1,8 @@
-// lowrank.wildcat against a float64 transcription of WILDCAT (digest §5.3): the same RPCholesky
-// pivots (same seed and stream), dense Nyström weights W = exp(β/τ²·K_SK_Sᵀ)⁻¹exp(β/τ²·K_SKᵀ)
-// by LU, Ŷ = exp(βQK_Sᵀ)(WV) / exp(βQK_Sᵀ)(W1); the block bound ‖A − Â‖ ≤ ‖B − B̂‖ (§13.2
-// item 4); the limit case; error falling with the rank; determinism per seed and thread count.
+// lowrank.wildcat against a float64 transcription of WILDCAT (Schröder & Mackey 2026): the same
+// RPCholesky pivots (same seed and stream), dense Nyström weights
+// W = exp(β/τ²·K_SK_Sᵀ)⁻¹exp(β/τ²·K_SKᵀ) by LU, Ŷ = exp(βQK_Sᵀ)(WV) / exp(βQK_Sᵀ)(W1); the block
+// bound ‖A − Â‖ ≤ ‖B − B̂‖ of the off-diagonal block; the limit case; error falling with the rank;
+// determinism per seed and thread count.
 #include <gtest/gtest.h>
 
 #include <Eigen/Core>
@@ -90,7 +91,7 @@ TEST(Wildcat, EqualsItsFloat64Transcription) {
 }
 
 TEST(Wildcat, OffDiagonalBlockBound) {
-  // §13.2 item 4: Â = exp(βQK_Sᵀ)·W is the (Q, K) block of the Nyström approximation B̂ of
+  // Block bound: Â = exp(βQK_Sᵀ)·W is the (Q, K) block of the Nyström approximation B̂ of
   // B = κ([τQ; K/τ]) with landmarks K_S, so ‖A − Â‖_F ≤ ‖B − B̂‖_F (and in the spectral norm).
   RandomProblem prob(config(1, 1, 30, 50, 6, Dist::kSpiky, test::base_seed() + 1));
   const AttentionProblem& p = prob.problem();

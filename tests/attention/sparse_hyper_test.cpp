@@ -1,7 +1,7 @@
-// sparse.hyper (HyperAttention, digest §4.6, errata 6): the non-causal routine against a float64
+// sparse.hyper (HyperAttention, Han et al., ICLR 2024): the non-causal routine against a float64
 // transcription using the method's own Gray ranks and draws; limits (min_seq_len ≥ N, block ≥ Nk)
 // equal exact attention, causal too; the error falls as the block grows; the sampled residual's
-// numerator and normaliser are unbiased (§13.3); top-k recall of the sorted blocks; causal rows
+// numerator and normaliser are unbiased; top-k recall of the sorted blocks; causal rows
 // never read future keys (poisoned keys and values).
 #include <gtest/gtest.h>
 
@@ -125,7 +125,7 @@ TEST(SparseHyper, ErrorFallsAsTheBlockGrows) {
   EXPECT_LT(med[2], med[1]);
 }
 
-// §13.3: given the blocks, exp(lse)·o (numerator) and exp(lse) (normaliser) are unbiased.
+// Given the blocks, exp(lse)·o (numerator) and exp(lse) (normaliser) are unbiased.
 TEST(SparseHyper, SampledResidualIsUnbiased) {
   RandomProblem prob(config(1, 1, 64, 64, 8, Causal::kNone, 4));
   const AttentionProblem& p = prob.problem();

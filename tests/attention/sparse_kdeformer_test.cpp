@@ -1,10 +1,10 @@
-// sparse.kdeformer against a float64 transcription of KDEformer's practical algorithm (digest §4.5,
-// errata 4, 5, 22) from the method's own hashes and draws: exact block-diagonal part plus the
-// weighted residual of the drawn keys outside the query's block, output num/den, lse = log den;
-// the same at logits far beyond exp's range (the shift carried through the ratio); the KDE
-// lifting identity (§13.2, erratum 4) and the sampling distribution; the limit bucket ≥ Nk; error
-// falling with the samples; numerator and denominator unbiased over seeds (§13.3); top-k recall
-// of the LSH blocks; causal refusal; thread independence.
+// sparse.kdeformer against a float64 transcription of KDEformer's practical algorithm (Zandieh et
+// al., ICML 2023, and its official code) from the method's own hashes and draws: exact
+// block-diagonal part plus the weighted residual of the drawn keys outside the query's block,
+// output num/den, lse = log den; the same at logits far beyond exp's range (the shift carried
+// through the ratio); the KDE lifting identity (with its e^{‖q‖²/2}) and the sampling distribution;
+// the limit bucket ≥ Nk; error falling with the samples; numerator and denominator unbiased over
+// seeds; top-k recall of the LSH blocks; causal refusal; thread independence.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -112,8 +112,8 @@ TEST(Kdeformer, CarriesTheShiftThroughTheRatioAtHugeLogits) {
 }
 
 TEST(Kdeformer, KdeLiftingIdentity) {
-  // Digest §13.2 / erratum 4: Σ x_i e^{q·k_i} = e^{‖q‖²/2}·C·N·μ(q̃), y_i from
-  // x_i e^{‖k_i‖²/2} e^{y_i²/2} = C; the survey's version (no e^{‖q‖²/2}) is off by that factor.
+  // Σ x_i e^{q·k_i} = e^{‖q‖²/2}·C·N·μ(q̃), y_i from x_i e^{‖k_i‖²/2} e^{y_i²/2} = C; the
+  // survey's version (Serret et al. 2026, no e^{‖q‖²/2}) is off by that factor.
   const index_t n = 50, d = 6;
   std::vector<double> k(static_cast<std::size_t>(n * d)), x(static_cast<std::size_t>(n)), q(static_cast<std::size_t>(d));
   fill_normal(std::span<double>(k), test::base_seed(), 3);
@@ -143,7 +143,7 @@ TEST(Kdeformer, KdeLiftingIdentity) {
 }
 
 TEST(Kdeformer, SamplingDistributionIsTheOfficialOne) {
-  // p_j ∝ ‖v̄_j‖/λ_max(V̄ᵀV̄) + 1/N, V̄ = [V | 1] (erratum 22): λ_max here by 500 float64 power steps.
+  // Official code: p_j ∝ ‖v̄_j‖/λ_max(V̄ᵀV̄) + 1/N, V̄ = [V | 1]; λ_max by 500 float64 power steps.
   RandomProblem prob(config(2, 2, 8, 120, 8, test::base_seed() + 5));
   const AttentionProblem& p = prob.problem();
   const index_t nk = p.n_kv(), w = p.d_v() + 1;
@@ -206,7 +206,7 @@ TEST(Kdeformer, ErrorFallsAsTheSamplesGrow) {
 }
 
 TEST(Kdeformer, NumeratorAndDenominatorAreUnbiasedOverSeeds) {
-  // Digest §13.3: for any hashes, E[den_i] = Z_i = Σ_j e^{ℓ_ij} and E[num_i] = Σ_j e^{ℓ_ij} v_j
+  // For any hashes, E[den_i] = Z_i = Σ_j e^{ℓ_ij} and E[num_i] = Σ_j e^{ℓ_ij} v_j
   // (each draw outside the block has mean Σ_{j∉B} e^{ℓ_ij}(·)/m); their ratio is biased. Over S
   // seeds the mean of den_i = e^{lse_i} (and of out_i·den_i) is within 4.5 standard errors.
   RandomProblem prob(config(1, 1, 16, 64, 8, test::base_seed() + 7));

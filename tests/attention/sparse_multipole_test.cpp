@@ -1,5 +1,5 @@
-// sparse.multipole against a float64 transcription of Multipole Attention (digest §4.4,
-// erratum 3): with the method's own key clusters, the `near` clusters of largest
+// sparse.multipole against a float64 transcription of Multipole Attention (Hooper et
+// al., NeurIPS 2025): with the method's own key clusters, the `near` clusters of largest
 // s·q·Kc + log N attended key by key and the others by N·exp(s·q·Kc)·Vc, output and LSE; limits
 // (near ≥ C, and C = Nk with near = 1) exact; the error falls as near grows; the near clusters
 // hold most of each row's true top-k.

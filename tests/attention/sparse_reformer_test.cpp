@@ -1,8 +1,8 @@
-// sparse.reformer (digest §4.1): the rounds' merge with the duplicate-count correction equals a
-// float64 softmax over the union of the windows (the method's own plan), causal and shared-QK
-// included; limits (one bucket and chunk ≥ N: exact; shared QK: full shared-QK attention with the
-// self-mask, §13.2 item 12); error falls as rounds and chunk grow; top-k recall grows with rounds;
-// causal rows never read future keys (poisoned keys and values).
+// sparse.reformer (Kitaev et al., ICLR 2020): the rounds' merge with the duplicate-count correction
+// equals a float64 softmax over the union of the windows (the method's own plan), causal and
+// shared-QK included; limits (one bucket and chunk ≥ N: exact; shared QK: full shared-QK attention
+// with the self-mask); error falls as rounds and chunk grow; top-k recall grows with rounds; causal
+// rows never read future keys (poisoned keys and values).
 #include <gtest/gtest.h>
 
 #include <algorithm>

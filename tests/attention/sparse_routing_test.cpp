@@ -1,5 +1,5 @@
 // sparse.routing against a float64 transcription of the Routing Transformer's masked softmax
-// (digest §4.2, errata 7–8): with the method's own routing, each query's output is softmax over
+// (Roy et al., TACL 2021): with the method's own routing, each query's output is softmax over
 // the union of the keys of its clusters (−∞ elsewhere, each key once) and its LSE is that
 // union's; the routing is balanced (w_k keys, ≥ w_q queries per cluster, every query routed);
 // clusters = 1 is exact; the error falls as clusters shrink; the keys attended hold most of each

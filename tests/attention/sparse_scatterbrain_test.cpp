@@ -1,8 +1,8 @@
-// sparse.scatterbrain (digest §6.4): against a float64 transcription of Â = Q'K'ᵀ + S with the
-// method's own collision pairs and Performer directions, where S_ij = A_ij − (Q'K'ᵀ)_ij makes Â
-// equal A exactly on collision pairs (the unbiasedness identity) and the PRF estimate elsewhere;
-// limits (chunk ≥ N: exact whatever φ; features = 0: pure sparse = sparse.reformer's union
-// softmax); error falls as the chunk and the features grow; huge logits stay finite.
+// sparse.scatterbrain (Chen et al., NeurIPS 2021): against a float64 transcription of Â = Q'K'ᵀ + S
+// with the method's own collision pairs and Performer directions, where S_ij = A_ij − (Q'K'ᵀ)_ij
+// makes Â equal A exactly on collision pairs (the unbiasedness identity) and the PRF estimate
+// elsewhere; limits (chunk ≥ N: exact whatever φ; features = 0: pure sparse = sparse.reformer's
+// union softmax); error falls as the chunk and the features grow; huge logits stay finite.
 #include <gtest/gtest.h>
 
 #include <algorithm>

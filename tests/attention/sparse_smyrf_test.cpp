@@ -1,6 +1,6 @@
-// sparse.smyrf against a float64 transcription of SMYRF (digest §4.3, errata 1–2): per round,
+// sparse.smyrf against a float64 transcription of SMYRF (Daras et al., NeurIPS 2020): per round,
 // exact softmax of each query over the keys of its cluster, rounds merged by softmax mass; the
-// asymmetric lift's distance identity (§13.2); balanced clusters that are cuts of the sorted
+// asymmetric lift's distance identity; balanced clusters that are cuts of the sorted
 // float64 projections; the limit clusters = 1; error falling with the budget; top-k recall
 // against the random-cluster baseline; refusal of causal problems; thread-count independence.
 #include <gtest/gtest.h>
@@ -88,7 +88,7 @@ double rel_error(const AttentionProblem& p) {
 }
 
 TEST(Smyrf, LiftTurnsInnerProductsIntoDistances) {
-  // Digest §13.2 (erratum 1: M_Q, M_K are the largest norms, of q and of k).
+  // ‖F(q) − G(k)‖² = 2(M_Q² + M_K²) − 2q·k, M_Q, M_K the largest norms of q and of k.
   const index_t n = 40, d = 7;
   std::vector<double> q(static_cast<std::size_t>(n * d)), k(q.size());
   fill_normal(std::span<double>(q), test::base_seed(), 1);

@@ -1,7 +1,7 @@
 // sparse.window against a float64 transcription of its definition (band about the diagonal ∪
 // the first `sinks` keys, among the keys the problem lets a row see; exact softmax over them),
 // its limit cases (exact attention), error falling as the band widens, the disjoint-support LSE
-// merge identity (digest §13.2.1), causal rows never reading future keys, and KV-cache decoding
+// merge identity, causal rows never reading future keys, and KV-cache decoding
 // in the tiny Llama (prefill = decode; only the visible span of the cache is read).
 #include <gtest/gtest.h>
 
@@ -153,7 +153,7 @@ TEST(SparseWindow, ErrorFallsAsTheBandWidens) {
               med[0], med[1], med[2], med[3]);
 }
 
-// Digest §13.2.1: (out, lse) of disjoint key sets merge exactly into attention over their union.
+// LSE merge: (out, lse) of disjoint key sets merge exactly into attention over their union.
 // The band's complement (keys left of the band) through exact.flash with a boolean mask, merged
 // with sparse.window's own (out, lse): exact attention.
 TEST(SparseWindow, LseMergeWithTheComplementIsExactAttention) {

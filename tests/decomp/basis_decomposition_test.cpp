@@ -1,5 +1,5 @@
-// Basis Decomposition: losslessness in float64, the bit-exact integer construction (digest
-// §6.3), selection rules on a near-singular first-r block (digest §6.7), error reporting.
+// Basis Decomposition: losslessness in float64, the bit-exact integer construction
+// W_k = [L; D·L], selection rules on a near-singular first-r block, error reporting.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -112,19 +112,19 @@ TEST(BasisDecomposition, AutomaticResolvesToPivotedOrMaxmin) {
 }
 
 TEST(BasisDecomposition, Accounting) {
-  // digest §1.2 / §6.1: dense m·n, UV r(m+n), BD r(m+n−r).
+  // Storage: dense m·n, UV r(m+n), BD r(m+n−r).
   const BdAccounting a = bd_accounting(768, 768, 64);
   EXPECT_EQ(a.params_dense, 768 * 768);
   EXPECT_EQ(a.params_lowrank, 64 * 1536);
   EXPECT_EQ(a.params_bd, 64 * (1536 - 64));
   EXPECT_EQ(a.macs_bd, a.params_bd);
-  // Low-rank LLaMA-2 example (digest §3): 4096², r = 1024 saves 1024/8192 = 12.5 %.
+  // Low-rank LLaMA-2-7B example: 4096², r = 1024 saves 1024/8192 = 12.5 %.
   const BdAccounting b = bd_accounting(4096, 4096, 1024);
   EXPECT_DOUBLE_EQ(1.0 - static_cast<double>(b.params_bd) / b.params_lowrank, 0.125);
 }
 
-// Digest §6.3: W_k = [L; D·L] with L unit lower-triangular and D integer. With S = first r the
-// coefficients are exactly Dᵀ and BDA logits equal MHA logits bit for bit in float64.
+// Integer construction: W_k = [L; D·L] with L unit lower-triangular and D integer. With S = first r
+// the coefficients are exactly Dᵀ and BDA logits equal MHA logits bit for bit in float64.
 TEST(BasisDecomposition, BitExactIntegerConstruction) {
   const index_t d = 24, dh = 5, n = 7;
   CounterRng rng(test::base_seed(), 77);
@@ -168,7 +168,7 @@ TEST(BasisDecomposition, BitExactIntegerConstruction) {
   EXPECT_EQ(bd.cond_basis(), condition_number(l));
 }
 
-// Digest §6.7: head 0's first-r rows nearly collinear (κ ≈ 1e7).
+// Selection-rule case: head 0's first-r rows nearly collinear (κ ≈ 1e7).
 std::vector<MatrixXd> near_singular_heads(index_t d, index_t dh, index_t heads, std::uint64_t seed) {
   std::vector<MatrixXd> hs;
   for (index_t h = 0; h < heads; ++h) hs.push_back(randn(d, dh, seed, 40 + h));
@@ -213,7 +213,7 @@ TEST(BasisDecomposition, NearSingularFirstBlockIsAvoided) {
 }
 
 TEST(BasisDecomposition, MaxminBeatsResidualMinOnRandomHeads) {
-  // digest §1.5: 5–30× lower worst-head κ than the better of first/last on random weights.
+  // Expected: 5–30× lower worst-head κ than the better of first/last on random weights.
   const index_t d = 256, dh = 32, heads = 8;
   std::vector<MatrixXd> hs;
   for (index_t h = 0; h < heads; ++h) hs.push_back(randn(d, dh, test::base_seed(), 200 + h));

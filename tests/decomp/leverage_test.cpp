@@ -1,5 +1,5 @@
 // Leverage scores (decomp/leverage.h): in [0, 1], summing to rank(K) (full rank and
-// rank-deficient), equal to the dense formula diag(K·(KᵀK)⁺·Kᵀ) (digest §13.2 item 10); online
+// rank-deficient), equal to the dense formula diag(K·(KᵀK)⁺·Kᵀ); online
 // scores equal their definition and bound the offline ones from above.
 #include <gtest/gtest.h>
 

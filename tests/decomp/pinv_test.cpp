@@ -1,6 +1,7 @@
-// Newton–Schulz-type pseudo-inverse (digest §3, B3) and the exact SVD pseudo-inverse: convergence
-// to the Moore–Penrose inverse on well-conditioned matrices, reported non-convergence on
-// ill-conditioned ones, the row-stochastic initial scaling, the scalar error recursion.
+// Newton–Schulz-type pseudo-inverse (as in Nyströmformer, Xiong et al. 2021) and the exact SVD
+// pseudo-inverse: convergence to the Moore–Penrose inverse on well-conditioned matrices, reported
+// non-convergence on ill-conditioned ones, the row-stochastic initial scaling, the scalar error
+// recursion.
 #include <gtest/gtest.h>
 
 #include <cmath>

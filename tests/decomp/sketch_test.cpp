@@ -1,6 +1,6 @@
 // decomp/sketch: CountSketch, TensorSketch and the degree-2 Gaussian sketch: the FFT circular
 // convolution equals the direct CountSketch of x^{⊗p}, unbiasedness over seeds, and the variance
-// bounds of digest §13.3.
+// bounds (CountSketch ≤ 2‖x‖²‖y‖²/r, TensorSketch ≤ (3^p − 1)‖q‖^{2p}‖k‖^{2p}/r).
 #include "numattn/decomp/sketch.h"
 
 #include <gtest/gtest.h>

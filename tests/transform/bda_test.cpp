@@ -270,9 +270,9 @@ TEST(BdProjection, ApplyThroughBdEqualsDenseApply) {
     ASSERT_NEAR(y1[i], y2[i], 1e-4 * (1 + std::abs(y2[i]))) << i;
 }
 
-// Digest §6.3 through the float32 transform and kernel: W_k^g = [L_g; D_g·L_g] with small
-// integers, S = first dh; all products are integers below 2^24, so BDA logits equal MHA logits
-// bit for bit in float32 too.
+// The integer construction through the float32 transform and kernel: W_k^g = [L_g; D_g·L_g] with
+// small integers, S = first dh; all products are integers below 2^24, so BDA logits equal MHA
+// logits bit for bit in float32 too.
 TEST(Bda, BitExactIntegerLayerInFloat32) {
   const index_t d = 20, H = 4, G = 2, dh = 4, n = 9;
   CounterRng rng(test::base_seed(), 123);

@@ -1,5 +1,5 @@
 // numattn bd-study: worst-head κ and float32 error of BDA per basis rule on the random-weight
-// set-ups of digest §1.5 (the table of docs/bd.md).
+// set-ups MHA-768, MLA-512 and MHA-4096 (the table of docs/bd.md §6).
 #include <algorithm>
 #include <iostream>
 #include <limits>
@@ -20,7 +20,7 @@ struct Setup {
   const char* what;
 };
 
-// digest §1.5 table: MHA 768/64 ×12, MLA nope-QK 2048 → latent 512, dh 128 ×16, MHA 4096/128 ×4.
+// Set-ups: MHA 768/64 ×12, MLA nope-QK 2048 → latent 512, dh 128 ×16, MHA 4096/128 ×4.
 const Setup kSetups[] = {
     {"mha768", 768, 0, 12, 12, 64, "MHA d=768, dh=64, 12 heads"},
     {"mla512", 2048, 512, 16, 16, 128, "MLA 2048 -> latent 512, dh=128, 16 heads"},
@@ -43,7 +43,7 @@ void add_bd_study(CLI::App& app) {
   auto o = std::make_shared<StudyOptions>();
   auto* sub = app.add_subcommand(
       "bd-study",
-      "BDA basis rules compared on random N(0,1/d) weights (digest §1.5 set-ups): worst-head κ "
+      "BDA basis rules compared on random N(0,1/d) weights (each of --setups): worst-head κ "
       "and float32 logit / layer-output error against the float64 reference (medians over seeds)");
   sub->add_option("--setups", o->setups, "comma list of mha768, mla512, mha4096")->capture_default_str();
   sub->add_option("--strategies", o->strategies, "comma list of basis rules")->capture_default_str();

@@ -1,5 +1,5 @@
 // numattn bench-bd: the fused BD projection kernel against the dense projection X·W, timed in
-// the same run, alternating, medians (digest §6.6 set-up).
+// the same run, alternating, medians.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -1,8 +1,9 @@
 /// @file spectra.h
 /// Structure of one attention head in float64: singular values and ranks of Q, K, V, of the
 /// logits S, of A = exp(S) and of the softmax matrix P; row entropy, top-k mass and attention
-/// sinks of P; the 20×20 sparsity panels of the survey's §9 experiment
-/// (`../shared/reference/survey-digest.md` §9, Figs. 5, 7, 8). Used by `numattn analyze`
+/// sinks of P; the 20×20 sparsity panels of the Llama 3.2 experiment of the survey (Serret et
+/// al., "Attention Mechanisms Through the Lens of Numerical Methods", arXiv 2604.01757, 2026;
+/// Figs. 5, 7, 8). Used by `numattn analyze`
 /// (docs/analysis.md), which writes these numbers per layer and head.
 ///
 /// Matrices of one head (Q: Nq×d, K: Nk×d, `scale` explicit, causal rule of problem.h):
@@ -154,9 +155,9 @@ struct LayerAnalysis {
 LayerAnalysis analyze_layer(const LayerQkv& l, double scale, const std::vector<std::int64_t>& heads,
                             const ExecContext& ctx);
 
-/// The three qualitative findings of the survey's §9 (digest §9), checked on `layers` (N tokens,
-/// head dimension d) with fixed criteria, as a JSON list of {"id", "statement", "holds" (true,
-/// false or "partly"), "criterion", "evidence": {numbers}}:
+/// The three qualitative findings of the survey's Llama 3.2 experiment, checked on `layers`
+/// (N tokens, head dimension d) with fixed criteria, as a JSON list of {"id", "statement", "holds"
+/// (true, false or "partly"), "criterion", "evidence": {numbers}}:
 /// 1. "qk_low_rank": S = QKᵀ has numerical rank ≤ d < N (at 1e-10·σ₁) in every head, and Q, K
 ///    (post-RoPE) decay moderately: the median over heads of σ_d/σ₁ lies in [1e-3, 0.5]
 ///    (they decay, but stay within three orders of magnitude). Partly: the rank holds, the decay

@@ -1,6 +1,6 @@
 /// @file simplicial.h
 /// 2-simplicial attention with sliding windows (Clift et al. 2019; Roy et al. 2025, "Fast and
-/// Simplex"; survey digest §8.5): softmax over *pairs* of keys with a trilinear logit.
+/// Simplex"): softmax over *pairs* of keys with a trilinear logit.
 ///
 /// Definition (the float64 oracle `simplicial_reference_row` and the float32 kernel
 /// `simplicial_attention` both follow it; `tensor.simplicial(w1, w2)` registers it with

@@ -1,9 +1,9 @@
 /// @file tensor_forms.h
 /// Attention forms with tensor products whose inputs the AttentionProblem interface cannot carry
 /// (tensor-valued tokens, per-token factor tensors, a sequence-length-dependent output map), as
-/// documented functions, each with a float64 oracle written apart from the fast code (survey
-/// digest §8.3, §8.4, §8.6). 2-simplicial attention, which fits the interface, is a registered
-/// method (attention/simplicial.h, `tensor.simplicial`).
+/// documented functions, each with a float64 oracle written apart from the fast code.
+/// 2-simplicial attention, which fits the interface, is a registered method
+/// (attention/simplicial.h, `tensor.simplicial`).
 ///
 /// Layouts: all buffers are contiguous row-major float32 (oracles: float64 results).
 #pragma once
@@ -20,7 +20,7 @@ namespace numattn {
 // ---------------------------------------------------------------------------------------------
 // Tensor-valued inputs: X ∈ R^{N1×N2×D}, token (a, b) at offset (a·N2 + b)·D.
 
-/// HOT mode-wise attention, one head (Omranpour, Rabusseau & Rabbany 2024; digest §8.6):
+/// HOT mode-wise attention, one head (Omranpour, Rabusseau & Rabbany 2024):
 ///   S1 = softmax_rows(s1 · Q_(1) K_(1)ᵀ)  (N1 × N1),  Q_(1) = Q as N1 × (N2·D), s1 = 1/√(N2·D)
 ///   S2 = softmax_rows(s2 · Q_(2) K_(2)ᵀ)  (N2 × N2),  Q_(2) = Q as N2 × (N1·D), s2 = 1/√(N1·D)
 ///   O[:, :, c] = S1 · V[:, :, c] · S2ᵀ   for every value channel c,
@@ -41,7 +41,7 @@ void hot_dense_attention(const float* q, const float* k, const float* v, index_t
 std::vector<double> hot_reference(const float* q, const float* k, const float* v, index_t n1, index_t n2, index_t d,
                                   index_t dv);
 
-/// Axial attention (Ho et al. 2019; digest §8.6), one head: softmax attention along axis 2
+/// Axial attention (Ho et al. 2019), one head: softmax attention along axis 2
 /// (token (a, b) attends over (a, b') with logits s·q_ab·k_ab'), then along axis 1 on the
 /// result (token (a, b) attends over (a', b) with logits s·q_ab·k_a'b and values Y_a'b), s =
 /// 1/√D. Both passes run exact.flash on strided views (no copies); `causal` makes each axis
@@ -54,7 +54,7 @@ std::vector<double> axial_reference(const float* q, const float* k, const float*
                                     index_t d, index_t dv, bool causal);
 
 // ---------------------------------------------------------------------------------------------
-// Tensor Product Attention (Zhang et al. 2025, T6; digest §8.3, erratum 15).
+// Tensor Product Attention (Zhang et al. 2025, T6).
 
 /// Per-token factors of one of Q, K, V: a `[N, R, H]` (head factors) and b `[N, R, Dh]` (feature
 /// factors), row-major; the token's H × Dh slice is X_n = (1/R)·Σ_r a_{n,r} ⊗ b_{n,r}.
@@ -82,11 +82,11 @@ std::vector<double> tpa_reference(const TpaFactors& q, const TpaFactors& k, cons
                                   index_t heads, index_t head_dim, bool causal);
 
 // ---------------------------------------------------------------------------------------------
-// Multi-linear attention (Ma et al. NeurIPS 2019; digest §8.4), float64 (a study form: its
+// Multi-linear attention (Ma et al. NeurIPS 2019), float64 (a study form: its
 // output map depends on N, and it has no softmax).
 
 /// A(i, j, m) = Σ_r g_r Q(i,r) K(j,r) V(m,r) (a CP tensor [[g; Q, K, V]], N×N×N), output
-/// O = A_(1)·W^O with A_(1)[i, j + N·m] (digest §8.4), W^O `[N², Dout]` row j + N·m.
+/// O = A_(1)·W^O with A_(1)[i, j + N·m], W^O `[N², Dout]` row j + N·m.
 /// Contraction order: U = Vᵀ·W^O viewed as N × (N·Dout) (one dgemm, R × N·Dout), then
 /// M[r, :] = Σ_j K(j, r)·U[r, j, :], then O = Q·diag(g)·M. Cost 2·N²·R·Dout + O(N·R·Dout);
 /// never forms the N³ tensor nor the N² × R Khatri–Rao product. Several heads that share Q, K, V

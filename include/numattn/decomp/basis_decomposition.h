@@ -12,7 +12,7 @@
 ///   row form  C = U[S^c,:] · U[S,:]^{-1},  B = U[S,:] · V;
 ///   column form C = V[:,S]^{-1} · V[:,S^c], B = U · V[:,S].
 ///
-/// Numerics (docs/bd.md, digest §1.5): everything is computed in float64 from a pivoted
+/// Numerics (docs/bd.md): everything is computed in float64 from a pivoted
 /// factorisation (LU with partial pivoting for a square basis block, column-pivoted Householder
 /// QR for the least-squares case n > r; LAPACK through decomp/dense.h). In exact arithmetic BD is lossless; in floating point its error
 /// is amplified by κ = cond(basis block), so κ is reported per matrix and the basis index set
@@ -21,7 +21,7 @@
 ///   - `residual_min`: the better of first and last by mean relative residual (the paper's rule);
 ///   - `pivoted`: column-pivoted QR (the standard rank-revealing choice for one matrix; for
 ///     several matrices it pivots the stacked, Frobenius-normalised matrices);
-///   - `maxmin`: the multi-matrix greedy rule of digest §1.5: normalise each matrix, then r
+///   - `maxmin`: a multi-matrix greedy rule: normalise each matrix, then r
 ///     times pick the index whose *smallest* residual norm across matrices is largest, and
 ///     project that direction out of every matrix (Gram–Schmidt). For one matrix it equals
 ///     column-pivoted QR.
@@ -68,8 +68,8 @@ enum class BasisStrategy { kAutomatic, kFirst, kLast, kResidualMin, kPivoted, kM
 BasisStrategy parse_strategy(const std::string& s);
 const char* to_string(BasisStrategy s);
 
-/// Storage and multiply-accumulate counts of one m×n matrix of rank r, per input row x·W
-/// (digest §1.2): dense m·n, low-rank U·V r(m+n), BD r(m+n−r) (the identity block is free).
+/// Storage and multiply-accumulate counts of one m×n matrix of rank r, per input row x·W:
+/// dense m·n, low-rank U·V r(m+n), BD r(m+n−r) (the identity block is free).
 struct BdAccounting {
   std::int64_t params_dense = 0, params_lowrank = 0, params_bd = 0;
   std::int64_t macs_dense = 0, macs_lowrank = 0, macs_bd = 0;

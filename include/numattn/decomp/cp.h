@@ -1,8 +1,8 @@
 /// @file cp.h
 /// CP (CANDECOMP/PARAFAC) decomposition of a three-way tensor by alternating least squares:
 ///   X ≈ [[λ; A, B, C]] = Σ_r λ_r a_r ∘ b_r ∘ c_r,   A: n0×R, B: n1×R, C: n2×R, unit columns,
-/// survey digest §8.0; the collaborative-heads scheme of §8.1 is a CP of the stacked per-head
-/// bilinear forms (Cordonnier, Loukas & Jaggi 2020).
+/// (Kolda & Bader 2009); the collaborative-heads scheme of Cordonnier, Loukas & Jaggi (2020) is
+/// a CP of the stacked per-head bilinear forms.
 ///
 /// Algorithm (Kolda & Bader 2009, §3.4), one sweep updates each factor in turn by the normal
 /// equations of its linear least-squares problem:

@@ -1,5 +1,6 @@
 /// @file leverage.h
-/// Leverage scores of the rows of a tall matrix (survey digest §3 B9; LevAttention §6.1).
+/// Leverage scores of the rows of a tall matrix (as LevAttention uses them: Kannan,
+/// Bhattacharyya, Kacham, Woodruff, ICLR 2025).
 ///
 /// For A (n×d) with thin SVD A = U·Σ·Vᵀ truncated to its numerical rank ρ, the leverage score of
 /// row j is ℓⱼ = ‖U(j,:)‖² = aⱼ·(AᵀA)⁺·aⱼᵀ: the largest share of ‖A·x‖² row j can hold, over all

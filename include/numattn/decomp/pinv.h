@@ -1,6 +1,6 @@
 /// @file pinv.h
 /// Pseudo-inverses of small dense matrices: the Newton–Schulz-type iteration of Nyströmformer and
-/// Skyformer (digest §3, B3), and the exact Moore–Penrose inverse through an SVD.
+/// Skyformer, and the exact Moore–Penrose inverse through an SVD.
 ///
 /// **Iteration** (Razavi et al. 2014, as used by Xiong et al., Nyströmformer, AAAI 2021, and
 /// Chen et al., Skyformer, NeurIPS 2021), for C ∈ R^{m×n}:

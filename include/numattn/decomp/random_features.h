@@ -1,6 +1,6 @@
 /// @file random_features.h
-/// Random projection directions for random-feature kernel estimators (Performer, B7 of the
-/// survey digest): i.i.d. Gaussian rows, or orthogonal random features (ORF).
+/// Random projection directions for random-feature kernel estimators (Performer): i.i.d.
+/// Gaussian rows, or orthogonal random features (ORF).
 ///
 /// ORF (Yu et al., NeurIPS 2016; Choromanski et al., ICLR 2021): the M × d matrix is built from
 /// ⌊M/d⌋ full d × d blocks and one partial block (its first M mod d rows). Each block is the Q

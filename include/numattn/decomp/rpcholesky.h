@@ -1,5 +1,5 @@
 /// @file rpcholesky.h
-/// Randomly pivoted Cholesky (RPCholesky, survey digest §3 B4): a rank-r Nyström approximation
+/// Randomly pivoted Cholesky (RPCholesky): a rank-r Nyström approximation
 /// G ≈ F·Fᵀ of an n×n positive semidefinite matrix that reads only its diagonal and r of its
 /// columns, choosing each pivot at random in proportion to the diagonal of the current residual.
 ///

@@ -1,5 +1,5 @@
 /// @file sketch.h
-/// Oblivious sketches of vectors and of their tensor powers (survey digest B5, B6).
+/// Oblivious sketches of vectors and of their tensor powers.
 ///
 /// - `CountSketch` (Charikar, Chen, Farach-Colton 2002): (Cx)_b = Σ_{h(j)=b} s(j) x_j with a
 ///   2-wise independent hash h: [d] → [r] and a 4-wise independent sign s (polynomials of degree
@@ -10,8 +10,8 @@
 ///   Var ≤ (3^p − 1)‖x‖^{2p}‖y‖^{2p}/r. FFTW plans are made once per object (under a global lock,
 ///   planning is not thread-safe) and executed thread-safely on caller buffers.
 /// - `GaussianSketch2` (PolySketchFormer's degree-2 sketch): φ₂(x) = r^{-1/2} (xG₁) ⊙ (xG₂),
-///   G_i ∈ R^{d×r} i.i.d. N(0, 1), so E⟨φ₂(x), φ₂(y)⟩ = ⟨x, y⟩². (The digest writes G_i/√r *and* a
-///   1/√r factor; with both the expectation is ⟨x, y⟩²/r. One r^{-1/2} is the unbiased choice.)
+///   G_i ∈ R^{d×r} i.i.d. N(0, 1), so E⟨φ₂(x), φ₂(y)⟩ = ⟨x, y⟩². (Writing G_i/√r *and* a
+///   1/√r factor biases the expectation by a power of 1/r. One r^{-1/2} is the unbiased choice.)
 ///   Rows are sketched by two float32 GEMMs.
 ///
 /// All draws come from the counter RNG keyed by (seed, stream): no dependence on thread count.

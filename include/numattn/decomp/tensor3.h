@@ -1,7 +1,7 @@
 /// @file tensor3.h
 /// A dense float64 three-way tensor and the multilinear algebra the tensor decompositions
 /// (cp.h, tucker.h) and the tensor attention forms need: mode-n unfolding and folding, mode-n
-/// products, the Khatri–Rao product (survey digest §8.0, Kolda & Bader 2009 conventions).
+/// products, the Khatri–Rao product (Kolda & Bader 2009 conventions).
 ///
 /// Storage: X(a, b, c) for a < n0, b < n1, c < n2 lives at `a + n0·(b + n1·c)` (mode 0 fastest),
 /// so the mode-0 unfolding X_(0) (n0 × n1·n2) is the buffer itself in column-major order and

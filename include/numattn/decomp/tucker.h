@@ -1,7 +1,7 @@
 /// @file tucker.h
 /// Tucker decomposition of a three-way tensor, and the shared-factor model of stacked matrices.
 ///
-/// Tucker (survey digest §8.0, §8.2): X ≈ G ×_0 A0 ×_1 A1 ×_2 A2 = [[G; A0, A1, A2]], with
+/// Tucker (Kolda & Bader 2009): X ≈ G ×_0 A0 ×_1 A1 ×_2 A2 = [[G; A0, A1, A2]], with
 /// A_n (n_n × r_n) having orthonormal columns and core G (r0 × r1 × r2).
 /// - `kHosvd` (De Lathauwer, De Moor & Vandewalle 2000): A_n = the r_n leading left singular
 ///   vectors of X_(n); G = X ×_0 A0ᵀ ×_1 A1ᵀ ×_2 A2ᵀ. Quasi-optimal: its error is at most √3
@@ -17,7 +17,7 @@
 ///   X_i ≈ B · G_i · Cᵀ,  B: n1×R1, C: n2×R2 orthonormal, G_i: R1×R2 per matrix.
 /// It is Tucker with mode 0 uncompressed (A0 = I); B and C come from HOOI with A0 fixed to I,
 /// G_i = Bᵀ X_i C. Full Tucker with r0 < n0 is the "bank of core slices" variant
-/// X_i ≈ B (Σ_k A0(i,k) G_k) Cᵀ (digest erratum 16: G_k, not G_i).
+/// X_i ≈ B (Σ_k A0(i,k) G_k) Cᵀ (the core slices G_k are shared; only A0(i,k) depends on i).
 ///
 /// Leading singular vectors: LAPACK SVD of the unfolding when it has at most 8× more columns than
 /// rows; otherwise the eigenvectors of X_(n)X_(n)ᵀ (dgemm + dsyevd), which costs O(n_n²·size/n_n)

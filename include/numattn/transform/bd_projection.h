@@ -3,7 +3,7 @@
 ///
 /// A multi-head projection Y = X·W + b, W ∈ R^{d×(H·dh)} (head h owns columns h·dh..h·dh+dh),
 /// is rewritten per head as Y'_h = Y_h·T_h with T_h = W_h[S,:]^{-1} and one basis S of dh input
-/// channels shared by all heads (digest §2, Algorithms 2–3):
+/// channels shared by all heads (BD Attention, J. Zhao, arXiv 2510.01718, Algorithms 2–3):
 ///
 ///   Y' = X[:,S^c]·C_stack + broadcast_h(X[:,S]) + b',   C_stack ∈ R^{(d−dh)×(H·dh)},
 ///   C_h = W_h[S^c,:]·W_h[S,:]^{-1},  b'_h = b_h·T_h.

@@ -1,6 +1,7 @@
 /// @file bda.h
 /// BD Attention (BDA): the exact weight-level rewrite of one attention layer by Basis
-/// Decomposition (J. Zhao, arXiv 2510.01718; digest §2, bias and GQA identities of §2).
+/// Decomposition (J. Zhao, "Accelerating Attention with Basis Decomposition", arXiv 2510.01718,
+/// 2025).
 ///
 /// Per KV head g, with T_g = W_k^g[S,:]^{-1} (QK pair) or T_g = W_v^g[S,:]^{-1} (VO pair) and one
 /// basis S of dh input channels shared by all heads of the layer:
@@ -106,7 +107,7 @@ struct BdaOptions {
   decomp::BasisStrategy strategy = decomp::BasisStrategy::kAutomatic;
   /// KV heads with κ above this keep their dense form (+inf: never fall back). 1e4 keeps the
   /// float32 error below about c·u·1e4 ≈ 1e-2 relative in the worst case; lower it for
-  /// half-precision storage (digest §1.5).
+  /// half-precision storage (the rounding error grows like u·κ).
   double kappa_threshold = 1e4;
   KeyBias key_bias = KeyBias::kDrop;
   ValueBias value_bias = ValueBias::kFoldIntoOutput;

@@ -20,7 +20,7 @@
 
 namespace numattn::transform {
 
-/// Owns random float32 layer weights, N(0, 1/in) entries (digest §1.5 set-up), kInOut layout.
+/// Owns random float32 layer weights, N(0, 1/in) entries (variance-preserving), kInOut layout.
 struct RandomLayer {
   index_t d_model = 0, d_kv = 0, heads = 0, kv_heads = 0, head_dim = 0;
   std::vector<float> wq, wk, wv, wo, bq, bk, bv, bo;

@@ -1,7 +1,7 @@
 /// @file mla.h
 /// GQA → MLA conversion of one decoder layer (TransMLA: Meng, Tang, Tang, Yao, Sun, Zhang,
 /// arXiv 2502.07864, NeurIPS 2025), into the multi-head latent attention form of DeepSeek-V2
-/// (arXiv 2405.04434, §2.1) that `model/mla.h` runs. Survey digest §7.4, errata 11–14 and 21.
+/// (arXiv 2405.04434, §2.1) that `model/mla.h` runs.
 ///
 /// Input: a GQA layer with Hq query heads, Hkv KV heads (group g of query head h: g = h / (Hq/Hkv),
 /// contiguous groups), head width D, RoPE on the first n_rot dims of every head in the GGUF
@@ -22,13 +22,13 @@
 ///    energy. **FreqFold** M: M adjacent frequencies share one U of (Hkv·M)×(Hkv·M) and one
 ///    frequency θ* (their mean; the only inexact part of this step, absent when M = 1). By Ky Fan,
 ///    the energy in the top M components of a folded group is at least the sum of its M
-///    frequencies' top components (rorope_captured_energy; digest §13.2 identity 8).
+///    frequencies' top components (rorope_captured_energy).
 /// 3. **RoPE removal** (lossy). Of each (folded) frequency only the first rope_heads·M rotated
 ///    components keep RoPE: they form the shared key k_rope, d_rope = rope_heads·n_rot. The other
 ///    rotated components lose their rotation (in query and key) and join the NoPE key, of width
 ///    d_nope = Hkv·D − d_rope, together with the never-rotated dims.
 /// 4. **Balanced joint PCA** (lossy when truncated). The NoPE key and the values, z = [k_nope/α; v]
-///    with α = sqrt(E‖k_nope‖² / E‖v‖²) (errata 21: TransMLA *divides* the keys by α > 1, so both
+///    with α = sqrt(E‖k_nope‖² / E‖v‖²) (TransMLA *divides* the keys by α > 1, so both
 ///    blocks carry the same energy; we use root-mean-square norms, what the covariance gives), are
 ///    compressed to the top r principal directions P_r of Cov(z) = W_z·C·W_zᵀ:
 ///    w_dkv = P_rᵀ·W_z, w_uk[h] = α·P_r[key rows], w_uv[h] = P_r[rows of group g(h)'s values].
@@ -55,7 +55,7 @@
 
 namespace numattn::transform {
 
-/// Options of the GQA -> MLA conversion (TransMLA, survey-digest §7.4).
+/// Options of the GQA -> MLA conversion (TransMLA).
 /// Bad values throw numattn::OptionError naming the option: `mla_rank` (the `rank` field),
 /// `freqfold`, `rope_heads`, `low_rank_query`.
 struct MlaOptions {
@@ -115,8 +115,8 @@ struct RoRopeBasis {
 RoRopeBasis rorope_basis(const LlamaHParams& hp, const std::vector<double>& wk,
                          const MlaCalibration& calib, int freqfold);
 /// Σ over groups of the top `keep` eigenvalues (the energy captured by keeping `keep` components
-/// of every group: V_2 of the digest's identity 8 with keep = M, or V_1 summed per frequency
-/// with freqfold 1 and keep = 1).
+/// of every group: with keep = M, TransMLA's V_2 = Σ of the top M eigenvalues of each folded
+/// group; with freqfold 1 and keep = 1, its V_1 = Σ of each frequency's top eigenvalue; V_2 ≥ V_1).
 double rorope_captured_energy(const RoRopeBasis& basis, std::int64_t keep);
 
 /// The RoPE frequencies (rad per position) of the d_rope/2 pairs of the decoupled key that

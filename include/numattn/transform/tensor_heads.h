@@ -1,7 +1,7 @@
 /// @file tensor_heads.h
-/// Training-free tensor compression of attention and feed-forward weights (survey digest §8.1,
-/// §8.2, errata 16 and 19; issue 14 item 2). Everything is computed in float64 from the given
-/// weights; the model layer (model/tensor_model.h) applies it to a Llama model.
+/// Training-free tensor compression of attention and feed-forward weights (issue 14 item 2).
+/// Everything is computed in float64 from the given weights; the model layer
+/// (model/tensor_model.h) applies it to a Llama model.
 ///
 /// ## Collaborative heads (Cordonnier, Loukas & Jaggi 2020)
 /// Per layer, H query heads in G groups (GQA: head h uses group g(h) = h / (H/G)), each head a
@@ -30,9 +30,9 @@
 /// W_gate) is the tensor 𝒳 (S × rows × cols). With `stack_rank` = 0 (or = S) the shared-factor
 /// model W_s ≈ B·G_s·Cᵀ (`decomp::SharedFactor`, B rows × R1, C cols × R2 orthonormal, G_s
 /// R1 × R2); with 1 ≤ stack_rank < S the full Tucker W_s ≈ B·(Σ_k A(s,k)·G_k)·Cᵀ (`decomp::Tucker`
-/// by HOOI, a bank of stack_rank core slices; erratum 16: G_k, not G_s). Parameters: before S·rows·cols;
-/// after S·R1·R2 + rows·R1 + cols·R2 (shared) or ℓ·R1·R2 + S·ℓ + rows·R1 + cols·R2 (Tucker).
-/// Cost: HOSVD O(size·(rows + cols)) then HOOI O(size·(R1 + R2)) per sweep.
+/// by HOOI, a bank of stack_rank core slices G_k shared by all S matrices). Parameters: before
+/// S·rows·cols; after S·R1·R2 + rows·R1 + cols·R2 (shared) or ℓ·R1·R2 + S·ℓ + rows·R1 + cols·R2
+/// (Tucker). Cost: HOSVD O(size·(rows + cols)) then HOOI O(size·(R1 + R2)) per sweep.
 ///
 /// Errors: numattn::Error for shapes that disagree, ranks outside their range (CP rank < 0;
 /// Tucker ranks outside [1, dim]); decomposition trouble (no convergence in `max_iterations`,

@@ -5,7 +5,7 @@
 namespace numattn {
 
 /// `kernel.levattention(keys=32, p=2)`: LevAttention (Kannan, Bhattacharyya, Kacham, Woodruff,
-/// ICLR 2025; survey digest §6.1). Every query attends, by exact softmax, only to a *universal
+/// ICLR 2025). Every query attends, by exact softmax, only to a *universal
 /// set* U of keys chosen from K alone: the `keys` keys of largest f-sensitivity, which for
 /// f(x) = |x|^p with p = 2 are the leverage scores of K (decomp/leverage.h).
 ///

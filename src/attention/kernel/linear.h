@@ -5,7 +5,7 @@
 namespace numattn {
 
 /// `kernel.linear(feature=elu1|relu)`: linear attention with a fixed feature map (Katharopoulos et
-/// al., ICML 2020; survey digest §6, form 4 of §1.3): out_i = Σ_j (φ(q_i)·φ(k_j)) v_j / Σ_j φ(q_i)·φ(k_j)
+/// al., ICML 2020), the feature-map form: out_i = Σ_j (φ(q_i)·φ(k_j)) v_j / Σ_j φ(q_i)·φ(k_j)
 /// with φ(x) = elu(√s·x) + 1 (> 0) or relu(√s·x) (≥ 0; a row whose weights all vanish comes out 0),
 /// applied to x·√scale like every kernel method here (so `--scale` acts on it).
 ///

@@ -7,8 +7,7 @@
 namespace numattn {
 
 /// `kernel.performer(features=256, orthogonal=true, kernel=positive|trig|hyperbolic,
-/// redraw=head|shared, causal_algo=block|prefix, seed=0)`: FAVOR+ (Choromanski et al., ICLR 2021;
-/// survey digest §6.4, errata 10).
+/// redraw=head|shared, causal_algo=block|prefix, seed=0)`: FAVOR+ (Choromanski et al., ICLR 2021).
 ///
 /// Inputs are scaled x ← x·√scale (d^{-1/4} by default, so (√s q)·(√s k) is the softmax logit),
 /// then, with M = `features` directions ω_m (orthogonal blocks with χ_d norms, decomp

@@ -5,7 +5,8 @@
 namespace numattn {
 
 /// `kernel.polysketch(degree=4, sketch=32, grain=256, exact=false, seed=0)`: PolySketchFormer
-/// (Kacham, Mirrokni, Zhong, ICML 2024; survey digest §6.2, B6, B8).
+/// (Kacham, Mirrokni, Zhong, ICML 2024; sketches in decomp/sketch.h, causal blocks in
+/// blocks/linear_attention.h).
 ///
 /// Target: polynomial attention `Target::polynomial(p, 1)`: out_i = Σ_j (s·q_i·k_j)^p v_j /
 /// (1 + Σ_j (s·q_i·k_j)^p). There is no LayerNorm inside the op (the paper applies one to q and

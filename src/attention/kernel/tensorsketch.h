@@ -5,7 +5,7 @@
 namespace numattn {
 
 /// `kernel.tensorsketch(degree=2, sketch=256, exact=false, seed=0)`: polynomial attention with
-/// TensorSketch features (Pham and Pagh, KDD 2013; survey digest §6.3, B5).
+/// TensorSketch features (Pham and Pagh, KDD 2013; decomp/sketch.h).
 ///
 /// Target: `Target::polynomial(p, 1)`, out_i = Σ_j (s·q_i·k_j)^p v_j / (1 + Σ_j (s·q_i·k_j)^p), with
 /// q, k used as given times √scale (no LayerNorm). Features φ(x) = IFFT(Π_t FFT(C_t √s·x)), r =

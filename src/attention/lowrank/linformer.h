@@ -7,8 +7,8 @@
 namespace numattn {
 
 /// `lowrank.linformer(k, projection, seed)`: Linformer's projection along the sequence, with
-/// training-free random projections in place of the learned E, F (Wang et al. 2020; digest §5.4,
-/// errata 9: E is k×Nk and multiplies K from the left).
+/// training-free random projections in place of the learned E, F (Wang et al. 2020). E is k×Nk
+/// and multiplies K from the left.
 ///
 ///     K' = E·K (k×Dk),  V' = E·V (k×Dv),  Ŷ = softmax(s·Q K'ᵀ)·V'
 ///

@@ -5,7 +5,7 @@
 namespace numattn {
 
 /// `lowrank.loki(rank_frac=0.25, topk_frac=0.25)`: Loki (Singhania, Singh, He, Feizi, Bhatele,
-/// NeurIPS 2024; survey digest §5.1). Keys live near a low-dimensional subspace, so scores in
+/// NeurIPS 2024). Keys live near a low-dimensional subspace, so scores in
 /// its first r principal coordinates rank keys well enough to *choose* them; the chosen keys
 /// then get exact softmax attention with full-dimensional dot products.
 ///

@@ -4,7 +4,7 @@
 
 namespace numattn {
 
-/// `lowrank.nystrom(landmarks, pinv, iters)`: Nyströmformer (Xiong et al., AAAI 2021; digest §5.5).
+/// `lowrank.nystrom(landmarks, pinv, iters)`: Nyströmformer (Xiong et al., AAAI 2021).
 ///
 ///     Ŷ = F1 · pinv(F2) · (F3 · V),  F1 = softmax(s·Q K̃ᵀ) (Nq×m),  F2 = softmax(s·Q̃ K̃ᵀ) (m×m),
 ///                                      F3 = softmax(s·Q̃ Kᵀ) (m×Nk)

@@ -7,7 +7,7 @@
 namespace numattn {
 
 /// `lowrank.skyformer(landmarks, gamma, pinv, iters, seed)`: Skyformer (Chen, Zeng, Ji, Yang,
-/// NeurIPS 2021; digest §5.2). It **replaces** softmax by the Gaussian kernel
+/// NeurIPS 2021). It **replaces** softmax by the Gaussian kernel
 /// κ(q, k) = exp(−s·‖q − k‖²/2) (s = the problem's scale; s = 1/sqrt(d) gives the paper's
 /// exp(−‖q − k‖²/(2·sqrt(d)))), so its target is `Target::gaussian()`, and approximates the
 /// kernel matrix A = κ(Q, K) by Nyström on the PSD matrix B = κ([Q;K], [Q;K]) (2N×2N), whose

@@ -5,8 +5,9 @@
 namespace numattn {
 
 /// `lowrank.svd(rank)`: the best rank-r approximation of the softmax matrix, the oracle every
-/// low-rank method is compared with (digest §5: "A shows strong singular value decay,
-/// Z⁻¹A weaker").
+/// low-rank method is compared with (on Llama 3.2, A = exp(S) shows strong singular value decay
+/// and Z⁻¹A weaker: Serret et al., "Attention Mechanisms Through the Lens of Numerical Methods",
+/// arXiv 2604.01757, 2026).
 ///
 /// Per (batch, query head): P = softmax(s·QKᵀ + mask) (Nq×Nk, rows stochastic, with the causal
 /// rule, window, boolean and additive masks of problem.h; rows that see no key are 0) is

@@ -8,7 +8,7 @@
 namespace numattn {
 
 /// `lowrank.wildcat(rank=64, tau=0, seed=0)`: WILDCAT (Schröder and Mackey, "WildCat:
-/// Near-Linear Attention in Theory and Practice", arXiv 2602.10056, 2026; survey digest §5.3).
+/// Near-Linear Attention in Theory and Practice", arXiv 2602.10056, 2026).
 /// Attention over a small *weighted coreset* of the keys.
 ///
 /// Per (batch, kv head), with β = |scale| (the sign of the scale is carried by the queries):
@@ -28,7 +28,7 @@ namespace numattn {
 ///
 /// τ (`tau`): scores are invariant under Q → τQ, K → K/τ, but the Nyström approximation is not;
 /// larger τ makes G lower-rank and the query side exp(β·τ²‖q‖²) larger. The paper gives a closed
-/// form that we could not verify (the digest does not state it); `tau = 0` (default) uses
+/// form that we could not verify, so it is not used; `tau = 0` (default) uses
 /// τ² = 2·max‖k‖ / max‖q‖ over the kv head's keys and its group's queries. Without the factor 2
 /// this is the radius balance (scaled queries and keys in balls of the same radius, the
 /// bounded-input setting of the paper's bound); the factor 2 was the best of 1, 2, 4, 8, 16 on

@@ -9,7 +9,7 @@ namespace numattn {
 
 /// `sparse.clustered(clusters=100, topk=32, iters=10, seed=0)`: improved clustered attention
 /// (Vyas, Katharopoulos, Fleuret, "Fast Transformers with Clustered Attention", NeurIPS 2020,
-/// "i-clustered"; survey digest §4 family I).
+/// "i-clustered").
 ///
 /// Per (batch, query head): the queries are clustered by k-means (decomp/kmeans.h, Euclidean,
 /// k-means++ keyed by (seed, b·Hq + h); the paper clusters Hamming codes of an LSH, a cheaper

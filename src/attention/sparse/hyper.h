@@ -8,8 +8,8 @@
 namespace numattn {
 
 /// `sparse.hyper(block=256, samples=256, bits=7, min_seq_len=4096, seed=0)`: HyperAttention (Han,
-/// Jayaram, Karbasi, Mirrokni, Woodruff, Zandieh, ICLR 2024; survey digest §4.6, errata 6), as the
-/// official `hyper_attn.py` runs it.
+/// Jayaram, Karbasi, Mirrokni, Woodruff, Zandieh, ICLR 2024), as the official `hyper_attn.py`
+/// runs it (keys sampled uniformly, not by the squared row norms of V).
 ///
 /// Non-causal routine, on n_q queries and n_k keys of one head:
 /// 1. SimHash with `bits` sign projections (the same directions for q and k: one draw per KV

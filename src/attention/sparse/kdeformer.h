@@ -7,9 +7,9 @@
 namespace numattn {
 
 /// `sparse.kdeformer(samples=800, bits=7, bucket=128, seed=0)`: KDEformer's practical algorithm
-/// (Zandieh, Han, Daliri, Karbasi, ICML 2023, Algorithm 3 / the official `KDEformer.py`; survey
-/// digest §4.5 with errata 4, 5, 22). Y ≈ Z̃⁻¹ (A_spar + A_res Sᵀ S) V: an LSH block-diagonal
-/// part computed exactly plus the residual estimated by importance-sampled keys.
+/// (Zandieh, Han, Daliri, Karbasi, ICML 2023, Algorithm 3 / the official `KDEformer.py`).
+/// Y ≈ Z̃⁻¹ (A_spar + A_res Sᵀ S) V: an LSH block-diagonal part computed exactly plus the residual
+/// estimated by importance-sampled keys.
 ///
 /// **Blocks.** Queries and keys are hashed by SimHash with `bits` Gaussian directions (drawn from
 /// the counter RNG keyed by (seed, kv head); the sign of the scale is applied to the queries),
@@ -23,15 +23,15 @@ namespace numattn {
 ///
 ///     p_j ∝ ‖v̄_j‖ / λ_max(V̄ᵀV̄) + 1/Nk,   V̄ = [V | 1]
 ///
-/// (the official code's distribution, erratum 22; λ_max by power iteration on the (Dv+1)² Gram
-/// matrix). Each draw t has weight 1/(m·p_{j_t}); draws of the same key are summed into one
-/// weight; a drawn key that lies in the query's own block is dropped (it is already counted
-/// exactly). Why this distribution and not the paper's: the paper samples by the (estimated)
-/// squared column norms of Z⁻¹A (erratum 5: c_j = Σ_i z_i⁻² exp(2 s q_i·k_j)), which needs a KDE
-/// estimate of every normaliser z_i and then a second KDE over all queries per key — two more
-/// passes of the method's own cost per call; the official distribution costs O(Nk·Dv), is shared
-/// by all queries, and is what the published experiments ran. Its 1/Nk term keeps every p_j ≥
-/// 1/(Nk·(1 + Σ‖v̄‖/λ)), so the weights stay bounded.
+/// (the official code's distribution: an unsquared norm over an eigenvalue, not ‖v_j‖²/‖V‖²_op;
+/// λ_max by power iteration on the (Dv+1)² Gram matrix). Each draw t has weight 1/(m·p_{j_t});
+/// draws of the same key are summed into one weight; a drawn key that lies in the query's own block
+/// is dropped (it is already counted exactly). Why this distribution and not the paper's: the paper
+/// samples by the (estimated) squared column norms of Z⁻¹A (c_j = Σ_i z_i⁻² exp(2 s q_i·k_j)),
+/// which needs a KDE estimate of every normaliser z_i and then a second KDE over all queries per
+/// key — two more passes of the method's own cost per call; the official distribution costs
+/// O(Nk·Dv), is shared by all queries, and is what the published experiments ran. Its 1/Nk term
+/// keeps every p_j ≥ 1/(Nk·(1 + Σ‖v̄‖/λ)), so the weights stay bounded.
 ///
 /// **Output**, per query row i with its block B(i) and the kept draws T(i):
 ///
@@ -86,12 +86,12 @@ class KdeformerAttention final : public AttentionMethod {
   /// The sampling distribution p_j of (b, hk) (normalised; every key, for tests).
   static std::vector<double> sampling_probabilities(const AttentionProblem& p, index_t b, index_t hk);
 
-  /// The exponential KDE identity behind KDEformer's theory (erratum 4), in float64, for tests and
-  /// analysis. κ(q, K, x) = Σ_i x_i exp(⟨q, k_i⟩) (x ≥ 0) equals exp(‖q‖²/2)·C·N·μ(q̃) with the
-  /// lift q̃ = [q; 0], k̃_i = [k_i; y_i], C = Σ_j x_j exp(‖k_j‖²/2), y_i ≥ 0 solving
+  /// The exponential KDE identity behind KDEformer's theory, in float64, for tests and analysis.
+  /// κ(q, K, x) = Σ_i x_i exp(⟨q, k_i⟩) (x ≥ 0) equals exp(‖q‖²/2)·C·N·μ(q̃) with the lift
+  /// q̃ = [q; 0], k̃_i = [k_i; y_i], C = Σ_j x_j exp(‖k_j‖²/2), y_i ≥ 0 solving
   /// x_i exp(‖k_i‖²/2) exp(y_i²/2) = C, and the Gaussian KDE μ(q̃) = (1/N) Σ_i exp(−‖q̃ − k̃_i‖²/2).
-  /// (The survey drops exp(‖q‖²/2) and writes exp(‖k_i‖²) in the y-equation.) K is n × d
-  /// row-major.
+  /// (The survey of Serret et al., arXiv 2604.01757, 2026, drops exp(‖q‖²/2) and writes
+  /// exp(‖k_i‖²) in the y-equation.) K is n × d row-major.
   struct KdeLift {
     double log_c = 0;        ///< log C
     std::vector<double> y;   ///< y_i (+inf for x_i = 0: that key contributes nothing)

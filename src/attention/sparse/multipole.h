@@ -8,8 +8,7 @@
 namespace numattn {
 
 /// `sparse.multipole(clusters=0, near=8, iters=10, seed=0)`: Multipole Attention (Hooper, Zhao,
-/// Manolache, Kim, Mahoney, Shao, Keutzer, Gholami, NeurIPS 2025; survey digest §4.4, erratum 3),
-/// one level (no hierarchy).
+/// Manolache, Kim, Mahoney, Shao, Keutzer, Gholami, NeurIPS 2025), one level (no hierarchy).
 ///
 /// Per (batch, kv head): k-means on the keys (decomp/kmeans.h, Euclidean, k-means++ keyed by
 /// (seed, b·Hkv + hk)), C = `clusters` (0: ceil(sqrt(Nk))), clamped to Nk. Cluster i has N_i
@@ -18,7 +17,7 @@ namespace numattn {
 /// group, which is at least as accurate and costs the same here):
 ///
 ///     importance u_i = s·q·Kc_i + log N_i   (S_i ∝ N_i·exp(s·q·Kc_i); the normaliser of S sums
-///                                             over all clusters, j = i included: erratum 3)
+///                                             over all clusters, j = i included)
 ///     E = the keys of the `near` clusters of largest u_i (a count of clusters, not a token
 ///         budget; ties: lower cluster index), F = the other clusters
 ///     out = [Σ_{j∈E} e^{s·q·k_j} v_j + Σ_{i∈F} N_i e^{s·q·Kc_i} Vc_i] / [Σ_{j∈E} e^{s·q·k_j} + Σ_{i∈F} N_i e^{s·q·Kc_i}]

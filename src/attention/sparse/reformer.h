@@ -75,7 +75,7 @@ struct WindowCounts {
 }  // namespace reformer
 
 /// `sparse.reformer(buckets=0, rounds=1, chunk=64, shared_qk=false, seed=0)`: Reformer's LSH
-/// attention (Kitaev, Kaiser, Levskaya, ICLR 2020; survey digest §4.1). Defaults are HF's (chunk
+/// attention (Kitaev, Kaiser, Levskaya, ICLR 2020). Defaults are HF's (chunk
 /// 64, one hash); buckets = 0 is the automatic 2^⌊log2(2N/chunk)⌋.
 ///
 /// Per (batch, query head) and round r (angular projections drawn per (head, round), shared by q

@@ -8,7 +8,7 @@
 namespace numattn {
 
 /// `sparse.routing(clusters=0, iters=4, seed=0)`: Routing Transformer attention (Roy, Saffar,
-/// Vaswani, Grangier, TACL 2021; survey digest §4.2, errata 7–8), training-free.
+/// Vaswani, Grangier, TACL 2021), training-free.
 ///
 /// Per (batch, query head h, its kv head): the rows of Q_h and K are L2-normalised and clustered
 /// together by spherical k-means (decomp/kmeans.h: k-means++ from the counter RNG keyed by
@@ -17,7 +17,7 @@ namespace numattn {
 /// clamped to Nq + Nk. Each cluster c takes its w_q = ceil(Nq/C) queries and w_k = ceil(Nk/C)
 /// keys with the largest cosine to μ_c (balanced top-w routing: a token can be in several
 /// clusters or in none). Query i then attends, by exact softmax, to the union P_i of the keys
-/// of the clusters it belongs to; keys outside P_i are masked (−∞, erratum 7, never weight e^0).
+/// of the clusters it belongs to; keys outside P_i are masked (−∞, not 0: never weight e^0).
 /// A key shared by two of i's clusters is counted once (it is masked in the later cluster), so
 /// the per-cluster partial results have disjoint supports and their log-sum-exp merge is exactly
 /// softmax over P_i; the LSE output is that of P_i.

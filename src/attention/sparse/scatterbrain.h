@@ -8,7 +8,7 @@
 namespace numattn {
 
 /// `sparse.scatterbrain(features=256, buckets=0, rounds=1, chunk=64, seed=0)`: Scatterbrain (Chen,
-/// Dao, Winsor, Song, Rudra, Ré, NeurIPS 2021; survey digest §6.4): a low-rank plus sparse
+/// Dao, Winsor, Song, Rudra, Ré, NeurIPS 2021): a low-rank plus sparse
 /// estimate of the unnormalised attention matrix, Â = Q'K'ᵀ + S.
 ///
 /// - Low rank: Performer's positive random features φ_+ (kernel.performer's construction: its

@@ -7,13 +7,13 @@
 namespace numattn {
 
 /// `sparse.smyrf(clusters=0, rounds=8, seed=0)`: SMYRF (Daras, Kitaev, Odena, Dimakis, NeurIPS
-/// 2020; survey digest §4.3 with errata 1–2). Balanced asymmetric-LSH clusters: each query
+/// 2020). Balanced asymmetric-LSH clusters: each query
 /// attends, exactly, to the keys of its cluster, in several independent rounds merged by their
 /// softmax mass.
 ///
 /// **Lift** (maximum inner product search → nearest neighbour). With the scale folded into the
 /// queries (q' = s·q, so q'·k is the logit), M_Q = max ‖q'_i‖ and M_K = max ‖k_j‖ (norms, not
-/// squared norms: erratum 1) and M² = M_Q² + M_K²:
+/// squared norms) and M² = M_Q² + M_K²:
 ///
 ///     F(q') = [q'; 0; sqrt(max(0, M² − ‖q'‖²))],   G(k) = [k; sqrt(max(0, M² − ‖k‖²)); 0]
 ///
@@ -34,7 +34,7 @@ namespace numattn {
 /// size of 64 keys (cost then linear in N). L is clamped to [1, min(Nq, Nk)].
 ///
 /// **Rounds** (`rounds` = H, the reference code's default 8): per round the row's partial result
-/// (o_r, l_r) = dense softmax over its cluster (erratum 2: l_r = log Σ exp(logit), with the
+/// (o_r, l_r) = dense softmax over its cluster (l_r = log Σ exp(logit), with the
 /// 1/sqrt(d) scale); the rounds are merged by softmax mass, o = Σ_r exp(l_r − logsumexp l)·o_r
 /// (blocks/lse_merge.h). A key found in several rounds counts several times (SMYRF does not
 /// correct for it, unlike Reformer's paper), so the merged log-sum-exp is not the row's LSE: no
@@ -79,8 +79,8 @@ class SmyrfAttention final : public AttentionMethod {
   };
   std::vector<Round> assignment(const AttentionProblem& p, index_t b, index_t h) const;
 
-  /// The lift in float64, unnormalised (erratum 1): out = F(q) or G(k), Dk + 2 entries, with
-  /// norms mq = M_Q and mk = M_K.
+  /// The lift in float64, unnormalised: out = F(q) or G(k), Dk + 2 entries, with norms (not
+  /// squared norms) mq = M_Q and mk = M_K.
   static void lift_query(const double* q, index_t d, double mq, double mk, double* out);
   static void lift_key(const double* k, index_t d, double mq, double mk, double* out);
 };

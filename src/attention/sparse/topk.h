@@ -8,7 +8,7 @@ namespace numattn {
 
 /// `sparse.topk(k=64)`: exact top-k attention, the oracle of every method that keeps k keys per
 /// query (Gupta, Dar, Goodman, Ciprut, Berant, Memory-efficient Transformers via Top-k
-/// Attention, 2021; the "heavy hitters" of survey digest §4).
+/// Attention, 2021; the "heavy hitters" of QKᵀ that sparse methods compute exactly).
 ///
 /// Per query row i: logits s_ij = scale·q_i·k_j + mask_ij over the keys j the row sees (causal
 /// rule, window, masks: only visible keys compete); T_i = the min(k, visible) largest (ties:

@@ -133,7 +133,7 @@ void merge_sinks(const AttentionProblem& p, const Band& bd, index_t b, index_t h
     return;
   }
   // The sinks' own partial result (o_s, l_s), then the exact merge of the two disjoint key
-  // sets through log-sum-exp (digest §13.2.1; blocks::lse_merge).
+  // sets through log-sum-exp (exact for disjoint supports; blocks::lse_merge).
   float total = 0;
   w.os.assign(static_cast<std::size_t>(dv), 0.f);
   for (std::size_t c = 0; c < w.keys.size(); ++c) {

@@ -5,7 +5,7 @@
 namespace numattn {
 
 /// `tensor.simplicial(w1, w2)`: 2-simplicial attention with sliding windows (Clift et al. 2019;
-/// Roy et al. 2025; survey digest §8.5), K' = K and V' = V (attention/simplicial.h has the
+/// Roy et al. 2025), K' = K and V' = V (attention/simplicial.h has the
 /// definition, the float64 oracle and the kernel, which also takes separate K', V').
 ///
 /// Target: its own mechanism, `Target::simplicial(w1, w2)` (softmax over key pairs): run and

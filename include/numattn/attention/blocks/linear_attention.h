@@ -1,7 +1,6 @@
 /// @file linear_attention.h
-/// Kernelised ("linear") attention with a finite feature map, non-causal and causal (building
-/// block B8 of the survey digest), shared by every kernel method (Performer, linear attention,
-/// PolySketch, TensorSketch).
+/// Kernelised ("linear") attention with a finite feature map, non-causal and causal, shared by
+/// every kernel method (Performer, linear attention, PolySketch, TensorSketch).
 ///
 /// With feature rows φ(q_i), φ(k_j) ∈ R^M and the rule of problem.h for which keys row i sees:
 ///

@@ -1,15 +1,15 @@
 /// @file lse_merge.h
-/// Log-sum-exp merge of partial softmax results (building block B2 of the survey digest).
+/// Log-sum-exp merge of partial softmax results.
 ///
 /// A partial result over a key set S is the pair (o_S, l_S) with l_S = log Σ_{j∈S} exp(s_j) and
 /// o_S = Σ_{j∈S} exp(s_j − l_S)·v_j: softmax attention restricted to S. For disjoint sets the
 /// exact result over their union is
 ///
-///     l = logsumexp_r l_r,    o = Σ_r exp(l_r − l)·o_r,
+///     l = logsumexp_r l_r,    o = Σ_r exp(l_r − l)·o_r.
 ///
-/// (digest §13.2: the disjoint-support merge is exact). The same formula merges the rounds of
-/// a hashing method whose key sets overlap (Reformer without the duplicate correction, SMYRF,
-/// HyperAttention's blocks and samples): each round is then weighted by its softmax mass.
+/// The same formula merges the rounds of a hashing method whose key sets overlap (Reformer
+/// without the duplicate correction, SMYRF, HyperAttention's blocks and samples): each round is
+/// then weighted by its softmax mass.
 ///
 /// Edge semantics: an empty partial has l = −inf and contributes nothing (its `o` is never
 /// read, so it may be garbage); if every partial is empty the merged row is zero with l = −inf.

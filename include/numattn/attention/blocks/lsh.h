@@ -1,6 +1,6 @@
 /// @file lsh.h
-/// Locality-sensitive hashing and bucket sorting for the sparse attention methods (building
-/// block B1 of the survey digest). One projection step, three hash families, two sorts:
+/// Locality-sensitive hashing and bucket sorting for the sparse attention methods. One
+/// projection step, three hash families, two sorts:
 ///
 /// - **Angular / cross-polytope** (Reformer; Andoni et al. 2015): with a Gaussian R ∈ R^{d×k},
 ///   h(x) = argmax_c [xR, −xR]_c ∈ {0..2k−1}. Collisions concentrate on small angles; the code is
