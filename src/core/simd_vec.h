@@ -45,12 +45,17 @@ static inline __m512 exp_f32(__m512 x) {
 #endif
 
 #if NUMATTN_ISA_COMPILED && NUMATTN_ISA >= 1
-/// 8 lanes of `exp_f32(float)` (same reduction and polynomial, 2^n built in the exponent bits).
-static inline __m256 exp_f32(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
-  const __m256 xc = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(lo, x));
+/// The core of the 8-lane exp, for callers that clamp and mask their own way (the flash
+/// kernel's cut-off exp): e^xc for xc in [-87.3, 88] with the reduction and polynomial of
+/// `exp_f32(float)`. n = roundeven(xc·log2 e) plus 1.5·2^23 + 127 (exact) leaves n + 127 in the
+/// low mantissa bits, ready to shift into the exponent of 2^n (n + 127 stays in [1, 254] on
+/// that range, so the bias never borrows). The explicit rounding keeps n, and the result, equal
+/// to the scalar form's: adding the constant to the product itself would be contracted into an
+/// FMA by GCC, whose unrounded product rounds differently near ties.
+static inline __m256 exp_core(__m256 xc) {
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 t = _mm256_add_ps(n, _mm256_set1_ps(12583039.0f));  // 1.5·2^23 + 127
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
   __m256 p = _mm256_set1_ps(1.9875691500e-4f);
@@ -60,9 +65,14 @@ static inline __m256 exp_f32(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
   p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 res = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), res);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23)));
+}
+
+/// 8 lanes of `exp_f32(float)` (same reduction and polynomial, 2^n built in the exponent bits).
+static inline __m256 exp_f32(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
+  const __m256 xc = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(lo, x));
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), exp_core(xc));
 }
 #endif
 

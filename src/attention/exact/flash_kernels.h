@@ -132,9 +132,11 @@ struct Vec {
     const R m = _mm256_cmp_ps(x, set1(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
     return _mm256_and_ps(m, set1(std::numeric_limits<float>::quiet_NaN()));
   }
+  /// As the AVX-512 form: simd::exp_core without the clamps of exp_f32 that x ≤ 0 does not need
+  /// (NaN reaches the core, whose result is then NaN, and the mask keeps it).
   static R exp_cut(R x) {
     const R cut = set1(kExpCut);
-    return _mm256_and_ps(_mm256_cmp_ps(x, cut, _CMP_NLT_UQ), simd::exp_f32(_mm256_max_ps(cut, x)));
+    return _mm256_and_ps(_mm256_cmp_ps(x, cut, _CMP_NLT_UQ), simd::exp_core(_mm256_max_ps(cut, x)));
   }
 };
 
