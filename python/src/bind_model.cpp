@@ -122,7 +122,7 @@ class PyModel {
                    std::int64_t offset, bool pre_rope, const std::string& bos, std::optional<int> threads) const {
     const ExecContext ctx{threads.value_or(0)};
     ctx.num_threads();
-    const LlamaHParams& hp = model_.hparams();
+    const ModelHParams& hp = model_.hparams();
     NUMATTN_CHECK_OPTION(tokens >= 1, "tokens", "must be at least 1, got {}", tokens);
     NUMATTN_CHECK_OPTION(tokens <= hp.n_ctx_train, "tokens",
                          "{} tokens is beyond the model's trained context of {} (llama.context_length)",
@@ -271,7 +271,7 @@ tokens; the model is left as it was.)doc")
       .def_prop_ro("path", &PyModel::path)
       .def_prop_ro("name", &PyModel::name, "general.name of the file")
       .def_prop_ro("hparams", [](const PyModel& s) {
-        const LlamaHParams& h = s.model().hparams();
+        const ModelHParams& h = s.model().hparams();
         nb::dict d;
         d["n_vocab"] = h.n_vocab, d["n_embd"] = h.n_embd, d["n_layer"] = h.n_layer, d["n_ff"] = h.n_ff;
         d["n_head"] = h.n_head, d["n_head_kv"] = h.n_head_kv, d["head_dim"] = h.head_dim;
@@ -322,7 +322,7 @@ scale=...)`` then runs that layer's problem. ``layers``: indices or "all".)doc")
 with ``return_ids=True``), stopping at end-of-sequence. ``attn``: the attention spec for this
 call (default exact.flash); ``chat=True`` wraps the prompt in the ChatML user/assistant turn.)doc")
       .def("__repr__", [](const PyModel& s) {
-        const LlamaHParams& h = s.model().hparams();
+        const ModelHParams& h = s.model().hparams();
         return fmt::format("Model('{}', layers={}, heads={}/{}, head_dim={}, vocab={})", s.name(), h.n_layer,
                            h.n_head, h.n_head_kv, h.head_dim, h.n_vocab);
       });

@@ -14,12 +14,12 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
                          const transform::BdaOptions& options) {
   transform::BdaOptions opt = options;
   opt.pairs = transform::parse_bda_pairs(pairs);
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;
   ModelBdaReport rep;
   rep.pairs = transform::to_string(opt.pairs);
   if (opt.pairs == transform::BdaPairs::kNone) return rep;
-  LlamaWeights& w = model.mutable_weights();
+  const LlamaWeights& w = model.weights();
   for (const LlamaLayer& L : w.layers)
     NUMATTN_CHECK(!L.v_bd && !(L.mla && (L.mla->uk_bd || !L.mla->uv_bd.empty())),
                   "the model already has BDA applied");
@@ -54,30 +54,32 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
       throw Error(fmt::format("BDA '{}' on layer {}: {}", rep.pairs, l, e.what()));
     }
   }
-  for (std::size_t l = 0; l < w.layers.size(); ++l) {
-    LlamaLayer& L = w.layers[l];
-    transform::BdaLayer& b = done[l];
-    L.wo = std::move(b.wo);
-    L.wo_q = {};
-    // V rows now live in v_bd.
-    if (L.wqkv_q.empty()) {
-      L.wqkv.resize(static_cast<std::size_t>((Hq + Hkv) * D * E));
-    } else {
-      L.wqkv_q = L.wqkv_q.first_rows((Hq + Hkv) * D);
+  model.edit_weights([&](LlamaWeights& ew) {
+    for (std::size_t l = 0; l < w.layers.size(); ++l) {
+      LlamaLayer& L = ew.layers[l];
+      transform::BdaLayer& b = done[l];
+      L.wo = std::move(b.wo);
+      L.wo_q = {};
+      // V rows now live in v_bd.
+      if (L.wqkv_q.empty()) {
+        L.wqkv.resize(static_cast<std::size_t>((Hq + Hkv) * D * E));
+      } else {
+        L.wqkv_q = L.wqkv_q.first_rows((Hq + Hkv) * D);
+      }
+      L.v_bd = std::make_shared<const transform::BdProjection>(std::move(b.v_proj));
+      ModelBdaLayerReport lr;
+      lr.layer = static_cast<int>(l);
+      lr.kappa_max = b.vo.kappa_max;
+      lr.fallback_heads = static_cast<int>(b.vo.fallback_heads);
+      lr.params_before = b.params_before;
+      lr.params_after = b.params_after;
+      rep.params_before += lr.params_before;
+      rep.params_after += lr.params_after;
+      rep.kappa_max = std::max(rep.kappa_max, lr.kappa_max);
+      rep.fallback_heads += lr.fallback_heads;
+      rep.layers.push_back(lr);
     }
-    L.v_bd = std::make_shared<const transform::BdProjection>(std::move(b.v_proj));
-    ModelBdaLayerReport lr;
-    lr.layer = static_cast<int>(l);
-    lr.kappa_max = b.vo.kappa_max;
-    lr.fallback_heads = static_cast<int>(b.vo.fallback_heads);
-    lr.params_before = b.params_before;
-    lr.params_after = b.params_after;
-    rep.params_before += lr.params_before;
-    rep.params_after += lr.params_after;
-    rep.kappa_max = std::max(rep.kappa_max, lr.kappa_max);
-    rep.fallback_heads += lr.fallback_heads;
-    rep.layers.push_back(lr);
-  }
+  });
   return rep;
 }
 
@@ -193,9 +195,9 @@ std::int64_t mla_bda_vo(const MlaLayer& M, MlaLayer& N, std::vector<float>& wo, 
 }  // namespace
 
 ModelBdaReport apply_bda_mla(LlamaModel& model, const transform::BdaOptions& opt, ModelBdaReport rep) {
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   const std::int64_t E = hp.n_embd;
-  LlamaWeights& w = model.mutable_weights();
+  const LlamaWeights& w = model.weights();
   // Transform every layer first, then commit: a refusal leaves the model untouched.
   std::vector<std::shared_ptr<const MlaLayer>> done;
   std::vector<std::vector<float>> new_wo(w.layers.size());
@@ -223,13 +225,15 @@ ModelBdaReport apply_bda_mla(LlamaModel& model, const transform::BdaOptions& opt
     rep.layers.push_back(lr);
     done.push_back(std::make_shared<const MlaLayer>(std::move(N)));
   }
-  for (std::size_t l = 0; l < w.layers.size(); ++l) {
-    w.layers[l].mla = done[l];
-    if (transform::has_vo(opt.pairs)) {
-      w.layers[l].wo = std::move(new_wo[l]);
-      w.layers[l].wo_q = {};
+  model.edit_weights([&](LlamaWeights& ew) {
+    for (std::size_t l = 0; l < ew.layers.size(); ++l) {
+      ew.layers[l].mla = done[l];
+      if (transform::has_vo(opt.pairs)) {
+        ew.layers[l].wo = std::move(new_wo[l]);
+        ew.layers[l].wo_q = {};
+      }
     }
-  }
+  });
   return rep;
 }
 
@@ -257,7 +261,7 @@ void write_bda_gguf(const GgufFile& source, const LlamaModel& m, const std::stri
   check_outputs_distinct({{"converted model", path}}, {{"source model", source.path()}});
   NUMATTN_CHECK(!m.has_mla(), "write_bda_gguf: the model has MLA layers, whose BD forms this "
                               "file layout does not store (apply BDA to an MLA model at load)");
-  const LlamaHParams& hp = m.hparams();
+  const ModelHParams& hp = m.hparams();
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head;
   GgufWriter out(static_cast<std::uint32_t>(source.alignment()));
   for (const auto& [key, value] : source.metadata())

@@ -9,10 +9,18 @@
 #include "numattn/core/blas.h"
 #include "numattn/core/error.h"
 #include "numattn/core/memory.h"
+#include "numattn/arch/arch.h"
 #include "numattn/core/simd.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/gguf_keys.h"
+#include "numattn/model/blocks/bdv_attention.h"
+#include "numattn/model/blocks/factored_vo_attention.h"
+#include "numattn/model/blocks/gqa_attention.h"
+#include "numattn/model/blocks/mla_attention.h"
+#include "numattn/model/blocks/rms_norm.h"
+#include "numattn/model/blocks/swiglu.h"
 #include "numattn/model/mla_model.h"
+#include "model/blocks/linear.h"
 #include "numattn/model/tensor_convert.h"
 #include "numattn/model/quant.h"
 #include "numattn/transform/mla.h"
@@ -21,120 +29,6 @@ namespace numattn {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Adds the seconds since `t0` to `*slot` (when profiling) and restarts the clock.
-struct PhaseTimer {
-  ForwardProfile* prof;
-  Clock::time_point t0 = Clock::now();
-  void lap(double ForwardProfile::*slot) {
-    if (!prof) return;
-    const auto t1 = Clock::now();
-    prof->*slot += std::chrono::duration<double>(t1 - t0).count();
-    t0 = t1;
-  }
-};
-
-// y[o] (+)= W[o,:]·x for rows o in [o0, o1): a decode step's matrix-vector product. Written
-// out because BLAS GEMM with one row still packs all of W (an extra pass over memory), and this
-// is memory-bound anyway; 16 independent partial sums let the compiler vectorise the dot
-// product without reassociation.
-void gemv_rows(const float* x, std::int64_t in, const float* w, std::int64_t o0, std::int64_t o1,
-               float* y, bool accumulate) {
-  for (std::int64_t o = o0; o < o1; ++o) {
-    const float* wr = w + o * in;
-    float acc[16] = {};
-    std::int64_t i = 0;
-    for (; i + 16 <= in; i += 16)
-      for (int k = 0; k < 16; ++k) acc[k] += wr[i + k] * x[i + k];
-    float sum = 0;
-    for (; i < in; ++i) sum += wr[i] * x[i];
-    for (int k = 0; k < 16; ++k) sum += acc[k];
-    y[o] = accumulate ? y[o] + sum : sum;
-  }
-}
-
-// y = x·Wᵀ (+ y when accumulate) for x [n, in], W [out, in] row-major. Large products are
-// split over `ctx`'s threads by contiguous blocks of output features, each a single-threaded
-// BLAS GEMM; small ones stay on the calling thread, because waking the team costs more than
-// they do (a scheduler time slice on a loaded machine).
-void linear(const ExecContext& ctx, const float* x, std::int64_t n, std::int64_t in,
-            const float* w, std::int64_t out, float* y, bool accumulate, std::int64_t ldy = 0) {
-  if (ldy <= 0) ldy = out;
-  const float beta = accumulate ? 1.f : 0.f;
-  const int nt = ctx.num_threads();
-  const bool split = nt > 1 && n * in * out >= (std::int64_t{1} << 23);
-  if (n <= 2) {
-    auto rows = [&](std::int64_t o0, std::int64_t o1) {
-      for (std::int64_t r = 0; r < n; ++r) gemv_rows(x + r * in, in, w, o0, o1, y + r * ldy, accumulate);
-    };
-    if (!split) {
-      rows(0, out);
-    } else {
-      parallel_for(ctx, nt, [&](std::int64_t p) { rows(out * p / nt, out * (p + 1) / nt); });
-    }
-    return;
-  }
-  // Blocks of 64 features keep each slice's width a multiple of the BLAS micro-kernel.
-  const std::int64_t blocks = (out + 63) / 64;
-  const std::int64_t parts = std::min<std::int64_t>(nt, blocks);
-  if (parts <= 1 || !split) {
-    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, out, in, 1.f, x, in, w, in, beta, y, ldy);
-    return;
-  }
-  parallel_for(ctx, parts, [&](std::int64_t p) {
-    const std::int64_t o0 = std::min(out, blocks * p / parts * 64);
-    const std::int64_t o1 = std::min(out, blocks * (p + 1) / parts * 64);
-    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, o1 - o0, in, 1.f, x, in, w + o0 * in, in,
-                beta, y + o0, ldy);
-  });
-}
-
-// The same product with a weight held either way (LlamaLayer: float32 or in place). With 8-bit
-// activations a decode product runs quant_linear's integer kernels, and a prefill rounds x to
-// the same x̂ before its float32 panels, so that prefill and decode still agree up to float32
-// summation order (and ppl, which prefills, measures what decode computes).
-void linear(const ExecContext& ctx, Activations act, const float* x, std::int64_t n, std::int64_t in,
-            const std::vector<float>& wf, const QuantMatrix& wq, std::int64_t out, float* y,
-            bool accumulate, std::int64_t ldy = 0) {
-  if (!wq.empty()) {
-    if (act == Activations::kQ8 && n > kQuantGemvMaxBatch) {
-      thread_local std::vector<float> xhat;
-      xhat.assign(x, x + n * in);
-      round_activations_q8(xhat.data(), n, in);
-      quant_linear(ctx, wq, xhat.data(), n, y, accumulate, ldy);
-    } else {
-      quant_linear(ctx, wq, x, n, y, accumulate, ldy, default_cpu_path(), act);
-    }
-  } else {
-    linear(ctx, x, n, in, wf.data(), out, y, accumulate, ldy);
-  }
-}
-
-void rms_norm_rows(const float* x, const float* w, float* y, std::int64_t n, std::int64_t e,
-                   double eps) {
-  for (std::int64_t t = 0; t < n; ++t) {
-    const float* xr = x + t * e;
-    float* yr = y + t * e;
-    const double ss = simd::sum_squares_f64(xr, e);
-    const auto r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(e) + eps));
-    for (std::int64_t i = 0; i < e; ++i) yr[i] = xr[i] * r * w[i];
-  }
-}
-
-// GGUF keys of the hyper-parameters (llama.cpp's LLM_KV_* names for arch "llama").
-constexpr const char* kKeyEmbd = "llama.embedding_length";
-constexpr const char* kKeyBlocks = "llama.block_count";
-constexpr const char* kKeyFf = "llama.feed_forward_length";
-constexpr const char* kKeyHeads = "llama.attention.head_count";
-constexpr const char* kKeyHeadsKv = "llama.attention.head_count_kv";
-constexpr const char* kKeyKeyLen = "llama.attention.key_length";
-constexpr const char* kKeyValueLen = "llama.attention.value_length";
-constexpr const char* kKeyRot = "llama.rope.dimension_count";
-constexpr const char* kKeyRopeBase = "llama.rope.freq_base";
-constexpr const char* kKeyEps = "llama.attention.layer_norm_rms_epsilon";
-constexpr const char* kKeyCtx = "llama.context_length";
-constexpr const char* kKeyVocab = "llama.vocab_size";
 // Tensors per layer (norms, q, k, v or its BD form, o, gate, up, down).
 constexpr std::int64_t kTensorsPerLayer = 9;
 
@@ -256,7 +150,7 @@ constexpr std::int64_t kMlaFormatVersion = 1;
 constexpr const char* kMla = "numattn-mla.mla.";
 std::string mla_key(const char* k) { return std::string(kMla) + k; }
 
-MlaFileDims read_mla_dims(const GgufFile& f, const LlamaHParams& hp) {
+MlaFileDims read_mla_dims(const GgufFile& f, const ModelHParams& hp) {
   const GgufKeyReader keys(f);
   MlaFileDims d;
   keys.version(mla_key("version"), kMlaFormatVersion, 1);  // files before the key are version 1
@@ -305,7 +199,7 @@ MlaFileDims read_mla_dims(const GgufFile& f, const LlamaHParams& hp) {
 
 // The per-layer RoPE frequencies `numattn-mla.mla.rope_theta.ℓ`: d_rope/2 values, those the
 // conversion derives from rope.freq_base, rope.dimension_count, freqfold and rope_heads.
-std::vector<double> read_mla_theta(const GgufFile& f, std::int64_t l, const LlamaHParams& hp, const MlaFileDims& d) {
+std::vector<double> read_mla_theta(const GgufFile& f, std::int64_t l, const ModelHParams& hp, const MlaFileDims& d) {
   const GgufKeyReader keys(f);
   const std::string k = mla_key("rope_theta.") + std::to_string(l);
   const std::vector<double> th = keys.numbers(k, static_cast<std::size_t>(d.d_rope / 2), 0, true,
@@ -322,7 +216,7 @@ std::vector<double> read_mla_theta(const GgufFile& f, std::int64_t l, const Llam
 }
 
 // One MLA layer of a numattn-mla file (shapes checked by read_hparams), in float32.
-std::shared_ptr<const MlaLayer> load_mla_layer(const GgufFile& f, std::int64_t l, const LlamaHParams& hp,
+std::shared_ptr<const MlaLayer> load_mla_layer(const GgufFile& f, std::int64_t l, const ModelHParams& hp,
                                                const MlaFileDims& d, const ExecContext& ctx) {
   const std::string p = "blk." + std::to_string(l) + ".";
   const std::int64_t E = hp.n_embd, H = hp.n_head, r = d.rank, dn = d.d_nope, dr = d.d_rope, dv = d.d_v;
@@ -361,93 +255,30 @@ double ForwardProfile::total() const {
          sync;
 }
 
-std::int64_t LlamaHParams::layer_weights() const {
-  return qkv_rows() * n_embd + n_embd * n_head * head_dim + 3 * n_ff * n_embd;
-}
+KvCache::KvCache(const ModelHParams& hp, std::int64_t max_tokens)
+    : KvCache(std::vector<CacheShape>(static_cast<std::size_t>(hp.n_layer),
+                                      CacheShape{hp.n_head_kv * hp.head_dim, hp.n_head_kv * hp.head_dim}),
+              max_tokens) {}
 
-std::int64_t LlamaHParams::weight_count(bool tied) const {
-  constexpr const char* what =
-      "llama weight count from embedding_length, block_count, feed_forward_length, head_count, "
-      "head_count_kv, key_length and the vocabulary";
-  auto mul = [&](std::int64_t a, std::int64_t b) { return checked_mul(a, b, what); };
-  auto add = [&](std::int64_t a, std::int64_t b) { return checked_add(a, b, what); };
-  const std::int64_t qkv = mul(add(n_head, mul(2, n_head_kv)), head_dim);
-  std::int64_t layer = add(mul(2, n_embd), mul(qkv, n_embd));      // norms, Wq|Wk|Wv
-  layer = add(layer, mul(n_embd, mul(n_head, head_dim)));         // Wo
-  layer = add(layer, mul(3, mul(n_ff, n_embd)));                  // gate, up, down
-  const std::int64_t emb = mul(n_vocab, n_embd);
-  return add(add(add(emb, n_embd), mul(n_layer, layer)), tied ? 0 : emb);
-}
-
-void LlamaHParams::validate(const std::string& source, const std::string& arch) const {
-  const std::string at = source.empty() ? "" : source + ": ";
-  // numattn's own architectures keep the llama keys under their own prefix.
-  auto key = [&](const char* llama_key) {
-    return arch == "llama" ? std::string(llama_key) : arch + "." + std::string(llama_key + 6);
-  };
-  auto at_least_1 = [&](std::int64_t v, const std::string& k, const char* field) {
-    NUMATTN_CHECK(v >= 1, "{}{} ({}) = {}: must be at least 1", at, k, field, v);
-  };
-  at_least_1(n_vocab, "rows of token_embd.weight", "n_vocab");
-  at_least_1(n_embd, key(kKeyEmbd), "n_embd");
-  at_least_1(n_layer, key(kKeyBlocks), "n_layer");
-  at_least_1(n_ff, key(kKeyFf), "n_ff");
-  at_least_1(n_head, key(kKeyHeads), "n_head");
-  at_least_1(n_head_kv, key(kKeyHeadsKv), "n_head_kv");
-  at_least_1(head_dim, key(kKeyKeyLen), "head_dim");
-  NUMATTN_CHECK(n_head % n_head_kv == 0,
-                "{}{} = {} is not a multiple of {} = {}: grouped-query attention needs whole groups",
-                at, key(kKeyHeads), n_head, key(kKeyHeadsKv), n_head_kv);
-  NUMATTN_CHECK(n_rot >= 0 && n_rot % 2 == 0 && n_rot <= head_dim,
-                "{}{} (n_rot) = {}: must be even and between 0 and the head dim {}", at, key(kKeyRot),
-                n_rot, head_dim);
-  NUMATTN_CHECK(std::isfinite(rms_eps) && rms_eps > 0 && rms_eps < 1,
-                "{}{} (rms_eps) = {}: must be finite and in (0, 1)", at, key(kKeyEps), rms_eps);
-  NUMATTN_CHECK(std::isfinite(rope_base) && rope_base > 0,
-                "{}{} (rope_base) = {}: must be finite and positive", at, key(kKeyRopeBase), rope_base);
-  NUMATTN_CHECK(n_ctx_train >= 1 && n_ctx_train <= kMaxContextLength,
-                "{}{} (n_ctx_train) = {}: must be between 1 and {}", at, key(kKeyCtx), n_ctx_train,
-                kMaxContextLength);
-  weight_count(false);  // every weight size fits in 64 bits (throws otherwise)
-}
-
-KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens)
-    : KvCache(hp, max_tokens, std::vector<std::int64_t>(static_cast<std::size_t>(hp.n_layer), 0)) {}
-
-KvCache::KvCache(const LlamaHParams& hp, std::int64_t max_tokens,
-                 const std::vector<std::int64_t>& latent_width, const std::vector<std::int64_t>& value_width)
-    : capacity_(max_tokens),
-      latent_(latent_width),
-      value_(value_width.empty() ? std::vector<std::int64_t>(latent_width.size(), 0) : value_width) {
+KvCache::KvCache(const std::vector<CacheShape>& layers, std::int64_t max_tokens)
+    : capacity_(max_tokens), shapes_(layers) {
   NUMATTN_CHECK(max_tokens > 0, "KV cache capacity must be positive, got {}", max_tokens);
-  NUMATTN_CHECK(static_cast<std::int64_t>(latent_width.size()) == hp.n_layer && value_.size() == latent_.size(),
-                "KV cache: {} layer widths ({} value widths) for {} layers", latent_width.size(), value_.size(),
-                hp.n_layer);
   constexpr const char* what = "KV cache size";
-  const std::int64_t gqa = checked_mul(checked_mul(2, hp.n_head_kv, what), hp.head_dim, what);
   std::int64_t per_token = 0;
-  for (std::size_t l = 0; l < latent_.size(); ++l) {
-    const std::int64_t w = latent_[l], vw = value_[l];
-    NUMATTN_CHECK(w >= 0 && vw >= 0 && (w == 0 || vw == 0), "KV cache: layer {} widths {} (latent), {} (value)", l, w,
-                  vw);
-    per_token = checked_add(per_token, w > 0 ? w : vw > 0 ? checked_add(gqa / 2, vw, what) : gqa, what);
+  for (const CacheShape& c : layers) {
+    NUMATTN_CHECK(c.k >= 0 && c.v >= 0, "KV cache: layer widths {} (keys), {} (values)", c.k, c.v);
+    per_token = checked_add(per_token, checked_add(c.k, c.v, what), what);
   }
   const std::int64_t bytes = checked_mul(checked_mul(per_token, max_tokens, what), 4, what);
   bytes_per_token_ = checked_mul(per_token, 4, what);
-  const bool mla = std::any_of(latent_width.begin(), latent_width.end(), [](std::int64_t w) { return w > 0; });
   check_memory(static_cast<std::uint64_t>(bytes),
-               mla ? fmt::format("a KV cache of {} positions ({} floats per position over {} layers, "
-                                 "MLA latent layers included, float32)",
-                                 max_tokens, per_token, hp.n_layer)
-                   : fmt::format("a KV cache of {} positions ({} layers × K,V × {} KV heads × {} dims, "
-                                 "float32)",
-                                 max_tokens, hp.n_layer, hp.n_head_kv, hp.head_dim));
-  k_.resize(static_cast<std::size_t>(hp.n_layer));
-  v_.resize(static_cast<std::size_t>(hp.n_layer));
-  for (std::size_t l = 0; l < latent_width.size(); ++l) {
-    const std::int64_t w = latent_width[l];
-    k_[l].resize(static_cast<std::size_t>(max_tokens * (w > 0 ? w : gqa / 2)));
-    if (w == 0) v_[l].resize(static_cast<std::size_t>(max_tokens * (value_[l] > 0 ? value_[l] : gqa / 2)));
+               fmt::format("a KV cache of {} positions ({} floats per position over {} layers, float32)", max_tokens,
+                           per_token, layers.size()));
+  k_.resize(layers.size());
+  v_.resize(layers.size());
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    k_[l].resize(static_cast<std::size_t>(max_tokens * layers[l].k));
+    v_[l].resize(static_cast<std::size_t>(max_tokens * layers[l].v));
   }
 }
 
@@ -481,7 +312,7 @@ std::vector<std::string> split_spec_list(const std::string& specs) {
   return split_specs(specs, ",;");
 }
 
-LlamaModel::LlamaModel(LlamaHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(w)) {
+LlamaModel::LlamaModel(ModelHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(w)) {
   hp_.validate();
   check_shapes();
   mla_exec_ = MlaExec::kAbsorbed;
@@ -490,6 +321,87 @@ LlamaModel::LlamaModel(LlamaHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(
     rope_inv_freq_[static_cast<std::size_t>(i)] =
         std::pow(hp_.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(hp_.n_rot));
   set_attention("exact.flash");
+  build_blocks();
+}
+
+namespace {
+
+// The block families: how the layers of an architecture's family become blocks
+// (arch/arch.h's ArchSpec::family). A Llama layer's attention form follows its weights: an MLA
+// layer (mla set), a BD-V layer (v_bd set), factored VO heads (vo_rank > 0), else GQA.
+using BlockBuilder = std::vector<DecoderLayer> (*)(const ModelHParams&, const LlamaWeights&);
+
+std::vector<DecoderLayer> build_llama_blocks(const ModelHParams& hp, const LlamaWeights& w) {
+  std::vector<DecoderLayer> layers;
+  for (const LlamaLayer& L : w.layers) {
+    DecoderLayer d;
+    d.attn_norm = std::make_shared<RmsNorm>(&L.attn_norm, hp.rms_eps);
+    if (L.mla) {
+      d.attn = std::make_shared<MlaAttention>(L, hp);
+    } else if (L.v_bd) {
+      d.attn = std::make_shared<BdvAttention>(L, hp);
+    } else if (L.vo_rank > 0) {
+      d.attn = std::make_shared<FactoredVoAttention>(L, hp);
+    } else {
+      d.attn = std::make_shared<GqaAttention>(L, hp);
+    }
+    d.ffn_norm = std::make_shared<RmsNorm>(&L.ffn_norm, hp.rms_eps);
+    d.ffn = std::make_shared<SwigluFfn>(L, hp.n_embd, hp.n_ff);
+    layers.push_back(std::move(d));
+  }
+  return layers;
+}
+
+struct BlockFamily {
+  std::string_view family;
+  BlockBuilder build;
+};
+constexpr BlockFamily kBlockFamilies[] = {{"llama", &build_llama_blocks}};
+
+}  // namespace
+
+void LlamaModel::build_blocks() {
+  // Every model of this class is of the llama family (read_hparams refuses the others).
+  const BlockFamily& f = kBlockFamilies[0];
+  layers_ = f.build(hp_, w_);
+  output_norm_ = std::make_shared<RmsNorm>(&w_.output_norm, hp_.rms_eps);
+}
+
+LlamaModel::LlamaModel(const LlamaModel& o)
+    : hp_(o.hp_), w_(o.w_), rope_inv_freq_(o.rope_inv_freq_), attn_(o.attn_), mla_exec_(o.mla_exec_), act_(o.act_) {
+  build_blocks();
+}
+
+LlamaModel::LlamaModel(LlamaModel&& o) noexcept
+    : hp_(std::move(o.hp_)),
+      w_(std::move(o.w_)),
+      rope_inv_freq_(std::move(o.rope_inv_freq_)),
+      attn_(std::move(o.attn_)),
+      mla_exec_(o.mla_exec_),
+      act_(o.act_) {
+  build_blocks();
+}
+
+LlamaModel& LlamaModel::operator=(const LlamaModel& o) {
+  if (this != &o) *this = LlamaModel(o);
+  return *this;
+}
+
+LlamaModel& LlamaModel::operator=(LlamaModel&& o) noexcept {
+  hp_ = std::move(o.hp_);
+  w_ = std::move(o.w_);
+  rope_inv_freq_ = std::move(o.rope_inv_freq_);
+  attn_ = std::move(o.attn_);
+  mla_exec_ = o.mla_exec_;
+  act_ = o.act_;
+  build_blocks();
+  return *this;
+}
+
+void LlamaModel::edit_weights(const std::function<void(LlamaWeights&)>& edit) {
+  edit(w_);
+  check_shapes();
+  build_blocks();
 }
 
 void LlamaModel::check_shapes() const {
@@ -589,7 +501,7 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
   NUMATTN_CHECK(file != nullptr, "LlamaModel::load: no file");
   if (storage == WeightStorage::kF32) return load(*file, ctx);
   const GgufFile& f = *file;
-  const LlamaHParams hp = read_hparams(f);  // shapes and types of every tensor below checked
+  const ModelHParams hp = read_hparams(f);  // shapes and types of every tensor below checked
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hkv = hp.n_head_kv;
   const bool mla = f.architecture() == "numattn-mla";
   const MlaFileDims md = mla ? read_mla_dims(f, hp) : MlaFileDims{};
@@ -633,51 +545,18 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
   return LlamaModel(hp, std::move(w));
 }
 
-LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
+ModelHParams LlamaModel::read_hparams(const GgufFile& f) {
   const std::string arch = f.architecture();
-  NUMATTN_CHECK(arch == "llama" || arch == "numattn-mla" || arch == "numattn-tensor",
-                "{}: architecture '{}' is not supported; the forward pass implements 'llama' (and "
-                "numattn's own 'numattn-mla', model/mla_convert.h, and 'numattn-tensor', "
-                "model/tensor_convert.h)",
-                f.path(), arch);
-  // numattn-mla and numattn-tensor files keep the llama keys under their own prefix.
-  auto K = [&](const char* llama_key) {
-    return arch == "llama" ? std::string(llama_key) : arch + "." + std::string(llama_key + 6);
-  };
-  NUMATTN_CHECK(!f.has(K("llama.rope.scaling.type")) ||
-                    f.get_string(K("llama.rope.scaling.type")) == "none",
-                "{}: {} = '{}': RoPE scaling is not supported (only 'none')", f.path(), K("llama.rope.scaling.type"),
-                f.get_string(K("llama.rope.scaling.type"), ""));
-  LlamaHParams hp;
-  hp.n_embd = f.get_int(K(kKeyEmbd));
-  hp.n_layer = f.get_int(K(kKeyBlocks));
-  hp.n_ff = f.get_int(K(kKeyFf));
-  hp.n_head = f.get_int(K(kKeyHeads));
-  hp.n_head_kv = f.get_int(K(kKeyHeadsKv), hp.n_head);
-  if (f.has(K(kKeyKeyLen))) {
-    hp.head_dim = f.get_int(K(kKeyKeyLen));
-  } else {
-    NUMATTN_CHECK(hp.n_head >= 1 && hp.n_embd % hp.n_head == 0,
-                  "{}: {} = {} is not a multiple of {} = {}, and there is no {} to give the head "
-                  "dim",
-                  f.path(), K(kKeyEmbd), hp.n_embd, K(kKeyHeads), hp.n_head, K(kKeyKeyLen));
-    hp.head_dim = hp.n_embd / hp.n_head;
-  }
-  NUMATTN_CHECK(f.get_int(K(kKeyValueLen), hp.head_dim) == hp.head_dim,
-                "{}: {} = {} differs from the key length {}; that is not supported", f.path(),
-                K(kKeyValueLen), f.get_int(K(kKeyValueLen), hp.head_dim), hp.head_dim);
-  hp.n_rot = f.get_int(K(kKeyRot), hp.head_dim);
-  hp.rope_base = f.get_double(K(kKeyRopeBase), 10000.0);
-  hp.rms_eps = f.get_double(K(kKeyEps), 1e-5);
-  hp.n_ctx_train = f.get_int(K(kKeyCtx));  // required, as in llama.cpp
-  const GgufTensorInfo& emb = f.tensor("token_embd.weight");
-  hp.n_vocab = emb.ne.size() >= 2 ? emb.ne[1] : 0;
-  hp.validate(f.path(), arch);
-
+  const ArchSpec* spec = find_architecture(arch);
+  NUMATTN_CHECK(spec != nullptr && spec->family == "llama",
+                "{}: architecture '{}' is not supported; the forward pass implements {}", f.path(), arch,
+                supported_architectures());
+  auto K = [&](const char* field) { return arch_key(arch, field); };
+  ModelHParams hp = read_model_hparams(f);
   const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff, Hq = hp.n_head,
                      Hkv = hp.n_head_kv, V = hp.n_vocab;
-  NUMATTN_CHECK(f.get_int(K(kKeyVocab), V) == V, "{}: {} = {} disagrees with the {} rows of tensor "
-                "token_embd.weight", f.path(), K(kKeyVocab), f.get_int(K(kKeyVocab), V), V);
+  NUMATTN_CHECK(f.get_int(K(hparam_key::kVocab), V) == V, "{}: {} = {} disagrees with the {} rows of tensor "
+                "token_embd.weight", f.path(), K(hparam_key::kVocab), f.get_int(K(hparam_key::kVocab), V), V);
   if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->is_array())
     NUMATTN_CHECK(static_cast<std::int64_t>(toks->array_size()) == V,
                   "{}: the vocabulary tokenizer.ggml.tokens has {} tokens, but tensor "
@@ -690,7 +569,7 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
   const std::int64_t per_layer = tens ? 5 : kTensorsPerLayer;
   NUMATTN_CHECK(hp.n_layer <= (n_tensors - 2) / per_layer,
                 "{}: {} = {}, but the file has only {} tensors ({} per layer are needed)", f.path(),
-                K(kKeyBlocks), hp.n_layer, n_tensors, per_layer);
+                K(hparam_key::kBlocks), hp.n_layer, n_tensors, per_layer);
   // Its own keys and factor tensors (validated there); the per-layer tensors it drops are not checked.
   const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
   auto stored = [&](const char* kind) { return !tens || !tl.drops(kind); };
@@ -698,11 +577,11 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
   const bool mla = arch == "numattn-mla";
   const MlaFileDims md = mla ? read_mla_dims(f, hp) : MlaFileDims{};
   const bool bda = check_bda_file(f, arch, hp.n_layer);
-  const std::string e_why = fmt::format("{} = {}", K(kKeyEmbd), E);
-  const std::string hd = f.has(K(kKeyKeyLen)) ? std::string(K(kKeyKeyLen)) : "embedding_length / head_count";
-  const std::string q_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, K(kKeyHeads), Hq, D, hd);
-  const std::string kv_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, K(kKeyHeadsKv), Hkv, D, hd);
-  const std::string f_why = fmt::format("{}; {} = {}", e_why, K(kKeyFf), F);
+  const std::string e_why = fmt::format("{} = {}", K(hparam_key::kEmbd), E);
+  const std::string hd = f.has(K(hparam_key::kKeyLength)) ? std::string(K(hparam_key::kKeyLength)) : "embedding_length / head_count";
+  const std::string q_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, K(hparam_key::kHeads), Hq, D, hd);
+  const std::string kv_why = fmt::format("{}; {} = {} × head dim {} ({})", e_why, K(hparam_key::kHeadsKv), Hkv, D, hd);
+  const std::string f_why = fmt::format("{}; {} = {}", e_why, K(hparam_key::kFf), F);
   check_tensor(f, "token_embd.weight", E, V, e_why);
   check_tensor(f, "output_norm.weight", E, 0, e_why);
   if (f.find_tensor("output.weight")) check_tensor(f, "output.weight", E, V, e_why + ", vocabulary of token_embd.weight");
@@ -728,7 +607,7 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
     if (stored("attn_k")) check_tensor(f, p + "attn_k.weight", E, Hkv * D, kv_why);
     if (bda && f.find_tensor(p + "attn_v_bd.coef")) {
       // A BDA layer (model/bda_model.h).
-      NUMATTN_CHECK(E > D, "{}: BDA layer {} needs {} > head dim ({} <= {})", f.path(), l, K(kKeyEmbd), E, D);
+      NUMATTN_CHECK(E > D, "{}: BDA layer {} needs {} > head dim ({} <= {})", f.path(), l, K(hparam_key::kEmbd), E, D);
       check_tensor(f, p + "attn_v_bd.coef", Hkv * D, E - D, kv_why + " (BD coefficients)");
       const auto nd = static_cast<std::int64_t>(read_bda_layer(f, p, E, Hkv).dense.size());
       if (nd > 0) check_tensor(f, p + "attn_v_bd.top", nd * D, D, kv_why + " (BD dense heads)");
@@ -749,7 +628,7 @@ LlamaHParams LlamaModel::read_hparams(const GgufFile& f) {
 }
 
 LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
-  const LlamaHParams hp = read_hparams(f);
+  const ModelHParams hp = read_hparams(f);
   const bool tied = f.find_tensor("output.weight") == nullptr;
   // Every size below is a checked tensor's: weight_count(tied) bounds them all.
   check_memory(static_cast<std::uint64_t>(checked_mul(hp.weight_count(tied), 4, "model weight bytes")),
@@ -812,53 +691,33 @@ const float* LlamaModel::output_matrix() const {
 }
 
 std::uint64_t LlamaModel::weight_bytes_per_token(bool with_output) const {
-  auto bytes = [](const std::vector<float>& v, const QuantMatrix& q) {
-    return q.empty() ? 4 * static_cast<std::uint64_t>(v.size()) : q.bytes();
-  };
   std::uint64_t b = 0;
-  for (const LlamaLayer& L : w_.layers) {
-    b += bytes(L.wqkv, L.wqkv_q) + bytes(L.wo, L.wo_q) + bytes(L.w_gate_up, L.w_gate_up_q) +
-         bytes(L.w_down, L.w_down_q);
-    if (L.v_bd) b += 4 * static_cast<std::uint64_t>(L.v_bd->weight_params());
-    if (L.mla) b += 4 * static_cast<std::uint64_t>(L.mla->weights(hp_.n_embd));
-    b += 4 * static_cast<std::uint64_t>(L.vo_mix.size());
-  }
+  for (const DecoderLayer& d : layers_) b += d.attn->weight_bytes() + d.ffn->weight_bytes();
   if (with_output)
-    b += w_.tied() ? bytes(w_.token_embd, w_.token_embd_q) : bytes(w_.output, w_.output_q);
+    b += w_.tied() ? blocks::Weight{&w_.token_embd, &w_.token_embd_q, hp_.n_vocab, hp_.n_embd}.bytes()
+                   : blocks::Weight{&w_.output, &w_.output_q, hp_.n_vocab, hp_.n_embd}.bytes();
   return b;
 }
 
 KvCache LlamaModel::make_cache(std::int64_t max_tokens) const {
-  std::vector<std::int64_t> lat, val;
-  for (const LlamaLayer& L : w_.layers) {
-    lat.push_back(L.mla ? L.mla->cache_width() : 0);
-    val.push_back(L.mla ? 0 : L.vo_rank);
-  }
-  return KvCache(hp_, max_tokens, lat, val);
+  std::vector<CacheShape> shapes;
+  for (const DecoderLayer& d : layers_) shapes.push_back(d.attn->cache_shape());
+  return KvCache(shapes, max_tokens);
 }
 
 std::int64_t LlamaModel::kv_bytes_per_token() const {
   std::int64_t b = 0;
-  const std::int64_t kv = hp_.n_head_kv * hp_.head_dim;
-  for (const LlamaLayer& L : w_.layers)
-    b += 4 * (L.mla ? L.mla->cache_width() : L.vo_rank > 0 ? kv + L.vo_rank : 2 * kv);
+  for (const DecoderLayer& d : layers_) b += d.attn->cache_bytes_per_token();
   return b;
 }
 
 bool LlamaModel::has_mla() const {
-  return std::any_of(w_.layers.begin(), w_.layers.end(), [](const LlamaLayer& L) { return L.mla != nullptr; });
+  return std::any_of(layers_.begin(), layers_.end(), [](const DecoderLayer& d) { return d.attn->kind() == "mla"; });
 }
 
 std::int64_t LlamaModel::body_weights() const {
-  const std::int64_t E = hp_.n_embd;
   std::int64_t b = 0;
-  const std::int64_t qk = (hp_.n_head + hp_.n_head_kv) * hp_.head_dim * E;
-  for (const LlamaLayer& L : w_.layers) {
-    const std::int64_t vr = L.vo_rank;
-    b += L.mla     ? L.mla->weights(E) + E * hp_.n_head * L.mla->d_v + 3 * hp_.n_ff * E
-         : vr > 0 ? qk + vr * (2 * E + hp_.n_head) + 3 * hp_.n_ff * E
-                   : hp_.layer_weights();
-  }
+  for (const DecoderLayer& d : layers_) b += d.attn->weights() + d.ffn->weights();
   return b;
 }
 
@@ -868,313 +727,205 @@ void LlamaModel::set_attention(const std::string& spec) {
 
 std::string LlamaModel::attention_spec() const { return numattn::attention_spec(attn_); }
 
-std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, KvCache& cache,
-                                       const ExecContext& ctx, const ForwardOptions& opt) const {
-  const auto& h = hp_;
-  const std::int64_t N = static_cast<std::int64_t>(tokens.size());
-  NUMATTN_CHECK(N > 0, "forward needs at least one token");
-  NUMATTN_CHECK(static_cast<std::int64_t>(cache.k_.size()) == h.n_layer &&
-                    static_cast<std::int64_t>(cache.latent_.size()) == h.n_layer,
-                "KV cache was made for another model");
-  for (std::int64_t l = 0; l < h.n_layer; ++l) {
-    const auto& M = w_.layers[static_cast<std::size_t>(l)].mla;
-    NUMATTN_CHECK(cache.latent_[static_cast<std::size_t>(l)] == (M ? M->cache_width() : 0),
-                  "KV cache was made for another model (layer {} is {} here, {} in the cache)", l,
-                  M ? "MLA" : "GQA", cache.latent_[static_cast<std::size_t>(l)] > 0 ? "MLA" : "GQA");
-    NUMATTN_CHECK(cache.value_[static_cast<std::size_t>(l)] == w_.layers[static_cast<std::size_t>(l)].vo_rank,
-                  "KV cache was made for another model (layer {}: value width {} here, {} in the cache)", l,
-                  w_.layers[static_cast<std::size_t>(l)].vo_rank, cache.value_[static_cast<std::size_t>(l)]);
-  }
-  const std::int64_t p0 = cache.n_past_;
-  NUMATTN_CHECK(p0 + N <= cache.capacity_, "KV cache holds {} positions; {} + {} do not fit",
-                cache.capacity_, p0, N);
-  NUMATTN_CHECK(opt.logits_begin >= 0 && opt.logits_begin <= N, "logits_begin {} outside [0, {}]",
-                opt.logits_begin, N);
-  for (std::int32_t t : tokens)
-    NUMATTN_CHECK(t >= 0 && t < h.n_vocab, "token id {} outside the vocabulary of {}", t, h.n_vocab);
-  const AttentionMethods& attn = opt.attention.empty() ? attn_ : opt.attention;
-  NUMATTN_CHECK(static_cast<std::int64_t>(attn.size()) == h.n_layer,
-                "forward: {} attention methods given for {} layers (make_attention_methods)",
-                attn.size(), h.n_layer);
-  const std::int64_t E = h.n_embd, D = h.head_dim, Hq = h.n_head, Hkv = h.n_head_kv, F = h.n_ff;
-  // Row stride of the qkv buffer: a factored VO layer's rows are Q|K|U ((Hq+Hkv)·D + R).
-  std::int64_t R = h.qkv_rows(), vo_max = 0;
-  for (const LlamaLayer& L : w_.layers) vo_max = std::max(vo_max, L.vo_rank);
-  R = std::max(R, (Hq + Hkv) * D + vo_max);
-  const std::int64_t half = h.n_rot / 2;
-  const std::int64_t n_out = N - opt.logits_begin;
-  // MLA layers: the widest of their per-token buffers (projections, query rows, attention
-  // output, latent output), and of the W_o input.
-  const MlaExec mexec = mla_exec_;
-  std::int64_t m_proj = 0, m_q = 0, m_lat = 0, att_w = Hq * D;
-  for (const LlamaLayer& L : w_.layers)
-    if (L.mla) {
-      m_proj = std::max(m_proj, L.mla->in_rows());
-      m_q = std::max(m_q, mla_query_width(*L.mla, mexec));
-      m_lat = std::max(m_lat, mla_out_width(*L.mla, mexec));
-      att_w = std::max(att_w, Hq * L.mla->d_v);
+// The buffers and steps of one forward call: the token rows x and xn [N, E], each layer's
+// attention scratch (two, alternating: a layer's rows live from its project to its output, while
+// the next layer's project runs in the same region), the feed-forward scratch, the RoPE table.
+struct LlamaModel::Call {
+  const LlamaModel& m;
+  KvCache& cache;
+  const AttentionMethods& attn;
+  const ForwardOptions& opt;
+  ForwardStep st;
+  std::vector<float> x, xn, cs, sn, ffn;
+  std::vector<float> scratch[2];
+  int nt = 1;
+
+  Call(const LlamaModel& model, const std::vector<std::int32_t>& tokens, KvCache& c, const ExecContext& ctx,
+       const ForwardOptions& o)
+      : m(model), cache(c), attn(o.attention.empty() ? model.attn_ : o.attention), opt(o) {
+    check(tokens);
+    const ModelHParams& h = m.hp_;
+    const std::int64_t N = static_cast<std::int64_t>(tokens.size()), E = h.n_embd;
+    nt = ctx.num_threads();
+    st.n_tokens = N;
+    st.pos0 = cache.n_past_;
+    st.team = ctx;
+    // A prefill gives each thread a contiguous block of tokens for everything but attention
+    // (norms, products on its rows, RoPE, the FFN), so a layer has two synchronisation points:
+    // before attention (which needs every token's K/V) and after it. A decode step (few tokens)
+    // runs the row work on one thread and splits each product over output features instead.
+    st.by_tokens = nt > 1 && N >= 16 * nt;
+    st.rows_ctx = st.by_tokens ? ExecContext{1} : ctx;
+    st.act = m.act_;
+    st.mla_exec = m.mla_exec_;
+    st.capture = static_cast<bool>(opt.capture);
+    st.profile = opt.profile;
+    st.t0 = std::chrono::steady_clock::now();
+    st.rope_half = h.n_rot / 2;
+    std::int64_t a_max = 0, f_max = 0;
+    for (const DecoderLayer& d : m.layers_) {
+      a_max = std::max(a_max, d.attn->scratch_per_token(st));
+      f_max = std::max(f_max, d.ffn->scratch_per_token());
     }
-  att_w = std::max(att_w, Hq * vo_max);
-  {
-    // Activations (x, xn, qkv, att, gate|up, act, captures, cos|sin, MLA buffers) and the logits.
     constexpr const char* what = "forward activation size";
-    const std::int64_t per_token = 2 * E + R + att_w + 3 * F + 2 * half + m_proj + m_q + m_lat + vo_max +
-                                   (opt.capture ? (Hq + Hkv) * D : 0);
-    const std::int64_t floats = checked_add(checked_mul(N, per_token, what),
-                                            checked_mul(n_out, h.n_vocab, what), what);
+    const std::int64_t n_out = N - opt.logits_begin;
+    const std::int64_t per_token = 2 * E + 2 * a_max + f_max + 2 * st.rope_half;
+    const std::int64_t floats =
+        checked_add(checked_mul(N, per_token, what), checked_mul(n_out, h.n_vocab, what), what);
     check_memory(static_cast<std::uint64_t>(checked_mul(floats, 4, what)),
                  fmt::format("a forward pass of {} tokens ({} rows of logits)", N, n_out));
+    x.resize(static_cast<std::size_t>(N * E));
+    xn.resize(x.size());
+    ffn.resize(static_cast<std::size_t>(N * f_max));
+    for (auto& sc : scratch) sc.resize(static_cast<std::size_t>(N * a_max));
+    embed(tokens);
   }
-  PhaseTimer timer{opt.profile};
 
-  std::vector<float> x(static_cast<std::size_t>(N * E)), xn(x.size());
-  std::vector<float> qkv(static_cast<std::size_t>(N * R)), att(static_cast<std::size_t>(N * att_w));
-  std::vector<float> mproj(static_cast<std::size_t>(N * m_proj)), mq(static_cast<std::size_t>(N * m_q)),
-      mlat(static_cast<std::size_t>(N * m_lat)), vz(static_cast<std::size_t>(N * vo_max));
-  std::vector<float> gu(static_cast<std::size_t>(N * 2 * F)), act(static_cast<std::size_t>(N * F));
-  std::vector<float> qpre, kpre;
-  if (opt.capture) {
-    qpre.resize(static_cast<std::size_t>(N * Hq * D));
-    kpre.resize(static_cast<std::size_t>(N * Hkv * D));
+  void check(const std::vector<std::int32_t>& tokens) const {
+    const ModelHParams& h = m.hp_;
+    const auto N = static_cast<std::int64_t>(tokens.size());
+    NUMATTN_CHECK(N > 0, "forward needs at least one token");
+    NUMATTN_CHECK(cache.shapes_.size() == m.layers_.size(), "KV cache was made for another model ({} layers, not {})",
+                  cache.shapes_.size(), m.layers_.size());
+    for (std::size_t l = 0; l < m.layers_.size(); ++l) {
+      const CacheShape want = m.layers_[l].attn->cache_shape(), got = cache.shapes_[l];
+      NUMATTN_CHECK(want == got,
+                    "KV cache was made for another model (layer {} is {} here, holding {} + {} floats per "
+                    "token, but {} + {} in the cache)",
+                    l, m.layers_[l].attn->kind(), want.k, want.v, got.k, got.v);
+    }
+    NUMATTN_CHECK(cache.n_past_ + N <= cache.capacity_, "KV cache holds {} positions; {} + {} do not fit",
+                  cache.capacity_, cache.n_past_, N);
+    NUMATTN_CHECK(opt.logits_begin >= 0 && opt.logits_begin <= N, "logits_begin {} outside [0, {}]",
+                  opt.logits_begin, N);
+    for (std::int32_t t : tokens)
+      NUMATTN_CHECK(t >= 0 && t < h.n_vocab, "token id {} outside the vocabulary of {}", t, h.n_vocab);
+    NUMATTN_CHECK(static_cast<std::int64_t>(attn.size()) == h.n_layer,
+                  "forward: {} attention methods given for {} layers (make_attention_methods)", attn.size(),
+                  h.n_layer);
   }
-  for (std::int64_t t = 0; t < N; ++t) {
-    const std::int64_t id = tokens[static_cast<std::size_t>(t)];
-    if (w_.token_embd_q.empty()) {
-      std::copy_n(w_.token_embd.data() + id * E, E, x.data() + t * E);
-    } else {
-      w_.token_embd_q.dequantize_rows(id, id + 1, x.data() + t * E);
+
+  // Embeddings of the tokens, and cos/sin of every (token, frequency), shared by all layers.
+  void embed(const std::vector<std::int32_t>& tokens) {
+    const LlamaWeights& w = m.w_;
+    const std::int64_t N = st.n_tokens, E = m.hp_.n_embd, half = st.rope_half;
+    for (std::int64_t t = 0; t < N; ++t) {
+      const std::int64_t id = tokens[static_cast<std::size_t>(t)];
+      if (w.token_embd_q.empty()) {
+        std::copy_n(w.token_embd.data() + id * E, E, x.data() + t * E);
+      } else {
+        w.token_embd_q.dequantize_rows(id, id + 1, x.data() + t * E);
+      }
     }
+    cs.resize(static_cast<std::size_t>(N * half));
+    sn.resize(cs.size());
+    for (std::int64_t t = 0; t < N; ++t)
+      for (std::int64_t i = 0; i < half; ++i) {
+        const double th = static_cast<double>(st.pos0 + t) * m.rope_inv_freq_[static_cast<std::size_t>(i)];
+        cs[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(th));
+        sn[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(th));
+      }
+    st.rope_cos = cs.data();
+    st.rope_sin = sn.data();
+    st.lap(true, &ForwardProfile::embed);
   }
-  // cos/sin of every (token, frequency) of this call, shared by all layers.
-  std::vector<float> cs(static_cast<std::size_t>(N * half)), sn(cs.size());
-  for (std::int64_t t = 0; t < N; ++t)
-    for (std::int64_t i = 0; i < half; ++i) {
-      const double th = static_cast<double>(p0 + t) * rope_inv_freq_[static_cast<std::size_t>(i)];
-      cs[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(th));
-      sn[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(th));
-    }
-  timer.lap(&ForwardProfile::embed);
 
-  // Work on the token rows [t0, t1). Two shapes of parallelism use these:
-  // - prefill (many tokens): each thread owns a contiguous block of tokens and runs everything
-  //   but attention for it, GEMMs included (single-threaded BLAS on its rows), so a layer has
-  //   only two synchronisation points: before attention (which needs every token's K/V) and
-  //   after it;
-  // - decode (few tokens): one thread runs the elementwise work and the GEMMs are split over
-  //   output features instead (linear()).
-  const int nt = ctx.num_threads();
-  const bool by_tokens = nt > 1 && N >= 16 * nt;
-  const ExecContext gemm_ctx = by_tokens ? ExecContext{1} : ctx;
-  auto gemm = [&](const float* xr, std::int64_t rows, std::int64_t in, const std::vector<float>& wf,
-                  const QuantMatrix& wq, std::int64_t out, float* y, bool acc) {
-    linear(gemm_ctx, act_, xr, rows, in, wf, wq, out, y, acc);
-  };
-  // The timer only follows the first thread: other threads do the same work in parallel.
-  auto lap = [&](bool main, double ForwardProfile::*slot) {
-    if (main) timer.lap(slot);
-  };
+  LayerCache layer_cache(std::size_t l) {
+    return {cache.k_[l].data(), cache.v_[l].data(), cache.shapes_[l]};
+  }
 
-  auto pre = [&](std::int64_t l, std::int64_t t0, std::int64_t t1, bool main) {
-    const LlamaLayer& L = w_.layers[static_cast<std::size_t>(l)];
-    const std::int64_t n = t1 - t0;
-    rms_norm_rows(x.data() + t0 * E, L.attn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
-    lap(main, &ForwardProfile::norm);
-    if (L.mla) {
-      const MlaLayer& M = *L.mla;
-      const std::int64_t cw = M.cache_width();
-      mla_project(M, mexec, xn.data() + t0 * E, n, E, p0 + t0,
-                  cache.k_[static_cast<std::size_t>(l)].data() + (p0 + t0) * cw,
-                  mq.data() + t0 * mla_query_width(M, mexec), mproj.data() + t0 * M.in_rows(), gemm_ctx);
-      lap(main, &ForwardProfile::qkv_gemm);
-      return;
-    }
-    const std::int64_t vr = L.vo_rank;  // factored VO: the value row is U = V'·xn (R wide)
-    if (!L.v_bd) {
-      linear(gemm_ctx, act_, xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, vr > 0 ? (Hq + Hkv) * D + vr : h.qkv_rows(),
-             qkv.data() + t0 * R, false, R);
-    } else {
-      // BDA: Q|K through the stacked GEMM, V' through the fused BD projection, both written
-      // into their slots of the same qkv rows.
-      linear(gemm_ctx, act_, xn.data() + t0 * E, n, E, L.wqkv, L.wqkv_q, (Hq + Hkv) * D,
-             qkv.data() + t0 * R, false, R);
-      L.v_bd->project(xn.data() + t0 * E, n, E, qkv.data() + t0 * R + (Hq + Hkv) * D, R,
-                      transform::InputOrder::kOriginal, ExecContext{1});
-    }
-    lap(main, &ForwardProfile::qkv_gemm);
-    float* kc = cache.k_[static_cast<std::size_t>(l)].data();
-    float* vc = cache.v_[static_cast<std::size_t>(l)].data();
-    for (std::int64_t t = t0; t < t1; ++t) {
-      float* row = qkv.data() + t * R;
-      if (opt.capture) {
-        std::copy_n(row, Hq * D, qpre.data() + t * Hq * D);
-        std::copy_n(row + Hq * D, Hkv * D, kpre.data() + t * Hkv * D);
-      }
-      // RoPE, adjacent pairs, on the Q and K heads of the token, in place.
-      const float* c = cs.data() + t * half;
-      const float* s = sn.data() + t * half;
-      for (std::int64_t hh = 0; hh < Hq + Hkv; ++hh) {
-        float* v = row + hh * D;
-        for (std::int64_t i = 0; i < half; ++i) {
-          const float a = v[2 * i], b = v[2 * i + 1];
-          v[2 * i] = a * c[i] - b * s[i];
-          v[2 * i + 1] = a * s[i] + b * c[i];
-        }
-      }
-      // Append the token's key and value to the cache ([pos, Hkv, D] rows).
-      std::copy_n(row + Hq * D, Hkv * D, kc + (p0 + t) * Hkv * D);
-      const std::int64_t vw = vr > 0 ? vr : Hkv * D;
-      std::copy_n(row + (Hq + Hkv) * D, vw, vc + (p0 + t) * vw);
-    }
-    lap(main, &ForwardProfile::rope);
-  };
-  auto post = [&](std::int64_t l, std::int64_t t0, std::int64_t t1, bool main) {
-    const LlamaLayer& L = w_.layers[static_cast<std::size_t>(l)];
-    const std::int64_t n = t1 - t0;
-    const std::int64_t vr = L.vo_rank;
-    const std::int64_t aw = L.mla ? Hq * L.mla->d_v : vr > 0 ? Hq * vr : Hq * D;
-    if (L.mla && mexec == MlaExec::kAbsorbed) {
-      mla_up_values(*L.mla, mlat.data() + t0 * mla_out_width(*L.mla, mexec), n, att.data() + t0 * aw);
-      lap(main, &ForwardProfile::attention);
-    }
-    if (vr > 0) {
-      // Factored VO: z = Σ_h μ_h ⊙ o_h (Hq·R per token), then O'·z (E·R) instead of W_o.
-      for (std::int64_t t = t0; t < t1; ++t) {
-        float* z = vz.data() + t * vr;
-        std::fill_n(z, vr, 0.f);
-        for (std::int64_t hh = 0; hh < Hq; ++hh) {
-          const float* o = att.data() + t * aw + hh * vr;
-          const float* mu = L.vo_mix.data() + hh * vr;
-          for (std::int64_t i = 0; i < vr; ++i) z[i] += mu[i] * o[i];
-        }
-      }
-      gemm(vz.data() + t0 * vr, n, vr, L.wo, L.wo_q, E, x.data() + t0 * E, true);
-    } else {
-      gemm(att.data() + t0 * aw, n, aw, L.wo, L.wo_q, E, x.data() + t0 * E, true);
-    }
-    lap(main, &ForwardProfile::o_gemm);
-    rms_norm_rows(x.data() + t0 * E, L.ffn_norm.data(), xn.data() + t0 * E, n, E, h.rms_eps);
-    lap(main, &ForwardProfile::norm);
-    gemm(xn.data() + t0 * E, n, E, L.w_gate_up, L.w_gate_up_q, 2 * F, gu.data() + t0 * 2 * F, false);
-    lap(main, &ForwardProfile::ffn_gemm);
-    for (std::int64_t t = t0; t < t1; ++t) {
-      const float* g = gu.data() + t * 2 * F;
-      const float* u = g + F;
-      float* a = act.data() + t * F;
-      simd::silu_mul(g, u, a, F);
-    }
-    lap(main, &ForwardProfile::ffn_act);
-    gemm(act.data() + t0 * F, n, F, L.w_down, L.w_down_q, E, x.data() + t0 * E, true);
-    lap(main, &ForwardProfile::ffn_gemm);
-  };
-  // Runs `f(t0, t1, main)` on each thread's token block (or once on all tokens), and books the
+  // Token rows [t0, t1) of layer l before attention: norm, projections, cache rows.
+  void pre(std::size_t l, std::int64_t t0, std::int64_t t1, bool main) {
+    const DecoderLayer& d = m.layers_[l];
+    const std::int64_t E = m.hp_.n_embd;
+    d.attn_norm->apply(x.data() + t0 * E, xn.data() + t0 * E, t1 - t0);
+    st.lap(main, &ForwardProfile::norm);
+    d.attn->project(st, xn.data(), t0, t1, layer_cache(l), scratch[l % 2].data(), main);
+  }
+
+  // Token rows [t0, t1) of layer l after attention: output projection, norm, feed-forward.
+  void post(std::size_t l, std::int64_t t0, std::int64_t t1, bool main) {
+    const DecoderLayer& d = m.layers_[l];
+    const std::int64_t E = m.hp_.n_embd;
+    d.attn->output(st, t0, t1, scratch[l % 2].data(), x.data(), main);
+    d.ffn_norm->apply(x.data() + t0 * E, xn.data() + t0 * E, t1 - t0);
+    st.lap(main, &ForwardProfile::norm);
+    d.ffn->forward(st, xn.data(), t0, t1, ffn.data(), x.data(), main);
+  }
+
+  // Runs f(t0, t1, main) on each thread's token block (or once on all tokens), and books the
   // time the first thread then waits for the others as synchronisation.
-  auto region = [&](const std::function<void(std::int64_t, std::int64_t, bool)>& f) {
-    if (!by_tokens) {
-      f(0, N, true);
-      return;
-    }
-    parallel_for(ctx, nt, [&](std::int64_t p) {
-      f(N * p / nt, N * (p + 1) / nt, p == 0);
-    });
-    timer.lap(&ForwardProfile::sync);
-  };
-
-  region([&](std::int64_t t0, std::int64_t t1, bool main) { pre(0, t0, t1, main); });
-  for (std::int64_t l = 0; l < h.n_layer; ++l) {
-    const std::int64_t nk = p0 + N;
-    float* kc = cache.k_[static_cast<std::size_t>(l)].data();
-    float* vc = cache.v_[static_cast<std::size_t>(l)].data();
-    const LlamaLayer& Ll = w_.layers[static_cast<std::size_t>(l)];
-    if (Ll.mla) {
-      if (opt.capture) {
-        QkvCapture c;
-        c.layer = static_cast<int>(l);
-        c.pos0 = p0;
-        c.xn = xn.data();
-        opt.capture(c);
-      }
-      // Naive execution rebuilds keys and values of all nk tokens: worth the team even in decode.
-      const bool team = by_tokens || mexec == MlaExec::kNaive;
-      mla_attend(*Ll.mla, mexec, mq.data(), N, kc, nk, *attn[static_cast<std::size_t>(l)],
-                 team ? ctx : ExecContext{1}, mexec == MlaExec::kAbsorbed ? mlat.data() : att.data());
-      timer.lap(&ForwardProfile::attention);
-      region([&](std::int64_t t0, std::int64_t t1, bool main) {
-        post(l, t0, t1, main);
-        if (l + 1 < h.n_layer) pre(l + 1, t0, t1, main);
-      });
-      continue;
-    }
-    const std::int64_t vr = Ll.vo_rank, vw = vr > 0 ? vr : D;
-    if (opt.capture && vr > 0) {
-      // A factored VO layer has no per-head values of width D: the capture carries xn only.
-      QkvCapture c;
-      c.layer = static_cast<int>(l);
-      c.pos0 = p0;
-      c.xn = xn.data();
-      opt.capture(c);
-    } else if (opt.capture) {
-      QkvCapture c;
-      c.layer = static_cast<int>(l);
-      c.pos0 = p0;
-      c.xn = xn.data();
-      c.q_pre = TensorView<const float>(qpre.data(), {1, Hq, N, D}, {N * Hq * D, D, Hq * D, 1});
-      c.k_pre = TensorView<const float>(kpre.data(), {1, Hkv, N, D}, {N * Hkv * D, D, Hkv * D, 1});
-      c.q_post = TensorView<const float>(qkv.data(), {1, Hq, N, D}, {N * R, D, R, 1});
-      c.k_post = TensorView<const float>(qkv.data() + Hq * D, {1, Hkv, N, D}, {N * R, D, R, 1});
-      c.v = TensorView<const float>(qkv.data() + (Hq + Hkv) * D, {1, Hkv, N, D}, {N * R, D, R, 1});
-      opt.capture(c);
-    }
-    AttentionProblem p;
-    p.q = TensorView<const float>(qkv.data(), {1, Hq, N, D}, {N * R, D, R, 1});
-    p.k = TensorView<const float>(kc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
-    // Factored VO: every KV head reads the one shared R-wide value row (head stride 0).
-    p.v = vr > 0 ? TensorView<const float>(vc, {1, Hkv, nk, vr}, {nk * vr, 0, vr, 1})
-                 : TensorView<const float>(vc, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
-    p.out = TensorView<float>(att.data(), {1, Hq, N, vw}, {N * Hq * vw, vw, Hq * vw, 1});
-    p.causal = Causal::kBottomRight;
-    // A decode step's attention gets the team only from ~1 MFLOP of exact attention on (Nk ≈
-    // 430 for SmolLM2), where reading the KV cache with every core pays for waking them; below,
-    // a method that forks per head would spend more on the fork than on the work. exact.flash
-    // applies the same bound itself.
-    const double att_flops = 2.0 * static_cast<double>(Hq * N * nk * (D + vw));
-    attn[static_cast<std::size_t>(l)]->run(p, by_tokens || att_flops >= 1e6 ? ctx : ExecContext{1});
-    timer.lap(&ForwardProfile::attention);
-    region([&](std::int64_t t0, std::int64_t t1, bool main) {
-      post(l, t0, t1, main);
-      if (l + 1 < h.n_layer) pre(l + 1, t0, t1, main);
-    });
+  template <class F>
+  void region(F&& f) {
+    const std::int64_t N = st.n_tokens;
+    if (!st.by_tokens) return f(0, N, true);
+    parallel_for(st.team, nt, [&](std::int64_t p) { f(N * p / nt, N * (p + 1) / nt, p == 0); });
+    st.lap(true, &ForwardProfile::sync);
   }
-  std::vector<float> logits(static_cast<std::size_t>(n_out * h.n_vocab));
+
+  std::vector<float> logits();
+};
+
+void ForwardStep::lap(bool main, double ForwardProfile::*slot) const {
+  if (!main || profile == nullptr) return;
+  const auto t1 = std::chrono::steady_clock::now();
+  profile->*slot += std::chrono::duration<double>(t1 - t0).count();
+  t0 = t1;
+}
+
+std::vector<float> LlamaModel::Call::logits() {
+  const ModelHParams& h = m.hp_;
+  const std::int64_t E = h.n_embd, n_out = st.n_tokens - opt.logits_begin;
+  std::vector<float> out(static_cast<std::size_t>(n_out * h.n_vocab));
   if (n_out > 0) {
-    rms_norm_rows(x.data() + opt.logits_begin * E, w_.output_norm.data(), xn.data(), n_out, E,
-                  h.rms_eps);
-    timer.lap(&ForwardProfile::norm);
-    // Split over the vocabulary: each thread streams its half of the output matrix once.
-    if (w_.tied()) {
-      linear(ctx, act_, xn.data(), n_out, E, w_.token_embd, w_.token_embd_q, h.n_vocab, logits.data(), false);
-    } else {
-      linear(ctx, act_, xn.data(), n_out, E, w_.output, w_.output_q, h.n_vocab, logits.data(), false);
-    }
-    timer.lap(&ForwardProfile::output_gemm);
+    m.output_norm_->apply(x.data() + opt.logits_begin * E, xn.data(), n_out);
+    st.lap(true, &ForwardProfile::norm);
+    // Split over the vocabulary: each thread streams its part of the output matrix once.
+    const LlamaWeights& w = m.w_;
+    const blocks::Weight W = w.tied() ? blocks::Weight{&w.token_embd, &w.token_embd_q, h.n_vocab, E}
+                                      : blocks::Weight{&w.output, &w.output_q, h.n_vocab, E};
+    blocks::linear(st.team, st.act, xn.data(), n_out, W, out.data(), false);
+    st.lap(true, &ForwardProfile::output_gemm);
   }
   // float32 weights are finite (checked at load), so a NaN/Inf here comes from the attention
-  // method, an overflow, or (in place, where load scans nothing) a non-finite weight; a perplexity or a greedy choice made from it would be garbage that
-  // looks like a result. One pass over the logits, small next to the GEMM that made them.
-  const auto bad = std::find_if(logits.begin(), logits.end(), [](float v) { return !std::isfinite(v); });
-  if (bad != logits.end()) {
-    const auto i = static_cast<std::int64_t>(bad - logits.begin());
+  // method, an overflow, or (in place, where load scans nothing) a non-finite weight; a
+  // perplexity or a greedy choice made from it would be garbage that looks like a result. One
+  // pass over the logits, small next to the product that made them.
+  const auto bad = std::find_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); });
+  if (bad != out.end()) {
+    const auto i = static_cast<std::int64_t>(bad - out.begin());
     const std::int64_t row = opt.logits_begin + i / h.n_vocab;
     throw Error(fmt::format(
         "non-finite logit {} at position {} (token {} of this call), vocabulary index {}, with "
         "attention {}: the forward pass overflowed, the attention method returned a "
         "non-finite value, or a weight is not finite (--weights f32 scans them at load)",
-        *bad, p0 + row, row, i % h.n_vocab, numattn::attention_spec(attn)));
+        *bad, st.pos0 + row, row, i % h.n_vocab, numattn::attention_spec(attn)));
   }
-  cache.n_past_ = p0 + N;  // only now: after a throw the cache still ends where it did
+  return out;
+}
+
+std::vector<float> LlamaModel::forward(const std::vector<std::int32_t>& tokens, KvCache& cache,
+                                       const ExecContext& ctx, const ForwardOptions& opt) const {
+  Call c(*this, tokens, cache, ctx, opt);
+  const std::size_t n_layer = layers_.size();
+  c.region([&](std::int64_t t0, std::int64_t t1, bool main) { c.pre(0, t0, t1, main); });
+  for (std::size_t l = 0; l < n_layer; ++l) {
+    const AttentionBlock& a = *layers_[l].attn;
+    float* scratch = c.scratch[l % 2].data();
+    if (opt.capture) a.capture(c.st, static_cast<int>(l), c.xn.data(), scratch, opt.capture);
+    a.attend(c.st, *c.attn[l], c.layer_cache(l), scratch);
+    c.st.lap(true, &ForwardProfile::attention);
+    c.region([&](std::int64_t t0, std::int64_t t1, bool main) {
+      c.post(l, t0, t1, main);
+      if (l + 1 < n_layer) c.pre(l + 1, t0, t1, main);
+    });
+  }
+  std::vector<float> logits = c.logits();
+  cache.n_past_ = c.st.pos0 + c.st.n_tokens;  // only now: after a throw the cache still ends where it did
   return logits;
 }
 
-void check_generation(std::int64_t max_tokens, std::int64_t prompt_tokens, const LlamaHParams* hp) {
+void check_generation(std::int64_t max_tokens, std::int64_t prompt_tokens, const ModelHParams* hp) {
   NUMATTN_CHECK_OPTION(max_tokens >= 1, "max_tokens", "must be at least 1, got {}", max_tokens);
   if (hp == nullptr || prompt_tokens < 0) return;
   NUMATTN_CHECK_OPTION(prompt_tokens >= 1, "prompt", "is empty (it encodes to no token)");
@@ -1182,11 +933,11 @@ void check_generation(std::int64_t max_tokens, std::int64_t prompt_tokens, const
   NUMATTN_CHECK_OPTION(prompt_tokens < n_ctx, "prompt",
                        "has {} tokens, but the model's trained context ({}) is {} tokens and "
                        "generation needs room for at least one more",
-                       prompt_tokens, kKeyCtx, n_ctx);
+                       prompt_tokens, "llama.context_length", n_ctx);
   NUMATTN_CHECK_OPTION(max_tokens <= n_ctx - prompt_tokens, "max_tokens",
                        "{} new tokens after a prompt of {} exceed the model's trained context ({}) "
                        "of {} tokens; at most {} fit",
-                       max_tokens, prompt_tokens, kKeyCtx, n_ctx, n_ctx - prompt_tokens);
+                       max_tokens, prompt_tokens, "llama.context_length", n_ctx, n_ctx - prompt_tokens);
 }
 
 std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector<std::int32_t>& prompt,

@@ -18,7 +18,7 @@ namespace numattn {
 std::vector<transform::MlaCalibration> calibrate_mla(
     const LlamaModel& model, const std::vector<std::int32_t>& tokens, std::int64_t chunk,
     const ExecContext& ctx, const std::function<void(std::int64_t, std::int64_t)>& on_chunk) {
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   const auto T = static_cast<std::int64_t>(tokens.size());
   NUMATTN_CHECK(T >= 1, "MLA calibration needs at least one token");
   NUMATTN_CHECK(chunk >= 1, "MLA calibration chunk of {} tokens: must be at least 1", chunk);
@@ -59,14 +59,14 @@ MlaModelReport convert_model_to_mla(LlamaModel& model,
                                     const std::function<void(std::int64_t, std::int64_t)>& on_layer) {
   (void)ctx;
   const auto t0 = std::chrono::steady_clock::now();
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;
   NUMATTN_CHECK(calib.empty() || static_cast<std::int64_t>(calib.size()) == hp.n_layer,
                 "MLA conversion: {} calibration entries for {} layers", calib.size(), hp.n_layer);
   MlaModelReport rep;
   rep.options = opt;
   rep.kv_bytes_gqa = model.kv_bytes_per_token();
-  LlamaWeights& w = model.mutable_weights();
+  const LlamaWeights& w = model.weights();
   std::vector<std::shared_ptr<const MlaLayer>> done;
   for (std::size_t l = 0; l < w.layers.size(); ++l) {
     const LlamaLayer& L = w.layers[l];
@@ -98,13 +98,15 @@ MlaModelReport convert_model_to_mla(LlamaModel& model,
     rep.layers.push_back(st);
     if (on_layer) on_layer(static_cast<std::int64_t>(l) + 1, hp.n_layer);
   }
-  for (std::size_t l = 0; l < w.layers.size(); ++l) {
-    LlamaLayer& L = w.layers[l];
-    L.mla = done[l];
-    L.wqkv.clear();
-    L.wqkv.shrink_to_fit();
-    L.wqkv_q = {};
-  }
+  model.edit_weights([&](LlamaWeights& ew) {
+    for (std::size_t l = 0; l < ew.layers.size(); ++l) {
+      LlamaLayer& L = ew.layers[l];
+      L.mla = done[l];
+      L.wqkv.clear();
+      L.wqkv.shrink_to_fit();
+      L.wqkv_q = {};
+    }
+  });
   const MlaLayer& m0 = *done.front();
   rep.rank = m0.rank;
   rep.d_nope = m0.d_nope;
@@ -119,7 +121,7 @@ MlaModelReport convert_model_to_mla(LlamaModel& model,
 void write_mla_gguf(const GgufFile& source, const LlamaModel& m, const transform::MlaOptions& opt,
                     const std::string& path) {
   check_outputs_distinct({{"converted model", path}}, {{"source model", source.path()}});
-  const LlamaHParams& hp = m.hparams();
+  const ModelHParams& hp = m.hparams();
   const std::int64_t E = hp.n_embd, H = hp.n_head;
   NUMATTN_CHECK(source.architecture() == "llama", "write_mla_gguf: the source {} is '{}', not a llama model",
                 source.path(), source.architecture());

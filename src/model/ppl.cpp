@@ -53,7 +53,7 @@ AttentionMethods option_methods(const char* option, const std::string& spec, std
 
 }  // namespace
 
-void check_ppl_options(const PplOptions& opt, const LlamaHParams* hp, std::int64_t n_tokens) {
+void check_ppl_options(const PplOptions& opt, const ModelHParams* hp, std::int64_t n_tokens) {
   NUMATTN_CHECK_OPTION(opt.ctx >= 4, "ctx", "a chunk needs at least 4 tokens, got {}", opt.ctx);
   NUMATTN_CHECK_OPTION(opt.chunks == -1 || opt.chunks >= 1, "chunks",
                        "must be -1 (all that fit) or at least 1, got {}", opt.chunks);
@@ -90,7 +90,7 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   const bool kl = !opt.baseline.empty() || opt.baseline_model != nullptr;
   const LlamaModel& base_model = opt.baseline_model ? *opt.baseline_model : model;
   if (opt.baseline_model) {
-    const LlamaHParams &a = model.hparams(), &b = opt.baseline_model->hparams();
+    const ModelHParams &a = model.hparams(), &b = opt.baseline_model->hparams();
     // The head dim may differ (a tensor-compressed model embedded with wider heads,
     // model/tensor_model.h): the baseline runs with a cache of its own shape.
     NUMATTN_CHECK(a.n_vocab == b.n_vocab && a.n_layer == b.n_layer && a.n_embd == b.n_embd &&

@@ -37,7 +37,7 @@ struct FileStack {
 };
 
 /// The stacks of a Tucker scheme, in TensorFactors::stacks order.
-std::vector<FileStack> file_stacks(const transform::TensorSpec& sp, const LlamaHParams& hp) {
+std::vector<FileStack> file_stacks(const transform::TensorSpec& sp, const ModelHParams& hp) {
   const bool heads = sp.scheme == transform::TensorScheme::kTuckerHeads;
   const std::vector<TensorStackKind> kinds = tensor_stack_kinds(sp.scheme, hp);
   std::vector<FileStack> out;
@@ -52,7 +52,7 @@ std::vector<FileStack> file_stacks(const transform::TensorSpec& sp, const LlamaH
 
 /// The shape (GGUF ne order) of every factor tensor of a file of this layout, in writing order.
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> factor_shapes(const TensorFileLayout& lay,
-                                                                             const LlamaHParams& hp) {
+                                                                             const ModelHParams& hp) {
   const transform::TensorSpec& sp = lay.spec_only.spec;
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
   if (sp.is_cp()) {
@@ -103,7 +103,7 @@ bool TensorFileLayout::rebuilds(const std::string& kind) const {
   return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
 }
 
-TensorFileLayout read_tensor_file_layout(const GgufFile& f, const LlamaHParams& hp) {
+TensorFileLayout read_tensor_file_layout(const GgufFile& f, const ModelHParams& hp) {
   NUMATTN_CHECK(f.architecture() == kArch, "{}: architecture '{}' is not {}", f.path(), f.architecture(), kArch);
   const GgufKeyReader keys(f);
   TensorFileLayout lay;
@@ -194,7 +194,7 @@ TensorFileLayout read_tensor_file_layout(const GgufFile& f, const LlamaHParams& 
   return lay;
 }
 
-LlamaModel finish_tensor_model(const GgufFile& f, const LlamaHParams& hp, LlamaWeights w, const ExecContext& ctx) {
+LlamaModel finish_tensor_model(const GgufFile& f, const ModelHParams& hp, LlamaWeights w, const ExecContext& ctx) {
   const TensorFileLayout lay = read_tensor_file_layout(f, hp);
   TensorFactors fac;
   fac.spec = lay.spec_only.spec;
@@ -233,7 +233,7 @@ void write_tensor_gguf(const GgufFile& source, const TensorFactors& fac, const s
   for (const GgufTensorInfo& t : source.tensors())
     NUMATTN_CHECK(gguf_block_index(t.name, ".attn_v_bd.coef") < 0,
                   "write_tensor_gguf: the source {} is a BDA model (tensor {})", source.path(), t.name);
-  const LlamaHParams hp = LlamaModel::read_hparams(source);
+  const ModelHParams hp = LlamaModel::read_hparams(source);
   const transform::TensorSpec& sp = fac.spec;
   NUMATTN_CHECK(sp.scheme == transform::TensorScheme::kQkCp || hp.n_rot > 0,
                 "write_tensor_gguf: {} of a model without RoPE (rope.dimension_count = 0): a numattn-tensor file "

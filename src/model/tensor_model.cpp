@@ -72,7 +72,7 @@ Matrix source_matrix(const TensorSourceRows& source, std::int64_t l, const char*
 
 /// Factored collaborative VO (LlamaLayer::vo_mix): wqkv = [Wq; Wk; V'], wo = O', the mixing
 /// vectors; the model keeps head dim D.
-LlamaModel build_vo_factored(const LlamaHParams& hp, LlamaWeights w, const TensorFactors& f,
+LlamaModel build_vo_factored(const ModelHParams& hp, LlamaWeights w, const TensorFactors& f,
                              const TensorSourceRows& source) {
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, L = hp.n_layer;
   const std::int64_t R = f.cp.front().rank;
@@ -101,7 +101,7 @@ LlamaModel build_vo_factored(const LlamaHParams& hp, LlamaWeights w, const Tenso
 
 /// Collaborative heads, VO side or QK side, embedded in a model of head dim max(D, R)
 /// (model/tensor_model.h).
-LlamaModel build_cp(const LlamaHParams& hp, LlamaWeights w, const TensorFactors& f, const TensorSourceRows& source) {
+LlamaModel build_cp(const ModelHParams& hp, LlamaWeights w, const TensorFactors& f, const TensorSourceRows& source) {
   const bool vo = f.spec.scheme == transform::TensorScheme::kVoCp;
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, L = hp.n_layer;
   NUMATTN_CHECK(static_cast<std::int64_t>(f.cp.size()) == L && static_cast<std::int64_t>(w.layers.size()) == L,
@@ -109,7 +109,7 @@ LlamaModel build_cp(const LlamaHParams& hp, LlamaWeights w, const TensorFactors&
   const std::int64_t R = f.cp.front().rank;
   if (vo && f.spec.factored) return build_vo_factored(hp, std::move(w), f, source);
   const std::int64_t Dp = std::max(D, R);
-  LlamaHParams hp2 = hp;
+  ModelHParams hp2 = hp;
   hp2.head_dim = Dp;
   // Q is scaled so that the embedded model's default scale 1/sqrt(D') is the original 1/sqrt(D).
   const double qscale = std::sqrt(static_cast<double>(Dp) / static_cast<double>(D));
@@ -155,7 +155,7 @@ LlamaModel build_cp(const LlamaHParams& hp, LlamaWeights w, const TensorFactors&
 /// Tucker / shared factors: every matrix of the rebuilt group, W_l = left·C_l·rightᵀ.
 /// The float32 matrix of layer `Ly` a weight kind lives in (its in-place copy dropped: the kinds
 /// of a scheme cover the whole matrix), sized for the model `hp`.
-std::vector<float>& rebuilt_matrix(LlamaLayer& Ly, int matrix, const LlamaHParams& hp) {
+std::vector<float>& rebuilt_matrix(LlamaLayer& Ly, int matrix, const ModelHParams& hp) {
   std::vector<float>* dst = nullptr;
   std::int64_t n = 0;
   const std::int64_t E = hp.n_embd;
@@ -171,7 +171,7 @@ std::vector<float>& rebuilt_matrix(LlamaLayer& Ly, int matrix, const LlamaHParam
 
 /// Tucker / shared factors: every slice of every stack, W_s = left·C_s·rightᵀ, put in place:
 /// tucker-qkvo/-ffn slice s = layer s's matrix; tucker-heads slice h = head h's E × D block.
-LlamaModel build_tucker(const LlamaHParams& hp, LlamaWeights w, const TensorFactors& f) {
+LlamaModel build_tucker(const ModelHParams& hp, LlamaWeights w, const TensorFactors& f) {
   const std::int64_t L = hp.n_layer, D = hp.head_dim;
   const bool heads = f.spec.scheme == transform::TensorScheme::kTuckerHeads;
   const std::vector<TensorStackKind> kinds = tensor_stack_kinds(f.spec.scheme, hp);
@@ -236,7 +236,7 @@ TensorPartReport part_report(std::string name, double fit, int iterations, decom
 /// The model's own attention matrices, for build_tensor_model.
 TensorSourceRows model_source(const LlamaModel& model) {
   return [&model](std::int64_t l, const char* kind) {
-    const LlamaHParams& hp = model.hparams();
+    const ModelHParams& hp = model.hparams();
     const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;
     const LlamaLayer& Ly = model.weights().layers[static_cast<std::size_t>(l)];
     const std::string k = kind;
@@ -253,7 +253,7 @@ void compress_cp(const LlamaModel& model, const transform::TensorSpec& spec, con
                  TensorModelReport& rep, TensorFactors& fac) {
   const bool vo = spec.scheme == transform::TensorScheme::kVoCp;
   const char* name = transform::to_string(spec.scheme);
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, L = hp.n_layer;
   std::vector<transform::CollabHeads> heads(static_cast<std::size_t>(L));
   transform::CollabOptions co;
@@ -291,7 +291,7 @@ void compress_cp(const LlamaModel& model, const transform::TensorSpec& spec, con
 }
 
 /// Slice s of a stack: layer s's matrix (cross-layer schemes) or head s's E × D block of layer `l`.
-Matrix stack_slice(const LlamaLayer& Ly, const TensorStackKind& k, bool heads, std::int64_t s, const LlamaHParams& hp) {
+Matrix stack_slice(const LlamaLayer& Ly, const TensorStackKind& k, bool heads, std::int64_t s, const ModelHParams& hp) {
   const std::int64_t E = hp.n_embd, D = hp.head_dim;
   switch (k.matrix) {
     case 0: return heads ? weight_rows(Ly.wqkv, Ly.wqkv_q, k.r0 + s * D, D, E).transpose()
@@ -305,7 +305,7 @@ Matrix stack_slice(const LlamaLayer& Ly, const TensorStackKind& k, bool heads, s
 
 void compress_tucker(const LlamaModel& model, const transform::TensorSpec& spec, const ExecContext& ctx,
                      TensorModelReport& rep, TensorFactors& fac) {
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   const std::int64_t L = hp.n_layer;
   const bool heads = spec.scheme == transform::TensorScheme::kTuckerHeads;
   const std::vector<TensorStackKind> kinds = tensor_stack_kinds(spec.scheme, hp);
@@ -358,7 +358,7 @@ void compress_tucker(const LlamaModel& model, const transform::TensorSpec& spec,
 
 }  // namespace
 
-void check_tensor_spec(const transform::TensorSpec& spec, const LlamaHParams& hp, bool mla) {
+void check_tensor_spec(const transform::TensorSpec& spec, const ModelHParams& hp, bool mla) {
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, F = hp.n_ff;
   const char* name = transform::to_string(spec.scheme);
   if (mla) {
@@ -397,7 +397,7 @@ namespace {
 /// qk-cp on the NoPE part of every MLA layer (transform::collaborative_qk_mla).
 LlamaModel compress_qk_mla(const LlamaModel& model, const transform::TensorSpec& spec, const ExecContext& ctx,
                            TensorModelReport* report) {
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   const std::int64_t E = hp.n_embd, L = hp.n_layer;
   LlamaWeights w = model.weights();
   for (std::int64_t l = 0; l < L; ++l) {
@@ -443,7 +443,7 @@ LlamaModel compress_qk_mla(const LlamaModel& model, const transform::TensorSpec&
 
 }  // namespace
 
-std::vector<TensorStackKind> tensor_stack_kinds(transform::TensorScheme scheme, const LlamaHParams& hp) {
+std::vector<TensorStackKind> tensor_stack_kinds(transform::TensorScheme scheme, const ModelHParams& hp) {
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv, F = hp.n_ff, L = hp.n_layer;
   switch (scheme) {
     case transform::TensorScheme::kTuckerQkvo:
@@ -463,7 +463,7 @@ std::vector<TensorStackKind> tensor_stack_kinds(transform::TensorScheme scheme, 
   throw Error(fmt::format("tensor_stack_kinds: {} is not a Tucker scheme", transform::to_string(scheme)));
 }
 
-LlamaModel build_tensor_model(const LlamaHParams& hp, LlamaWeights base, const TensorFactors& f,
+LlamaModel build_tensor_model(const ModelHParams& hp, LlamaWeights base, const TensorFactors& f,
                               const TensorSourceRows& source) {
   return f.spec.is_cp() ? build_cp(hp, std::move(base), f, source) : build_tucker(hp, std::move(base), f);
 }
@@ -471,7 +471,7 @@ LlamaModel build_tensor_model(const LlamaHParams& hp, LlamaWeights base, const T
 LlamaModel compress_model_tensor(const LlamaModel& model, const transform::TensorSpec& spec,
                                  const ExecContext& ctx, TensorModelReport* report, TensorFactors* factors) {
   const auto t0 = std::chrono::steady_clock::now();
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   if (model.has_mla()) {
     check_tensor_spec(spec, hp, true);
     NUMATTN_CHECK_OPTION(!factors, "tensor", "qk-cp on an MLA model is not storable as a numattn-tensor file");

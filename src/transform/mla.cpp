@@ -30,7 +30,7 @@ void check_weight(const std::vector<double>& w, std::int64_t rows, std::int64_t 
   NUMATTN_CHECK(all_finite(w), "MLA conversion: {} has a non-finite entry", name);
 }
 
-void check_calibration(const LlamaHParams& hp, const MlaCalibration& calib) {
+void check_calibration(const ModelHParams& hp, const MlaCalibration& calib) {
   const std::int64_t e = hp.n_embd;
   NUMATTN_CHECK(calib.xn_cov.empty() || static_cast<std::int64_t>(calib.xn_cov.size()) == e * e,
                 "MLA conversion: the calibration covariance xn_cov has {} values, expected [E, E] = "
@@ -40,7 +40,7 @@ void check_calibration(const LlamaHParams& hp, const MlaCalibration& calib) {
                 "MLA conversion: the calibration covariance xn_cov has a non-finite entry");
 }
 
-void check_freqfold(const LlamaHParams& hp, int freqfold) {
+void check_freqfold(const ModelHParams& hp, int freqfold) {
   const std::int64_t pairs = hp.n_rot / 2;
   NUMATTN_CHECK_OPTION(freqfold >= 1, "freqfold", "must be >= 1 (1 = no folding), got {}", freqfold);
   NUMATTN_CHECK_OPTION(pairs % freqfold == 0, "freqfold",
@@ -77,7 +77,7 @@ decomp::dense::SymEig eig_descending(const Matrix& s, const char* what) {
 }
 
 /// The frequencies of the folded groups: θ*_f = mean of θ_i over the group's M frequencies.
-std::vector<double> folded_theta(const LlamaHParams& hp, int m) {
+std::vector<double> folded_theta(const ModelHParams& hp, int m) {
   const std::int64_t pairs = hp.n_rot / 2, groups = pairs / m;
   std::vector<double> theta(static_cast<std::size_t>(groups), 0.0);
   for (std::int64_t f = 0; f < groups; ++f) {
@@ -90,7 +90,7 @@ std::vector<double> folded_theta(const LlamaHParams& hp, int m) {
 }
 
 /// The basis with U_f = I (the plain merge: nothing is dropped, so no rotation is needed).
-RoRopeBasis identity_basis(const LlamaHParams& hp, int m) {
+RoRopeBasis identity_basis(const ModelHParams& hp, int m) {
   RoRopeBasis b;
   b.freqfold = m;
   b.n = hp.n_head_kv * m;
@@ -108,7 +108,7 @@ std::int64_t pair_row(std::int64_t head, std::int64_t d, std::int64_t f, int m_f
 }
 
 /// Steps 1–4 given a basis (the options already checked). `calib` only feeds the PCA and stats.
-MlaLayerWeights build(const LlamaHParams& hp, const std::vector<double>& wq_v,
+MlaLayerWeights build(const ModelHParams& hp, const std::vector<double>& wq_v,
                       const std::vector<double>& wk_v, const std::vector<double>& wv_v,
                       const MlaCalibration& calib, const RoRopeBasis& basis, std::int64_t rope_heads,
                       std::int64_t rank, MlaConversionStats* stats) {
@@ -224,7 +224,7 @@ MlaLayerWeights build(const LlamaHParams& hp, const std::vector<double>& wq_v,
   return out;
 }
 
-void check_layer(const LlamaHParams& hp, const std::vector<double>& wq, const std::vector<double>& wk,
+void check_layer(const ModelHParams& hp, const std::vector<double>& wq, const std::vector<double>& wk,
                  const std::vector<double>& wv) {
   hp.validate("MLA conversion");
   check_weight(wq, hp.n_head * hp.head_dim, hp.n_embd, "wq");
@@ -232,7 +232,7 @@ void check_layer(const LlamaHParams& hp, const std::vector<double>& wq, const st
   check_weight(wv, hp.n_head_kv * hp.head_dim, hp.n_embd, "wv");
 }
 
-RoRopeBasis basis_unchecked(const LlamaHParams& hp, const std::vector<double>& wk_v,
+RoRopeBasis basis_unchecked(const ModelHParams& hp, const std::vector<double>& wk_v,
                             const MlaCalibration& calib, int mf) {
   const std::int64_t e = hp.n_embd, hkv = hp.n_head_kv, d = hp.head_dim;
   const std::int64_t groups = hp.n_rot / 2 / mf, n = hkv * mf;
@@ -261,7 +261,7 @@ RoRopeBasis basis_unchecked(const LlamaHParams& hp, const std::vector<double>& w
 
 }  // namespace
 
-std::vector<double> mla_rope_theta(const LlamaHParams& hp, int freqfold, std::int64_t rope_heads) {
+std::vector<double> mla_rope_theta(const ModelHParams& hp, int freqfold, std::int64_t rope_heads) {
   check_freqfold(hp, freqfold);
   NUMATTN_CHECK_OPTION(rope_heads >= 1 && rope_heads <= hp.n_head_kv, "rope_heads",
                        "must be in 1..{} (the model's KV heads), got {}", hp.n_head_kv, rope_heads);
@@ -271,7 +271,7 @@ std::vector<double> mla_rope_theta(const LlamaHParams& hp, int freqfold, std::in
   return out;
 }
 
-RoRopeBasis rorope_basis(const LlamaHParams& hp, const std::vector<double>& wk,
+RoRopeBasis rorope_basis(const ModelHParams& hp, const std::vector<double>& wk,
                          const MlaCalibration& calib, int freqfold) {
   hp.validate("MLA conversion");
   check_weight(wk, hp.n_head_kv * hp.head_dim, hp.n_embd, "wk");
@@ -289,7 +289,7 @@ double rorope_captured_energy(const RoRopeBasis& basis, std::int64_t keep) {
   return s;
 }
 
-MlaLayerWeights rorope_merge(const LlamaHParams& hp, const std::vector<double>& wq,
+MlaLayerWeights rorope_merge(const ModelHParams& hp, const std::vector<double>& wq,
                              const std::vector<double>& wk, const std::vector<double>& wv,
                              const RoRopeBasis& basis) {
   check_layer(hp, wq, wk, wv);
@@ -297,7 +297,7 @@ MlaLayerWeights rorope_merge(const LlamaHParams& hp, const std::vector<double>& 
   return build(hp, wq, wk, wv, MlaCalibration{}, basis, hp.n_head_kv, 0, nullptr);
 }
 
-MlaLayerWeights convert_layer_to_mla(const LlamaHParams& hp, const std::vector<double>& wq,
+MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<double>& wq,
                                      const std::vector<double>& wk, const std::vector<double>& wv,
                                      const MlaCalibration& calib, const MlaOptions& opt,
                                      MlaConversionStats* stats) {
@@ -317,7 +317,7 @@ MlaLayerWeights convert_layer_to_mla(const LlamaHParams& hp, const std::vector<d
   return build(hp, wq, wk, wv, calib, basis, opt.rope_heads, opt.rank, stats);
 }
 
-MlaLayerWeights convert_layer_to_mla(const LlamaHParams& hp, const std::vector<double>& wq,
+MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<double>& wq,
                                      const std::vector<double>& wk, const std::vector<double>& wv,
                                      const MlaCalibration& calib, const MlaOptions& opt) {
   return convert_layer_to_mla(hp, wq, wk, wv, calib, opt, nullptr);

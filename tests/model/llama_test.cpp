@@ -221,7 +221,7 @@ TEST(Llama, GqaEqualsItsExactMhaForm) {
   const TinyTensors T = make_tiny(false);
   ExecContext ctx{2};
   LlamaModel gqa = LlamaModel::load(write_gguf(T, "tiny_gqa.gguf"), ctx, WeightStorage::kF32);
-  LlamaHParams hp = gqa.hparams();
+  ModelHParams hp = gqa.hparams();
   LlamaWeights w = gqa.weights();
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;
   const std::int64_t group = Hq / Hkv;

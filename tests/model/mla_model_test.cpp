@@ -71,7 +71,7 @@ const std::vector<MlaShape> kShapes = {
     {16, 5, 9, 4, 0, 3},    // no RoPE part (DeepSeek without decoupled key)
 };
 
-// Identity of model/mla.h's two executions, in float64 (issue 11 acceptance: 1e-12).
+// Identity of arch/mla_weights.h's two executions, in float64 (issue 11 acceptance: 1e-12).
 TEST(MlaModel, AbsorbedEqualsNaiveInFloat64) {
   for (const MlaShape& s : kShapes) {
     const MlaLayerWeights w = random_mla(s, 1);
@@ -143,7 +143,7 @@ LlamaModel tiny_f32(bool tied = false) {
 LlamaModel random_mla_model(const MlaShape& s0,
                             const std::function<void(MlaLayerWeights&)>& edit = {}) {
   LlamaModel base = tiny_f32();
-  LlamaHParams hp = base.hparams();
+  ModelHParams hp = base.hparams();
   LlamaWeights w = base.weights();
   const MlaShape s{hp.n_embd, hp.n_head, s0.r, s0.dn, s0.dr, s0.dv};
   for (std::size_t l = 0; l < w.layers.size(); ++l) {
@@ -246,7 +246,7 @@ TEST(MlaModel, DecodeEqualsPrefillAndExecutionsAgree) {
 // Logits equal the GQA model's to float32 rounding, in both executions.
 TEST(MlaModel, ExactMergeReproducesTheGqaModel) {
   LlamaModel g = tiny_f32(true);
-  const LlamaHParams hp = g.hparams();
+  const ModelHParams hp = g.hparams();
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;
   LlamaWeights w = g.weights();
   for (LlamaLayer& L : w.layers) {

@@ -200,7 +200,7 @@ TEST(ModelLimits, InMemoryModelsAreValidatedToo) {
   const auto T = test::make_tiny(false);
   const LlamaModel good = LlamaModel::load(test::write_gguf(T, "limits_mem.gguf"));
   auto refused = [&](auto change, const char* name) {
-    LlamaHParams hp = good.hparams();
+    ModelHParams hp = good.hparams();
     change(hp);
     try {
       LlamaModel m(hp, good.weights());
@@ -209,11 +209,11 @@ TEST(ModelLimits, InMemoryModelsAreValidatedToo) {
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
     }
   };
-  refused([](LlamaHParams& h) { h.rms_eps = std::nan(""); }, "rms_eps");
-  refused([](LlamaHParams& h) { h.rope_base = 0; }, "rope_base");
-  refused([](LlamaHParams& h) { h.n_ctx_train = 0; }, "n_ctx_train");
-  refused([](LlamaHParams& h) { h.n_head_kv = 3; }, "head_count_kv");
-  refused([](LlamaHParams& h) { h.n_vocab = std::int64_t{1} << 62; }, "overflows");
+  refused([](ModelHParams& h) { h.rms_eps = std::nan(""); }, "rms_eps");
+  refused([](ModelHParams& h) { h.rope_base = 0; }, "rope_base");
+  refused([](ModelHParams& h) { h.n_ctx_train = 0; }, "n_ctx_train");
+  refused([](ModelHParams& h) { h.n_head_kv = 3; }, "head_count_kv");
+  refused([](ModelHParams& h) { h.n_vocab = std::int64_t{1} << 62; }, "overflows");
 }
 
 TEST(ModelLimits, LoadIsRefusedWhenTheWeightsDoNotFitInMemory) {

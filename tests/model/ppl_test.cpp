@@ -16,7 +16,7 @@ namespace NUMATTN_UNITY_ID {
 
 // A small random model built in memory; `zero_output` makes every logit 0 (uniform softmax).
 LlamaModel small_model(bool zero_output) {
-  LlamaHParams h;
+  ModelHParams h;
   h.n_vocab = 50;
   h.n_embd = 16;
   h.n_layer = 2;
@@ -152,7 +152,7 @@ TEST(Perplexity, RefusesShortText) {
 }
 
 // The option that check_ppl_options (or evaluate_perplexity) names for `o`, "" if none.
-std::string refused_option(const PplOptions& o, const LlamaHParams* hp = nullptr) {
+std::string refused_option(const PplOptions& o, const ModelHParams* hp = nullptr) {
   try {
     check_ppl_options(o, hp);
   } catch (const OptionError& e) {
@@ -178,7 +178,7 @@ TEST(Perplexity, OptionsAreCheckedBeforeAnyWork) {
   EXPECT_EQ(refused_option(with([](PplOptions& o) { o.attn = "exact.nope"; })).rfind("attn: ", 0), 0u);
   EXPECT_EQ(refused_option(with([](PplOptions& o) { o.baseline = "exact.flash(x=1)"; })).rfind("baseline: ", 0), 0u);
   // Against the model: a per-layer list of the wrong length, and the trained context.
-  const LlamaHParams& hp = m.hparams();
+  const ModelHParams& hp = m.hparams();
   EXPECT_EQ(refused_option(with([](PplOptions& o) { o.attn = "exact.flash;exact.flash;exact.flash"; }), &hp).rfind("attn: ", 0), 0u);
   const std::string longer = refused_option(with([](PplOptions& o) { o.ctx = 65; }), &hp);
   EXPECT_EQ(longer.rfind("ctx: ", 0), 0u) << longer;

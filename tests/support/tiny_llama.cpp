@@ -9,8 +9,8 @@
 namespace numattn::test {
 
 // A tiny random Llama: 2 layers, GQA (4 query heads over 2 KV heads), vocabulary 64.
-LlamaHParams tiny_hparams() {
-  LlamaHParams h;
+ModelHParams tiny_hparams() {
+  ModelHParams h;
   h.n_vocab = 64;
   h.n_embd = 32;
   h.n_layer = 2;

@@ -16,14 +16,14 @@
 namespace numattn::test {
 
 // A tiny random Llama: 2 layers, GQA (4 query heads over 2 KV heads), vocabulary 64.
-LlamaHParams tiny_hparams();
+ModelHParams tiny_hparams();
 
 /// n seeded N(0, scale²) values (seed 1234, stream `stream`).
 std::vector<float> randn(std::size_t n, std::uint64_t stream, float scale);
 
 // Tensors in GGUF naming, each as [out rows][in] floats.
 struct TinyTensors {
-  LlamaHParams hp;
+  ModelHParams hp;
   std::vector<std::pair<std::string, std::vector<float>>> t;  // name, data
   std::vector<std::pair<std::int64_t, std::int64_t>> shape;   // {in, out}
   const std::vector<float>& get(const std::string& n) const;

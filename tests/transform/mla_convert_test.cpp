@@ -2,7 +2,7 @@
 // (identity 6), RoRoPE leaves scores unchanged (identity 5), FreqFold's Ky Fan bound
 // (identity 8), the balanced PCA is exact at full rank and its error falls with the rank,
 // bad options are refused by name. The attention of both forms is written here from the
-// formulas of model/llama.h and model/mla.h, apart from the model code. Tolerances:
+// formulas of model/llama.h and arch/mla_weights.h, apart from the model code. Tolerances:
 // docs/numerics.md, "GQA → MLA conversion".
 #include <gtest/gtest.h>
 
@@ -25,15 +25,15 @@ namespace NUMATTN_UNITY_ID {
 using Vec = std::vector<double>;
 
 struct Layer {
-  LlamaHParams hp;
+  ModelHParams hp;
   Vec wq, wk, wv;
   Vec mix;  // [E, E]: calibration tokens are xn = mix·z, z ~ N(0, I)
   MlaCalibration calib;
 };
 
-LlamaHParams hparams(std::int64_t e, std::int64_t hq, std::int64_t hkv, std::int64_t d,
+ModelHParams hparams(std::int64_t e, std::int64_t hq, std::int64_t hkv, std::int64_t d,
                      std::int64_t n_rot) {
-  LlamaHParams hp;
+  ModelHParams hp;
   hp.n_vocab = 16;
   hp.n_embd = e;
   hp.n_layer = 1;
@@ -137,7 +137,7 @@ void finish(Attn& a, std::int64_t n, std::int64_t hq, std::int64_t dv,
 
 /// GQA attention of model/llama.h in float64 (θ_i of the model unless `theta` is given).
 Attn gqa(const Layer& L, const Vec& xn, std::int64_t n, std::int64_t pos0, Vec theta = {}) {
-  const LlamaHParams& hp = L.hp;
+  const ModelHParams& hp = L.hp;
   const std::int64_t e = hp.n_embd, hq = hp.n_head, hkv = hp.n_head_kv, d = hp.head_dim;
   if (theta.empty())
     for (std::int64_t i = 0; i < hp.n_rot / 2; ++i)
@@ -162,7 +162,7 @@ Attn gqa(const Layer& L, const Vec& xn, std::int64_t n, std::int64_t pos0, Vec t
   return a;
 }
 
-/// MLA attention of model/mla.h in float64 (naive: up-projected keys and values).
+/// MLA attention of arch/mla_weights.h in float64 (naive: up-projected keys and values).
 Attn mla(const MlaLayerWeights& w, std::int64_t e, const Vec& xn, std::int64_t n, std::int64_t pos0) {
   const std::int64_t hq = w.n_head, r = w.rank, dn = w.d_nope, dr = w.d_rope, dv = w.d_v;
   const Vec c = project(xn, n, w.w_dkv, r, e);

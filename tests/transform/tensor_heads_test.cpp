@@ -307,7 +307,7 @@ TEST(TensorModel, CollaborativeQkNeedsNoPe) {
     EXPECT_NE(std::string(e.what()).find("RoPE"), std::string::npos) << e.what();
   }
   // The same weights without RoPE: the block form reproduces the NoPE model.
-  LlamaHParams hp = tiny().hparams();
+  ModelHParams hp = tiny().hparams();
   hp.n_rot = 0;
   const LlamaModel nope(hp, tiny().weights());
   const auto t = tokens(24);
@@ -376,7 +376,7 @@ TEST(TensorModel, CliFlags) {
 // floats per token and layer.
 TEST(TensorModel, FactoredVoEqualsTheEmbeddedForm) {
   const auto t = tokens(40);  // 40 ≥ 16·2: the token-block prefill path with 2 threads
-  const LlamaHParams& hp = tiny().hparams();
+  const ModelHParams& hp = tiny().hparams();
   for (const std::string spec : {"vo-cp:rank=5", "vo-cp:rank=12", "vo-cp:rank=0"}) {
     TensorModelReport rep;
     const LlamaModel emb = compress_model_tensor(tiny(), transform::parse_tensor_spec(spec), ExecContext{2});

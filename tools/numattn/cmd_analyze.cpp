@@ -138,7 +138,7 @@ void add_analyze(CLI::App& app) {
                        static_cast<std::uint64_t>(ctx.num_threads()) * 8 * 8 * static_cast<std::uint64_t>(N * N),
                    "analyze (the captured q/k/v, both RoPE states, and float64 N×N matrices per thread)");
     });
-    const LlamaHParams& hp = w.hp;
+    const ModelHParams& hp = w.hp;
     const std::int64_t Hq = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim;
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     const bool progress = !o->w.no_progress;

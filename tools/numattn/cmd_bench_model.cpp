@@ -91,7 +91,7 @@ void add_bench_model(CLI::App& app) {
     const std::string path = resolve_model_path(o->model);
     const auto t_open = std::chrono::steady_clock::now();
     auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
-    const LlamaHParams hp = LlamaModel::read_hparams(*file);
+    const ModelHParams hp = LlamaModel::read_hparams(*file);
     check_mla_against_model(o->mla, hp, file->architecture() == "numattn-mla");
     const double open_s = seconds_since(t_open);
     for (std::int64_t L : lens)

@@ -63,7 +63,7 @@ void add_capture(CLI::App& app) {
           checked_mul(checked_mul(t.hp.n_head + 2 * t.hp.n_head_kv, N, "capture size"), t.hp.head_dim, "capture size");
       check_memory(4 * static_cast<std::uint64_t>(per_layer) * t.layers.size(), "the captured q/k/v");
     });
-    const LlamaHParams& hp = w.hp;
+    const ModelHParams& hp = w.hp;
     const std::vector<std::int64_t>& layers = w.layers;
     const std::int64_t Hq = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim;
     const std::vector<LayerTensors> t = capture_layers(w, o->pre_rope ? RopeState::kPre : RopeState::kPost,

@@ -60,7 +60,7 @@ void add_generate(CLI::App& app) {
     const std::string path = resolve_model_path(o->model);
     const auto t_open = std::chrono::steady_clock::now();
     auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
-    const LlamaHParams hp = LlamaModel::read_hparams(*file);
+    const ModelHParams hp = LlamaModel::read_hparams(*file);
     const Tokenizer tok = Tokenizer::from_gguf(*file);
     std::string prompt = o->prompt;
     if (o->chat) prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";

@@ -113,7 +113,7 @@ void add_ppl(CLI::App& app) {
     const std::string text =
         read_file(tpath, "--text file", kTextInput);  // before the slow model load
     GgufFile file = GgufFile::open(mpath);
-    const LlamaHParams hp = LlamaModel::read_hparams(file);
+    const ModelHParams hp = LlamaModel::read_hparams(file);
     check_ppl_options(po, &hp);
     check_mla_against_model(o->mla, hp, file.architecture() == "numattn-mla");
     if (tspec) check_tensor_spec(*tspec, hp, o->mla.requested() || file.architecture() == "numattn-mla");

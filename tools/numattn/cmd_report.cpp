@@ -429,7 +429,7 @@ void add_report(CLI::App& app) {
     // The model's attention problem, from the GGUF header: a perplexity method whose own can_run
     // refuses it is expected to be refused by ppl (an optional row with the reason); any other
     // failed perplexity run fails the report.
-    std::optional<LlamaHParams> hp;
+    std::optional<ModelHParams> hp;
     if (!o->no_model) hp = LlamaModel::read_hparams(GgufFile::open(model_path));
     auto runs_on_model = [&](const std::string& spec) {
       try {

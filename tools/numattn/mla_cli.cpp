@@ -56,7 +56,7 @@ void check_mla_options(const CLI::App& sub, const MlaCliOptions& o) {
   parse_mla_exec(o.exec);
 }
 
-void check_mla_against_model(const MlaCliOptions& o, const LlamaHParams& hp, bool file_is_mla) {
+void check_mla_against_model(const MlaCliOptions& o, const ModelHParams& hp, bool file_is_mla) {
   if (!o.requested()) return;
   NUMATTN_CHECK_OPTION(!file_is_mla, "mla-rank", "the model is already an MLA model (numattn-mla)");
   NUMATTN_CHECK_OPTION(o.rope_heads <= hp.n_head_kv, "rope-heads",

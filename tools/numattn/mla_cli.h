@@ -35,7 +35,7 @@ void check_mla_options(const CLI::App& sub, const MlaCliOptions& o);
 
 /// Checks the flags against the model's header (before its weights are read): --rope-heads
 /// at most head_count_kv, --freqfold dividing n_rot/2, and no --mla-rank on an MLA file.
-void check_mla_against_model(const MlaCliOptions& o, const LlamaHParams& hp, bool file_is_mla);
+void check_mla_against_model(const MlaCliOptions& o, const ModelHParams& hp, bool file_is_mla);
 
 struct MlaCliResult {
   MlaModelReport report;

@@ -35,7 +35,7 @@ std::vector<std::int64_t> parse_index_list(const std::string& s, const char* opt
 struct TextWindow {
   std::string model_path, text_path;
   GgufFile file;
-  LlamaHParams hp;
+  ModelHParams hp;
   std::vector<std::int64_t> layers;
   std::vector<std::int32_t> tokens;  ///< the window (BOS substituted when asked)
   std::int64_t text_tokens = 0;      ///< tokens of the whole text

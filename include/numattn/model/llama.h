@@ -61,7 +61,9 @@
 
 #include "numattn/attention/method.h"
 #include "numattn/core/exec.h"
+#include "numattn/arch/hparams.h"
 #include "numattn/core/tensor.h"
+#include "numattn/model/blocks/block.h"
 #include "numattn/model/qgemv.h"
 #include "numattn/transform/bd_projection.h"
 
@@ -69,41 +71,6 @@ namespace numattn {
 
 class GgufFile;
 struct MlaLayer;
-enum class MlaExec;
-
-/// Largest `llama.context_length` accepted: 2^24 tokens (the longest trained contexts are
-/// around 10^7); anything larger is a corrupt or hostile file.
-inline constexpr std::int64_t kMaxContextLength = std::int64_t{1} << 24;
-
-/// Hyper-parameters (GGUF `llama.*` keys).
-struct LlamaHParams {
-  std::int64_t n_vocab = 0;
-  std::int64_t n_embd = 0;      ///< E
-  std::int64_t n_layer = 0;     ///< L
-  std::int64_t n_ff = 0;        ///< F
-  std::int64_t n_head = 0;      ///< Hq
-  std::int64_t n_head_kv = 0;   ///< Hkv
-  std::int64_t head_dim = 0;    ///< D (attention.key_length, default E/Hq)
-  std::int64_t n_rot = 0;       ///< rope.dimension_count (default D)
-  double rope_base = 10000.0;   ///< rope.freq_base
-  double rms_eps = 1e-5;        ///< attention.layer_norm_rms_epsilon
-  std::int64_t n_ctx_train = 0; ///< context_length (trained context, tokens)
-  /// Rows of the stacked Wq|Wk|Wv matrix: (Hq + 2·Hkv)·D.
-  std::int64_t qkv_rows() const { return (n_head + 2 * n_head_kv) * head_dim; }
-  /// Number of weights of the linear layers of one layer (what a token multiplies through).
-  std::int64_t layer_weights() const;
-  /// float32 values of all weights: embeddings, norms, every layer, and the output matrix
-  /// unless `tied`. Checked arithmetic (throws numattn::Error on overflow).
-  std::int64_t weight_count(bool tied) const;
-  /// Throws numattn::Error, naming the field and its GGUF key (prefixed by `source`, e.g. the
-  /// file, when given), unless: every count is >= 1; head_count is a multiple of
-  /// head_count_kv; n_rot (rope.dimension_count) is even, >= 0 and <= head_dim; rms_eps is
-  /// finite and in (0, 1); rope_base is finite and > 0; 1 <= n_ctx_train <= kMaxContextLength;
-  /// and every weight size fits in 64 bits. After it, qkv_rows() and layer_weights() cannot
-  /// overflow.
-  /// `arch` names the keys: "llama.*", or numattn's own architectures' renamed "<arch>.*".
-  void validate(const std::string& source = "", const std::string& arch = "llama") const;
-};
 
 /// How a loaded model holds its weights.
 enum class WeightStorage {
@@ -158,60 +125,34 @@ struct LlamaWeights {
   bool in_place() const { return !token_embd_q.empty(); }
 };
 
-/// Q/K/V of one layer for the N tokens of one forward call, handed to a capture callback.
-/// Views are `[1, H, N, D]` (H = Hq for q, Hkv for k/v) and valid only during the call.
-/// An MLA layer has no Q/K/V of that shape: its capture carries `xn` only (the views are empty).
-struct QkvCapture {
-  int layer = 0;
-  std::int64_t pos0 = 0;  ///< position of the first of the N tokens
-  /// The layer's normalised input Xn = RMSNorm(X) ⊙ attn_norm, `[N, E]` row-major (what Wq, Wk,
-  /// Wv multiply; the TransMLA calibration accumulates its covariance).
-  const float* xn = nullptr;
-  TensorView<const float> q_pre, k_pre;    ///< before RoPE
-  TensorView<const float> q_post, k_post;  ///< after RoPE (what attention sees)
-  TensorView<const float> v;
-};
-using CaptureFn = std::function<void(const QkvCapture&)>;
-
-/// Seconds spent per phase of the forward pass, accumulated over calls (a cheap profile).
-/// In a prefill split over threads by tokens, phases are timed on the first thread and
-/// `sync` is the time it then waits for the others (load imbalance, preemption).
-struct ForwardProfile {
-  double embed = 0, norm = 0, qkv_gemm = 0, rope = 0, attention = 0, o_gemm = 0,
-         ffn_gemm = 0, ffn_act = 0, output_gemm = 0, sync = 0;
-  double total() const;
-};
-
 /// Keys and values of all layers for the tokens seen so far; positions are 0..n_past-1.
-/// A GQA layer holds K and V `[capacity, Hkv, D]`; an MLA layer (latent width w = r + d_rope)
-/// holds one `[capacity, w]` array of [c | k_rope] rows in k() and nothing in v().
+/// Each layer holds the rows its attention block asks for (AttentionBlock::cache_shape): a GQA
+/// layer K and V `[capacity, Hkv, D]`, an MLA layer one `[capacity, r + d_rope]` array of
+/// [c | k_rope] rows in k() and nothing in v(), a factored VO layer K and one R-wide value row.
 class KvCache {
  public:
   KvCache() = default;
-  /// 2·L·max_tokens·Hkv·D floats; throws numattn::Error if max_tokens < 1, if the size
-  /// overflows, or if it exceeds the available memory (both numbers named).
-  KvCache(const LlamaHParams& hp, std::int64_t max_tokens);
-  /// Per-layer widths: `latent_width[l]` > 0 makes layer l an MLA layer of that width (0 = GQA);
-  /// `value_width[l]` > 0 (empty = all 0) gives a GQA layer one value row of that width per token
-  /// instead of Hkv·D (factored collaborative VO heads, LlamaLayer::vo_mix).
-  KvCache(const LlamaHParams& hp, std::int64_t max_tokens, const std::vector<std::int64_t>& latent_width,
-          const std::vector<std::int64_t>& value_width = {});
+  /// GQA layers: 2·L·max_tokens·Hkv·D floats.
+  KvCache(const ModelHParams& hp, std::int64_t max_tokens);
+  /// One layer per shape. Throws numattn::Error if max_tokens < 1, if the size overflows, or if
+  /// it exceeds the available memory (both numbers named).
+  KvCache(const std::vector<CacheShape>& layers, std::int64_t max_tokens);
   /// Bytes one token occupies over all layers (float32).
   std::int64_t bytes_per_token() const { return bytes_per_token_; }
   std::int64_t n_past() const { return n_past_; }
   std::int64_t capacity() const { return capacity_; }
   /// Forget everything (positions restart at 0); keeps the memory.
   void clear() { n_past_ = 0; }
-  /// Layer ℓ's keys / values, `[capacity, Hkv, D]` row-major (token-major).
+  /// Layer ℓ's keys / values, row-major (token-major).
   float* k(int layer) { return k_[static_cast<std::size_t>(layer)].data(); }
   float* v(int layer) { return v_[static_cast<std::size_t>(layer)].data(); }
+  const std::vector<CacheShape>& shapes() const { return shapes_; }
 
  private:
   friend class LlamaModel;
   std::int64_t n_past_ = 0, capacity_ = 0, bytes_per_token_ = 0;
   std::vector<std::vector<float>> k_, v_;
-  std::vector<std::int64_t> latent_;  ///< per layer: MLA latent width, 0 = GQA
-  std::vector<std::int64_t> value_;   ///< per layer: shared value width of a factored VO layer, 0 = Hkv·D
+  std::vector<CacheShape> shapes_;
 };
 
 /// Attention methods of a forward pass: one for all layers, or one per layer.
@@ -253,21 +194,30 @@ class LlamaModel {
                          WeightStorage storage = WeightStorage::kInPlace);
   /// Float32 storage from a file the caller owns (the model cannot keep a reference to it).
   static LlamaModel load(const GgufFile& file, const ExecContext& ctx = {});
-  /// The hyper-parameters of a llama GGUF file, validated (LlamaHParams::validate) and checked
+  /// The hyper-parameters of a llama GGUF file, validated (ModelHParams::validate) and checked
   /// against every tensor the model reads: presence, shape ([in, out] in GGUF order, as the
   /// keys give them), and a dequantizable type; `llama.vocab_size` and the tokenizer's token
   /// count must equal token_embd's rows. Reads no weights: cheap enough to check options
   /// against the model before loading it. Throws numattn::Error naming the file, the key and
   /// the tensor; refuses other architectures and RoPE scaling.
-  static LlamaHParams read_hparams(const GgufFile& file);
+  static ModelHParams read_hparams(const GgufFile& file);
   /// From weights in memory (tests, weight transforms). Hyper-parameters are validated and
   /// shapes checked.
-  LlamaModel(LlamaHParams hp, LlamaWeights w);
+  LlamaModel(ModelHParams hp, LlamaWeights w);
+  /// Copies and moves rebuild the blocks, which point into the weights of their own model.
+  LlamaModel(const LlamaModel& o);
+  LlamaModel(LlamaModel&& o) noexcept;
+  LlamaModel& operator=(const LlamaModel& o);
+  LlamaModel& operator=(LlamaModel&& o) noexcept;
 
-  const LlamaHParams& hparams() const { return hp_; }
+  const ModelHParams& hparams() const { return hp_; }
   const LlamaWeights& weights() const { return w_; }
-  /// Mutable weights, for weight-level transforms; the shapes must be kept.
-  LlamaWeights& mutable_weights() { return w_; }
+  /// Edits the weights in place (a weight rewrite: BDA, MLA conversion), then checks the shapes
+  /// again and rebuilds the blocks, whose forms follow the edited layers.
+  void edit_weights(const std::function<void(LlamaWeights&)>& edit);
+  /// The layers as blocks (built by the architecture's builder from the weights).
+  const std::vector<DecoderLayer>& layers() const { return layers_; }
+  const DecoderLayer& layer(int l) const { return layers_[static_cast<std::size_t>(l)]; }
   /// The float32 output matrix ([V, E]), or nullptr when it is held in place.
   const float* output_matrix() const;
   /// Bytes of weights one token's forward pass reads: every layer's matrices plus, when
@@ -321,8 +271,13 @@ class LlamaModel {
 
  private:
   void check_shapes() const;
-  LlamaHParams hp_;
+  void build_blocks();
+  /// The work of forward() after its checks (model/llama.cpp).
+  struct Call;
+  ModelHParams hp_;
   LlamaWeights w_;
+  std::vector<DecoderLayer> layers_;
+  std::shared_ptr<const NormBlock> output_norm_;
   std::vector<double> rope_inv_freq_;  ///< [n_rot/2], float64 so θ = pos·f stays accurate at long positions
   AttentionMethods attn_;
   MlaExec mla_exec_;
@@ -334,7 +289,7 @@ class LlamaModel {
 /// the trained context (OptionError "prompt") and that prompt + max_tokens does (OptionError
 /// "max_tokens", naming the limit llama.context_length and the largest allowed value).
 void check_generation(std::int64_t max_tokens, std::int64_t prompt_tokens = -1,
-                      const LlamaHParams* hp = nullptr);
+                      const ModelHParams* hp = nullptr);
 
 /// Greedy generation with the KV cache: returns the new token ids (stops at `eos_id` if >= 0).
 /// The request is checked by check_generation first.

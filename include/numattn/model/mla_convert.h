@@ -24,7 +24,7 @@
 ///   rank_option, scale 1/sqrt(D), θ from freqfold and rope_heads; docs/model-runner.md), so the
 ///   writer refuses layers and options that do not satisfy them;
 /// - per layer ℓ, `numattn-mla.mla.rope_theta.ℓ` (f64 array [d_rope/2], rad per position) and
-///   F32 tensors (GGUF ne order {in, out}; rows as in model/mla.h):
+///   F32 tensors (GGUF ne order {in, out}; rows as in arch/mla_weights.h):
 ///   `blk.ℓ.attn_kv_a_mqa.weight` {E, r + d_rope}: rows W_dkv then W_kr;
 ///   `blk.ℓ.attn_q.weight` {E, Hq·(d_nope + d_rope)}: per head h, rows W_q_nope[h] then W_q_rope[h];
 ///   `blk.ℓ.attn_kv_b.weight` {r, Hq·(d_nope + d_v)}: per head h, rows W_uk[h] then W_uv[h];

@@ -3,7 +3,7 @@
 /// its two executions, and their float64 transcriptions (the tests' references).
 ///
 /// A LlamaLayer whose `mla` is set has no Wq/Wk/Wv: its attention is the MLA layer of
-/// model/mla.h (latent c = W_dkv·xn, shared RoPE key k_rope = RoPE(W_kr·xn), per-head
+/// arch/mla_weights.h (latent c = W_dkv·xn, shared RoPE key k_rope = RoPE(W_kr·xn), per-head
 /// up-projections W_uk, W_uv; `wo` is then `[E, Hq·d_v]`). Its KV cache holds, per token, the
 /// row `[c | k_rope]` (r + d_rope floats) instead of the K and V of its KV heads (2·Hkv·D).
 ///
@@ -56,13 +56,12 @@
 
 #include "numattn/attention/method.h"
 #include "numattn/core/exec.h"
-#include "numattn/model/mla.h"
+#include "numattn/arch/mla_weights.h"
+#include "numattn/model/blocks/block.h"
 #include "numattn/transform/bd_projection.h"
 
 namespace numattn {
 
-/// How an MLA layer runs (see the file comment).
-enum class MlaExec { kNaive, kAbsorbed };
 /// "naive" / "absorbed".
 const char* to_string(MlaExec e);
 /// Parses "naive" | "absorbed"; throws OptionError("mla-exec") otherwise.
@@ -111,7 +110,7 @@ struct MlaLayer {
 
 /// Float64 transcription of one MLA layer's attention for `n` tokens at positions p0..p0+n−1
 /// that see only each other (causal, an empty cache before them): xn `[n, E]` row-major →
-/// `[n, Hq·d_v]` (the input of W_o). Naive: the formulas of model/mla.h as written; absorbed:
+/// `[n, Hq·d_v]` (the input of W_o). Naive: the formulas of arch/mla_weights.h as written; absorbed:
 /// q̃_h = W_uk[h]ᵀ q_nope_h scored against c, W_uv[h] applied to Σ_j p_j c_j. Cost
 /// O(n·(E·in_rows + n·Hq·r + Hq·r·(d_nope + d_v))).
 std::vector<double> mla_attention_f64(const MlaLayerWeights& w, const std::vector<double>& xn,

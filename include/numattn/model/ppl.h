@@ -100,7 +100,7 @@ void log_softmax(const float* logits, std::int64_t n, std::vector<double>& out);
 /// also that ctx fits the trained context unless allow_long_ctx, and that spec lists have 1 or
 /// n_layer entries; with `n_tokens` >= 0 also that the text has at least 2·ctx tokens.
 /// Throws OptionError naming the option (ctx, chunks, attn, baseline) or numattn::Error.
-void check_ppl_options(const PplOptions& opt, const LlamaHParams* hp = nullptr,
+void check_ppl_options(const PplOptions& opt, const ModelHParams* hp = nullptr,
                        std::int64_t n_tokens = -1);
 
 /// Runs the protocol on `tokens` (after check_ppl_options). `bos_id`/`add_bos` come from the

@@ -63,11 +63,11 @@ struct TensorFileLayout {
 
 /// Reads and validates the numattn-tensor keys and factor tensors of `f` against `hp` (the
 /// file's renamed llama hyper-parameters). Throws numattn::Error naming the key or tensor.
-TensorFileLayout read_tensor_file_layout(const GgufFile& f, const LlamaHParams& hp);
+TensorFileLayout read_tensor_file_layout(const GgufFile& f, const ModelHParams& hp);
 
 /// The model of a numattn-tensor file: `w` holds everything but the rebuilt kinds (loaded by
 /// LlamaModel::load in either storage); the factors are read from `f` and build_tensor_model runs.
-LlamaModel finish_tensor_model(const GgufFile& f, const LlamaHParams& hp, LlamaWeights w, const ExecContext& ctx);
+LlamaModel finish_tensor_model(const GgufFile& f, const ModelHParams& hp, LlamaWeights w, const ExecContext& ctx);
 
 /// Writes the compressed model given by `factors` (from compress_model_tensor on the model of
 /// `source`) as a numattn-tensor file, atomically; refuses `path` == the source file, a source

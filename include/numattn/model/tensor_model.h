@@ -102,7 +102,7 @@ struct TensorStackKind {
   std::int64_t slices;  ///< matrices in one stack
 };
 /// The weight kinds `scheme` (tucker-qkvo, tucker-ffn or tucker-heads) stacks, for the model `hp`.
-std::vector<TensorStackKind> tensor_stack_kinds(transform::TensorScheme scheme, const LlamaHParams& hp);
+std::vector<TensorStackKind> tensor_stack_kinds(transform::TensorScheme scheme, const ModelHParams& hp);
 
 /// The original attention matrices of one layer, dequantized to float32 row-major [out, in]:
 /// `kind` is attn_q, attn_k, attn_v or attn_output. build_tensor_model asks for the ones a CP
@@ -114,7 +114,7 @@ using TensorSourceRows = std::function<std::vector<float>(std::int64_t layer, co
 /// empty in `base`) and the factors `f`; `source` gives the kept attention matrices of a CP
 /// scheme. `hp` is the source model's; vo-cp/qk-cp return a model of head dim max(D, R).
 /// Throws numattn::Error when the factors do not match `hp` (count or size).
-LlamaModel build_tensor_model(const LlamaHParams& hp, LlamaWeights base, const TensorFactors& f,
+LlamaModel build_tensor_model(const ModelHParams& hp, LlamaWeights base, const TensorFactors& f,
                               const TensorSourceRows& source);
 
 struct TensorModelReport {
@@ -132,7 +132,7 @@ struct TensorModelReport {
 /// callable before the weights are read. `mla`: the model is (or will be) an MLA model, where
 /// only qk-cp applies (on the NoPE part; its rank is checked against Hq·d_nope at compression).
 /// Throws numattn::OptionError("tensor", ...).
-void check_tensor_spec(const transform::TensorSpec& spec, const LlamaHParams& hp, bool mla = false);
+void check_tensor_spec(const transform::TensorSpec& spec, const ModelHParams& hp, bool mla = false);
 
 /// The compressed model (see the file comment); `model` is not changed. Throws numattn::Error for
 /// a refusal (qk-cp on RoPE dimensions, BDA/MLA models, ranks out of range).

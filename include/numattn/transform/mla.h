@@ -1,7 +1,7 @@
 /// @file mla.h
 /// GQA → MLA conversion of one decoder layer (TransMLA: Meng, Tang, Tang, Yao, Sun, Zhang,
 /// arXiv 2502.07864, NeurIPS 2025), into the multi-head latent attention form of DeepSeek-V2
-/// (arXiv 2405.04434, §2.1) that `model/mla.h` runs.
+/// (arXiv 2405.04434, §2.1) that `arch/mla_weights.h` runs.
 ///
 /// Input: a GQA layer with Hq query heads, Hkv KV heads (group g of query head h: g = h / (Hq/Hkv),
 /// contiguous groups), head width D, RoPE on the first n_rot dims of every head in the GGUF
@@ -50,8 +50,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "numattn/model/llama.h"
-#include "numattn/model/mla.h"
+#include "numattn/arch/hparams.h"
+#include "numattn/arch/mla_weights.h"
 
 namespace numattn::transform {
 
@@ -64,7 +64,7 @@ struct MlaOptions {
   int rope_heads = 1;      ///< KV heads' worth of RoPE dims kept in the decoupled key (1..Hkv);
                            ///< rope_heads == Hkv with rank 0 is the exact merge
   bool low_rank_query = false; ///< optional; refused (not implemented: the MLA layer of
-                               ///< model/mla.h has no query latent, so it would save nothing)
+                               ///< arch/mla_weights.h has no query latent, so it would save nothing)
   std::int64_t query_rank = 0;
 };
 
@@ -80,10 +80,10 @@ struct MlaCalibration {
 /// llama adjacent-pair RoPE layout, first n_rot dims of each head rotated with
 /// θ_i = rope_base^(−2i/n_rot)). Throws numattn::Error for impossible options (names them):
 /// rank < 0, freqfold < 1 or not dividing n_rot/2, rope_heads outside 1..Hkv, low_rank_query,
-/// weights or xn_cov of the wrong size or not finite, hyper-parameters that LlamaHParams::validate
+/// weights or xn_cov of the wrong size or not finite, hyper-parameters that ModelHParams::validate
 /// refuses. The result has softmax_scale = 1/sqrt(D), d_v = D, d_rope = rope_heads·n_rot,
 /// d_nope = Hkv·D − d_rope and rank = min(r, d_nope + Hkv·D) (r = 0: the full width).
-MlaLayerWeights convert_layer_to_mla(const LlamaHParams& hp, const std::vector<double>& wq,
+MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<double>& wq,
                                      const std::vector<double>& wk, const std::vector<double>& wv,
                                      const MlaCalibration& calib, const MlaOptions& opt);
 
@@ -96,7 +96,7 @@ struct MlaConversionStats {
   std::int64_t full_width = 0;   ///< d_nope + Hkv·D, the latent width without truncation
 };
 /// As above, also filling *stats (when not null).
-MlaLayerWeights convert_layer_to_mla(const LlamaHParams& hp, const std::vector<double>& wq,
+MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<double>& wq,
                                      const std::vector<double>& wk, const std::vector<double>& wv,
                                      const MlaCalibration& calib, const MlaOptions& opt,
                                      MlaConversionStats* stats);
@@ -112,7 +112,7 @@ struct RoRopeBasis {
   std::vector<std::vector<double>> eigenvalues;  ///< [P/M] × n, descending, damping included
 };
 /// Computes the basis from wk [Hkv·D, E] and the calibration (options checked as above).
-RoRopeBasis rorope_basis(const LlamaHParams& hp, const std::vector<double>& wk,
+RoRopeBasis rorope_basis(const ModelHParams& hp, const std::vector<double>& wk,
                          const MlaCalibration& calib, int freqfold);
 /// Σ over groups of the top `keep` eigenvalues (the energy captured by keeping `keep` components
 /// of every group: with keep = M, TransMLA's V_2 = Σ of the top M eigenvalues of each folded
@@ -123,12 +123,12 @@ double rorope_captured_energy(const RoRopeBasis& basis, std::int64_t keep);
 /// convert_layer_to_mla gives a layer: for each folded group f, θ*_f (the mean of its freqfold
 /// frequencies θ_i = rope_base^(−2i/n_rot)) repeated rope_heads·freqfold times. What an MLA file's
 /// `rope_theta.ℓ` must hold (model/mla_convert.h). The options must be valid for `hp`.
-std::vector<double> mla_rope_theta(const LlamaHParams& hp, int freqfold, std::int64_t rope_heads);
+std::vector<double> mla_rope_theta(const ModelHParams& hp, int freqfold, std::int64_t rope_heads);
 
 /// Steps 1–2 only: the GQA layer merged and rotated by `basis`, every rotated component kept as
 /// RoPE (d_rope = Hkv·n_rot) and the latent uncompressed. With basis.freqfold = 1 an exact rewrite
 /// of the GQA layer (identity 5); with M > 1 the folded frequencies are the only change.
-MlaLayerWeights rorope_merge(const LlamaHParams& hp, const std::vector<double>& wq,
+MlaLayerWeights rorope_merge(const ModelHParams& hp, const std::vector<double>& wq,
                              const std::vector<double>& wk, const std::vector<double>& wv,
                              const RoRopeBasis& basis);
 

@@ -46,7 +46,7 @@
 #include <vector>
 
 #include "numattn/decomp/dense.h"
-#include "numattn/model/mla.h"
+#include "numattn/arch/mla_weights.h"
 
 namespace numattn::transform {
 
@@ -119,7 +119,7 @@ struct CollabHeads {
 CollabHeads collaborative_heads(std::span<const decomp::dense::Matrix> left,
                                 std::span<const decomp::dense::Matrix> right, const CollabOptions& opt);
 
-/// Collaborative QK heads on the NoPE part of an MLA layer (model/mla.h): head h scores
+/// Collaborative QK heads on the NoPE part of an MLA layer (arch/mla_weights.h): head h scores
 /// q_nope_h·k_nope_h = xnᵀ·T_h·c with T_h = W_q_nope[h]ᵀ·W_uk[h] (E × r, no RoPE on these
 /// dimensions, so the bilinear form is position-free and the CP rewrite is legal). With the CP
 /// T_h ≈ L'·diag(μ_h)·R'ᵀ (collaborative_heads with H groups of one head) the layer keeps its

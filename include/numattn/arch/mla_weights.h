@@ -1,4 +1,4 @@
-/// @file mla.h
+/// @file mla_weights.h
 /// Multi-head latent attention (MLA, DeepSeek-V2 §2.1) weights of one decoder layer: the form a
 /// GQA layer takes after the TransMLA conversion (transform/mla.h), and what the model runs.
 ///

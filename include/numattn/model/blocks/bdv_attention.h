@@ -1,0 +1,27 @@
+/// @file bdv_attention.h
+/// GQA attention whose value projection is the fused Basis Decomposition projection of the VO
+/// pair (BD Attention; Zhao et al., "Basis Decomposition for Attention", model/bda_model.h):
+/// V'_g = xn[S] + xn[S^c]·C_g per KV head g (transform/bd_projection.h), which the cache holds,
+/// and W_o' in place of W_o, so that A·W_o'ᵀ equals the dense layer's output up to rounding.
+/// The stacked matrix holds Wq|Wk only. Weights: (Hq+Hkv)·D·E + the projection's coefficients
+/// ((E−D)·Hkv·D, plus D² per dense-fallback head) + E·Hq·D.
+#pragma once
+
+#include "numattn/model/blocks/gqa_attention.h"
+
+namespace numattn {
+
+class BdvAttention final : public GqaAttention {
+ public:
+  BdvAttention(const LlamaLayer& layer, const ModelHParams& hp);
+  std::string kind() const override { return "bd-v"; }
+
+ protected:
+  std::int64_t in_rows() const override { return (Hq_ + Hkv_) * D_; }
+  void project_values(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1, float* rows,
+                      std::int64_t ld) const override;
+  std::int64_t extra_weights() const override;
+  std::uint64_t extra_weight_bytes() const override { return 4 * static_cast<std::uint64_t>(extra_weights()); }
+};
+
+}  // namespace numattn

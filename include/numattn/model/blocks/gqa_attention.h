@@ -1,0 +1,87 @@
+/// @file gqa_attention.h
+/// Grouped-query attention with RoPE (Ainslie et al., "GQA", 2023; Su et al., "RoFormer", 2021),
+/// as Llama runs it, for the N new tokens of a call at positions p0..p0+N−1:
+/// ```
+///   Q,K,V = xn·Wqᵀ, xn·Wkᵀ, xn·Wvᵀ        Wq|Wk|Wv stacked as one [(Hq+2Hkv)·D, E] matrix
+///   Q,K   = RoPE(Q, K; positions)         adjacent pairs (x[2i], x[2i+1]), i < n_rot/2
+///   A     = attention(Q, K_cache ⊕ K, V_cache ⊕ V)   causal bottom-right, query head h reads
+///                                                    KV head h / (Hq/Hkv)
+///   x    += A·Woᵀ
+/// ```
+/// RoPE is llama.cpp's LLAMA_ROPE_TYPE_NORM (θ_i = pos·base^(−2i/n_rot)): right for GGUF files,
+/// whose converter permutes HF's rotate-half q/k rows into the interleaved layout.
+/// Cache: K and V rows [pos, Hkv, D], 2·Hkv·D floats per token. Weights (Hq+2Hkv)·D·E + E·Hq·D.
+/// FLOPs per token 2·weights + 2·Hq·n_ctx·2D. Scratch per token: the Q|K|V row, the attention
+/// output row (Hq·D) and, with a capture, the pre-RoPE Q|K copy.
+///
+/// Two further forms change only the value side and are blocks of their own built on this one:
+/// BD-V (bdv_attention.h) and factored VO heads (factored_vo_attention.h).
+#pragma once
+
+#include "numattn/model/blocks/block.h"
+
+namespace numattn {
+
+struct LlamaLayer;
+struct ModelHParams;
+
+class GqaAttention : public AttentionBlock {
+ public:
+  /// The layer's wqkv / wo (either storage), which must outlive the block.
+  GqaAttention(const LlamaLayer& layer, const ModelHParams& hp);
+  std::string kind() const override { return "gqa"; }
+  std::int64_t weights() const override;
+  std::uint64_t weight_bytes() const override;
+  double flops_per_token(std::int64_t n_ctx) const override;
+  CacheShape cache_shape() const override { return {Hkv_ * D_, value_cache_width()}; }
+  std::int64_t scratch_per_token(const ForwardStep& st) const override;
+  void project(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1, const LayerCache& cache,
+               float* scratch, bool main) const override;
+  void attend(const ForwardStep& st, const AttentionMethod& method, const LayerCache& cache,
+              float* scratch) const override;
+  void output(const ForwardStep& st, std::int64_t t0, std::int64_t t1, float* scratch, float* x,
+              bool main) const override;
+  void capture(const ForwardStep& st, int layer, const float* xn, const float* scratch,
+               const CaptureFn& fn) const override;
+
+ protected:
+  /// Rows of the stacked input matrix (the Q|K|V row width).
+  virtual std::int64_t in_rows() const { return (Hq_ + 2 * Hkv_) * D_; }
+  /// Floats per token of the value cache.
+  virtual std::int64_t value_cache_width() const { return Hkv_ * D_; }
+  /// Width of one head's value (and attention output) row.
+  virtual std::int64_t head_value_width() const { return D_; }
+  /// Columns of W_o (its input width): Hq·D.
+  virtual std::int64_t wo_cols() const { return Hq_ * D_; }
+  /// Whether every KV head reads the same value row (factored VO heads).
+  virtual bool shared_values() const { return false; }
+  /// Fills the value slots of the Q|K|V rows [t0, t1) (row stride `ld`) that the stacked
+  /// product did not (BD-V); nothing here.
+  virtual void project_values(const ForwardStep&, const float*, std::int64_t, std::int64_t, float*,
+                              std::int64_t) const {}
+  /// x rows [t0, t1) += the output projection of the attention rows `att` (Hq·head_value_width()
+  /// floats per token).
+  virtual void output_rows(const ForwardStep& st, const float* att, std::int64_t t0, std::int64_t t1, float* x,
+                           float* scratch) const;
+  /// Floats per token of scratch beyond the base layout (factored VO: the mixed row).
+  virtual std::int64_t extra_scratch() const { return 0; }
+  /// Linear weights of the value side beyond the stacked matrix and W_o.
+  virtual std::int64_t extra_weights() const { return 0; }
+  virtual std::uint64_t extra_weight_bytes() const { return 0; }
+  /// Scratch offsets (floats from the layer's scratch): rows [N, R], att [N, Hq·vw], pre-RoPE
+  /// copies [N, (Hq+Hkv)·D] when capturing, then extra_scratch().
+  std::int64_t att_offset(const ForwardStep& st) const { return st.n_tokens * R(); }
+  std::int64_t pre_offset(const ForwardStep& st) const {
+    return att_offset(st) + st.n_tokens * Hq_ * head_value_width();
+  }
+  std::int64_t extra_offset(const ForwardStep& st) const {
+    return pre_offset(st) + (st.capture ? st.n_tokens * (Hq_ + Hkv_) * D_ : 0);
+  }
+  /// Width of the Q|K|V row.
+  std::int64_t R() const { return (Hq_ + Hkv_) * D_ + value_cache_width(); }
+
+  const LlamaLayer* L_;
+  std::int64_t E_, Hq_, Hkv_, D_, n_rot_;
+};
+
+}  // namespace numattn

@@ -1,0 +1,75 @@
+#include "numattn/arch/arch.h"
+
+#include <array>
+
+#include "numattn/core/error.h"
+#include "numattn/model/gguf.h"
+
+namespace numattn {
+
+namespace {
+
+constexpr std::array<ArchSpec, 3> kArchitectures{{
+    {"llama", "llama", "Llama: GQA with RoPE, SwiGLU, RMSNorm"},
+    {"numattn-mla", "llama", "numattn's Llama converted to multi-head latent attention (model/mla_convert.h)"},
+    {"numattn-tensor", "llama", "numattn's Llama with tensor-compressed weights (model/tensor_convert.h)"},
+}};
+
+}  // namespace
+
+std::span<const ArchSpec> architectures() { return kArchitectures; }
+
+const ArchSpec* find_architecture(std::string_view name) {
+  for (const ArchSpec& a : kArchitectures)
+    if (a.name == name) return &a;
+  return nullptr;
+}
+
+std::string supported_architectures() {
+  std::string s;
+  for (const ArchSpec& a : kArchitectures)
+    s += fmt::format("{}'{}' ({})", s.empty() ? "" : ", ", a.name, a.summary);
+  return s;
+}
+
+std::string arch_key(std::string_view arch, std::string_view field) {
+  return fmt::format("{}.{}", arch, field);
+}
+
+ModelHParams read_model_hparams(const GgufFile& f) {
+  const std::string arch = f.architecture();
+  NUMATTN_CHECK(find_architecture(arch) != nullptr, "{}: architecture '{}' is not supported; numattn runs {}",
+                f.path(), arch, supported_architectures());
+  auto K = [&](const char* field) { return arch_key(arch, field); };
+  NUMATTN_CHECK(!f.has(K(hparam_key::kRopeScaling)) || f.get_string(K(hparam_key::kRopeScaling)) == "none",
+                "{}: {} = '{}': RoPE scaling is not supported (only 'none')", f.path(), K(hparam_key::kRopeScaling),
+                f.get_string(K(hparam_key::kRopeScaling), ""));
+  ModelHParams hp;
+  hp.n_embd = f.get_int(K(hparam_key::kEmbd));
+  hp.n_layer = f.get_int(K(hparam_key::kBlocks));
+  hp.n_ff = f.get_int(K(hparam_key::kFf));
+  hp.n_head = f.get_int(K(hparam_key::kHeads));
+  hp.n_head_kv = f.get_int(K(hparam_key::kHeadsKv), hp.n_head);
+  if (f.has(K(hparam_key::kKeyLength))) {
+    hp.head_dim = f.get_int(K(hparam_key::kKeyLength));
+  } else {
+    NUMATTN_CHECK(hp.n_head >= 1 && hp.n_embd % hp.n_head == 0,
+                  "{}: {} = {} is not a multiple of {} = {}, and there is no {} to give the head dim", f.path(),
+                  K(hparam_key::kEmbd), hp.n_embd, K(hparam_key::kHeads), hp.n_head, K(hparam_key::kKeyLength));
+    hp.head_dim = hp.n_embd / hp.n_head;
+  }
+  NUMATTN_CHECK(f.get_int(K(hparam_key::kValueLength), hp.head_dim) == hp.head_dim,
+                "{}: {} = {} differs from the key length {}; that is not supported", f.path(),
+                K(hparam_key::kValueLength), f.get_int(K(hparam_key::kValueLength), hp.head_dim), hp.head_dim);
+  hp.n_rot = f.get_int(K(hparam_key::kRot), hp.head_dim);
+  hp.rope_base = f.get_double(K(hparam_key::kRopeBase), 10000.0);
+  hp.rms_eps = f.get_double(K(hparam_key::kRmsEps), 1e-5);
+  hp.n_ctx_train = f.get_int(K(hparam_key::kContext));  // required, as in llama.cpp
+  const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
+  NUMATTN_CHECK(emb != nullptr, "{}: tensor token_embd.weight is missing (it gives the vocabulary)", f.path());
+  hp.n_vocab = emb->ne.size() >= 2 ? emb->ne[1] : 0;
+  hp.validate(f.path(), arch);
+  return hp;
+}
+
+}  // namespace numattn

@@ -1,0 +1,117 @@
+#include "numattn/model/blocks/gqa_attention.h"
+
+#include <algorithm>
+
+#include "model/blocks/linear.h"
+#include "numattn/model/llama.h"
+
+namespace numattn {
+
+GqaAttention::GqaAttention(const LlamaLayer& layer, const ModelHParams& hp)
+    : L_(&layer), E_(hp.n_embd), Hq_(hp.n_head), Hkv_(hp.n_head_kv), D_(hp.head_dim), n_rot_(hp.n_rot) {}
+
+std::int64_t GqaAttention::weights() const { return in_rows() * E_ + E_ * wo_cols() + extra_weights(); }
+
+std::uint64_t GqaAttention::weight_bytes() const {
+  return blocks::Weight{&L_->wqkv, &L_->wqkv_q, in_rows(), E_}.bytes() +
+         blocks::Weight{&L_->wo, &L_->wo_q, E_, wo_cols()}.bytes() + extra_weight_bytes();
+}
+
+double GqaAttention::flops_per_token(std::int64_t n_ctx) const {
+  return 2.0 * static_cast<double>(weights()) +
+         2.0 * static_cast<double>(Hq_ * n_ctx * (D_ + head_value_width()));
+}
+
+std::int64_t GqaAttention::scratch_per_token(const ForwardStep& st) const {
+  return R() + Hq_ * head_value_width() + (st.capture ? (Hq_ + Hkv_) * D_ : 0) + extra_scratch();
+}
+
+void GqaAttention::project(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1,
+                           const LayerCache& cache, float* scratch, bool main) const {
+  const std::int64_t n = t1 - t0, R = this->R(), Hq = Hq_, Hkv = Hkv_, D = D_, half = st.rope_half;
+  float* rows = scratch + t0 * R;
+  blocks::linear(st.rows_ctx, st.act, xn + t0 * E_, n, blocks::Weight{&L_->wqkv, &L_->wqkv_q, in_rows(), E_}, rows,
+                 false, R);
+  project_values(st, xn, t0, t1, rows, R);
+  st.lap(main, &ForwardProfile::qkv_gemm);
+  float* pre = scratch + pre_offset(st);
+  const std::int64_t vw = value_cache_width();
+  for (std::int64_t t = t0; t < t1; ++t) {
+    float* row = scratch + t * R;
+    if (st.capture) std::copy_n(row, (Hq + Hkv) * D, pre + t * (Hq + Hkv) * D);
+    // RoPE, adjacent pairs, on the Q and K heads of the token, in place.
+    const float* c = st.rope_cos + t * half;
+    const float* s = st.rope_sin + t * half;
+    for (std::int64_t hh = 0; hh < Hq + Hkv; ++hh) {
+      float* v = row + hh * D;
+      for (std::int64_t i = 0; i < half; ++i) {
+        const float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = a * c[i] - b * s[i];
+        v[2 * i + 1] = a * s[i] + b * c[i];
+      }
+    }
+    // Append the token's key and value rows to the cache.
+    std::copy_n(row + Hq * D, Hkv * D, cache.k + (st.pos0 + t) * Hkv * D);
+    std::copy_n(row + (Hq + Hkv) * D, vw, cache.v + (st.pos0 + t) * vw);
+  }
+  st.lap(main, &ForwardProfile::rope);
+}
+
+void GqaAttention::attend(const ForwardStep& st, const AttentionMethod& method, const LayerCache& cache,
+                          float* scratch) const {
+  const std::int64_t N = st.n_tokens, nk = st.pos0 + N, R = this->R(), Hq = Hq_, Hkv = Hkv_, D = D_;
+  const std::int64_t vw = head_value_width();
+  AttentionProblem p;
+  p.q = TensorView<const float>(scratch, {1, Hq, N, D}, {N * R, D, R, 1});
+  p.k = TensorView<const float>(cache.k, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
+  // Shared values: every KV head reads the one value row (head stride 0).
+  p.v = shared_values() ? TensorView<const float>(cache.v, {1, Hkv, nk, vw}, {nk * vw, 0, vw, 1})
+                        : TensorView<const float>(cache.v, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
+  p.out = TensorView<float>(scratch + att_offset(st), {1, Hq, N, vw}, {N * Hq * vw, vw, Hq * vw, 1});
+  p.causal = Causal::kBottomRight;
+  // A decode step's attention gets the team only from ~1 MFLOP of exact attention on (Nk ≈
+  // 430 for SmolLM2), where reading the KV cache with every core pays for waking them; below,
+  // a method that forks per head would spend more on the fork than on the work. exact.flash
+  // applies the same bound itself.
+  const double att_flops = 2.0 * static_cast<double>(Hq * N * nk * (D + vw));
+  method.run(p, st.by_tokens || att_flops >= 1e6 ? st.team : ExecContext{1});
+}
+
+void GqaAttention::output_rows(const ForwardStep& st, const float* att, std::int64_t t0, std::int64_t t1, float* x,
+                               float*) const {
+  blocks::linear(st.rows_ctx, st.act, att + t0 * wo_cols(), t1 - t0, blocks::Weight{&L_->wo, &L_->wo_q, E_, wo_cols()},
+                 x + t0 * E_, true);
+}
+
+void GqaAttention::output(const ForwardStep& st, std::int64_t t0, std::int64_t t1, float* scratch, float* x,
+                          bool main) const {
+  output_rows(st, scratch + att_offset(st), t0, t1, x, scratch);
+  st.lap(main, &ForwardProfile::o_gemm);
+}
+
+void GqaAttention::capture(const ForwardStep& st, int layer, const float* xn, const float* scratch,
+                           const CaptureFn& fn) const {
+  const std::int64_t N = st.n_tokens, R = this->R(), Hq = Hq_, Hkv = Hkv_, D = D_, W = (Hq + Hkv) * D;
+  const float* pre = scratch + pre_offset(st);
+  QkvCapture c;
+  c.layer = layer;
+  c.pos0 = st.pos0;
+  c.xn = xn;
+  c.q_pre = TensorView<const float>(pre, {1, Hq, N, D}, {N * W, D, W, 1});
+  c.k_pre = TensorView<const float>(pre + Hq * D, {1, Hkv, N, D}, {N * W, D, W, 1});
+  c.q_post = TensorView<const float>(scratch, {1, Hq, N, D}, {N * R, D, R, 1});
+  c.k_post = TensorView<const float>(scratch + Hq * D, {1, Hkv, N, D}, {N * R, D, R, 1});
+  c.v = TensorView<const float>(scratch + (Hq + Hkv) * D, {1, Hkv, N, D}, {N * R, D, R, 1});
+  fn(c);
+}
+
+void AttentionBlock::capture(const ForwardStep& st, int layer, const float* xn, const float*,
+                             const CaptureFn& fn) const {
+  QkvCapture c;
+  c.layer = layer;
+  c.pos0 = st.pos0;
+  c.xn = xn;
+  fn(c);
+}
+
+}  // namespace numattn
