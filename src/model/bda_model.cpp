@@ -7,11 +7,47 @@
 #include "numattn/core/file_io.h"
 #include "numattn/model/gguf.h"
 #include "numattn/model/mla_model.h"
+#include "numattn/model/quant.h"
 
 namespace numattn {
 
+namespace {
+
+// `m` ([out, cols] row-major, or its transpose [cols, out] when `transposed`) encoded as
+// `type`, its bytes kept by `owner`; an empty matrix when numattn cannot write the type or a row
+// is not whole blocks of it (the caller keeps float32 then).
+QuantMatrix requantize(const float* m, std::int64_t out, std::int64_t cols, bool transposed, GgmlType type,
+                       LlamaLayer& owner) {
+  const GgmlTypeInfo& ti = ggml_type_info(type);
+  if (!ti.quantizable || type == GgmlType::F32 || cols <= 0 || cols % ti.block_elems != 0) return {};
+  const std::int64_t row_bytes = cols / ti.block_elems * ti.block_bytes;
+  auto b = std::make_shared<std::vector<std::uint8_t>>(static_cast<std::size_t>(out * row_bytes));
+  std::vector<float> row(static_cast<std::size_t>(cols));
+  for (std::int64_t o = 0; o < out; ++o) {
+    for (std::int64_t k = 0; k < cols; ++k)
+      row[static_cast<std::size_t>(k)] = transposed ? m[k * out + o] : m[o * cols + k];
+    quantize_row(type, row.data(), b->data() + o * row_bytes, cols);
+  }
+  QuantMatrix q;
+  q.cols = cols;
+  q.parts.push_back({type, b->data(), out, row_bytes});
+  owner.owned_bytes.push_back(std::move(b));
+  return q;
+}
+
+// Adds `t` to the report's list of coefficient types ("Q4_1", "Q4_1+F32").
+void add_type(std::string& list, const std::string& t) {
+  if (list.empty()) {
+    list = t;
+  } else if (("+" + list + "+").find("+" + t + "+") == std::string::npos) {
+    list += "+" + t;
+  }
+}
+
+}  // namespace
+
 ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
-                         const transform::BdaOptions& options) {
+                         const transform::BdaOptions& options, BdaCoefStorage coef) {
   transform::BdaOptions opt = options;
   opt.pairs = transform::parse_bda_pairs(pairs);
   const ModelHParams& hp = model.hparams();
@@ -58,15 +94,26 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
     for (std::size_t l = 0; l < w.layers.size(); ++l) {
       LlamaLayer& L = ew.layers[l];
       transform::BdaLayer& b = done[l];
+      const QuantMatrix wo_src = L.wo_q;
       L.wo = std::move(b.wo);
       L.wo_q = {};
       // V rows now live in v_bd.
-      if (L.wqkv_q.empty()) {
-        L.wqkv.resize(static_cast<std::size_t>((Hq + Hkv) * D * E));
-      } else {
-        L.wqkv_q = L.wqkv_q.first_rows((Hq + Hkv) * D);
-      }
+      if (L.wqkv_q.empty()) L.wqkv.resize(static_cast<std::size_t>((Hq + Hkv) * D * E));
+      // In place: the source value and output tensors' types (V is the last part of Wq|Wk|Wv).
+      const bool in_place = !L.wqkv_q.empty();
+      const GgmlType vtype = in_place ? L.wqkv_q.parts.back().type : GgmlType::F32;
+      const GgmlType otype = wo_src.empty() ? GgmlType::F32 : wo_src.parts.front().type;
+      if (in_place) L.wqkv_q = L.wqkv_q.first_rows((Hq + Hkv) * D);
       L.v_bd = std::make_shared<const transform::BdProjection>(std::move(b.v_proj));
+      L.v_bd_q = {};
+      L.owned_bytes.clear();
+      if (in_place && coef == BdaCoefStorage::kSource) {
+        const transform::BdProjection& p = *L.v_bd;
+        L.v_bd_q = requantize(p.rest().data(), p.out_dim(), p.d_in() - p.rank(), true, vtype, L);
+        if (otype != GgmlType::F32) L.wo_q = requantize(L.wo.data(), E, Hq * D, false, otype, L);
+        if (!L.wo_q.empty()) L.wo.clear(), L.wo.shrink_to_fit();
+      }
+      add_type(rep.coef_type, L.v_bd_q.empty() ? "F32" : ggml_type_name(vtype));
       ModelBdaLayerReport lr;
       lr.layer = static_cast<int>(l);
       lr.kappa_max = b.vo.kappa_max;

@@ -127,6 +127,36 @@ index_t BdProjection::macs_per_token() const {
   return (d_ - r_) * out_dim() + r_ * dense_head_count() * dh_;
 }
 
+void BdProjection::fill_basis(const float* xs, index_t tokens, index_t ldxs, float* y, index_t ldy) const {
+  NUMATTN_CHECK(r_ > 0, "fill_basis: the projection is dense (no basis)");
+  // Identity part X[:,S] (+ b') for BD heads, b (or 0) for dense heads.
+  for (index_t t = 0; t < tokens; ++t) {
+    const float* xr = xs + t * ldxs;
+    float* yr = y + t * ldy;
+    for (index_t h = 0; h < heads_; ++h) {
+      float* yh = yr + h * dh_;
+      const float* bh = bias_.empty() ? nullptr : bias_.data() + h * dh_;
+      if (!dense_[static_cast<std::size_t>(h)]) {
+        if (bh)
+          for (index_t j = 0; j < dh_; ++j) yh[j] = xr[j] + bh[j];
+        else
+          std::memcpy(yh, xr, sizeof(float) * dh_);
+      } else if (bh) {
+        std::memcpy(yh, bh, sizeof(float) * dh_);
+      } else {
+        std::memset(yh, 0, sizeof(float) * dh_);
+      }
+    }
+  }
+  // Dense heads: add X[:,S]·W_h[S,:].
+  const index_t nd = dense_head_count();
+  for (index_t k = 0; k < nd; ++k) {
+    const index_t h = dense_list_[static_cast<std::size_t>(k)];
+    blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, tokens, dh_, r_, 1.f, xs, ldxs, top_.data() + k * dh_, nd * dh_,
+                1.f, y + h * dh_, ldy);
+  }
+}
+
 void BdProjection::project(const float* x, index_t tokens, index_t ldx, float* y, index_t ldy,
                            InputOrder order, const ExecContext& ctx) const {
   NUMATTN_CHECK(d_ > 0, "BdProjection is empty (build it with dense() or build_bd_projection())");
@@ -137,7 +167,6 @@ void BdProjection::project(const float* x, index_t tokens, index_t ldx, float* y
   const index_t rows = block_rows_ > 0 ? block_rows_ : (tokens + nt - 1) / nt;
   const index_t nblocks = (tokens + rows - 1) / rows;
   const index_t out = out_dim();
-  const index_t nd = dense_head_count();
 
   parallel_for(ctx, nblocks, [&](std::int64_t blk) {
     const index_t lo = blk * rows, n = std::min(rows, tokens - lo);
@@ -166,31 +195,7 @@ void BdProjection::project(const float* x, index_t tokens, index_t ldx, float* y
       xb = gathered.data();
       ldb = d_;
     }
-    // Pre-fill: identity part X[:,S] (+ b') for BD heads, b (or 0) for dense heads.
-    for (index_t t = 0; t < n; ++t) {
-      const float* xs = xb + t * ldb;
-      float* yr = yb + t * ldy;
-      for (index_t h = 0; h < heads_; ++h) {
-        float* yh = yr + h * dh_;
-        const float* bh = bias_.empty() ? nullptr : bias_.data() + h * dh_;
-        if (!dense_[static_cast<std::size_t>(h)]) {
-          if (bh)
-            for (index_t j = 0; j < dh_; ++j) yh[j] = xs[j] + bh[j];
-          else
-            std::memcpy(yh, xs, sizeof(float) * dh_);
-        } else if (bh) {
-          std::memcpy(yh, bh, sizeof(float) * dh_);
-        } else {
-          std::memset(yh, 0, sizeof(float) * dh_);
-        }
-      }
-    }
-    // Dense heads: add X[:,S]·W_h[S,:].
-    for (index_t k = 0; k < nd; ++k) {
-      const index_t h = dense_list_[static_cast<std::size_t>(k)];
-      blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, n, dh_, r_, 1.f, xb, ldb,
-                  top_.data() + k * dh_, nd * dh_, 1.f, yb + h * dh_, ldy);
-    }
+    fill_basis(xb, n, ldb, yb, ldy);
     // The one GEMM with inner dimension d − r, accumulated onto the pre-filled output.
     if (d_ > r_)
       blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, n, out, d_ - r_, 1.f, xb + r_, ldb,

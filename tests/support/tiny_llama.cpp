@@ -38,9 +38,11 @@ const std::vector<float>& TinyTensors::get(const std::string& n) const {
   throw Error("no tensor " + n);
 }
 
-TinyTensors make_tiny(bool tied) {
+TinyTensors make_tiny(bool tied) { return make_tiny(tied, tiny_hparams()); }
+
+TinyTensors make_tiny(bool tied, const ModelHParams& hp) {
   TinyTensors T;
-  T.hp = tiny_hparams();
+  T.hp = hp;
   const auto& h = T.hp;
   const std::int64_t E = h.n_embd, D = h.head_dim, F = h.n_ff;
   std::uint64_t s = 0;

@@ -31,6 +31,8 @@ struct TinyTensors {
 
 /// Random weights of the tiny model (tied: no output.weight).
 TinyTensors make_tiny(bool tied);
+/// The same with other hyper-parameters (any valid ones).
+TinyTensors make_tiny(bool tied, const ModelHParams& hp);
 
 /// Writes the tiny model to temp_path(name) with 2-d weights stored as `type`.
 std::string write_gguf(const TinyTensors& T, const std::string& name, GgmlType type = GgmlType::F32);

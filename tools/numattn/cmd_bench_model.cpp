@@ -9,6 +9,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "mla_cli.h"
+#include "numattn/model/bda_model.h"
 #include "numattn/model/bench_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/gguf.h"
@@ -22,12 +23,29 @@ namespace numattn::cli {
 namespace {
 struct BenchModelOptions {
   std::string model = "default", ctx = "0,128,512", weights = "gguf", format = "md",
-              activations = "f32";
+              activations = "f32", bda = "none";
   std::int64_t decode = 64, warmup = 1;
   int threads = 0, reps = 1;
   double bandwidth_mib = 0;
   MlaCliOptions mla;
 };
+
+// "30 × rms+gqa, rms+swiglu": the model's layers as blocks, runs of equal layers counted.
+std::string block_summary(const LlamaModel& m) {
+  std::string out, last;
+  int run = 0;
+  auto flush = [&] {
+    if (run > 0) out += fmt::format("{}{} × {}", out.empty() ? "" : "; ", run, last);
+  };
+  for (const DecoderLayer& d : m.layers()) {
+    const std::string k =
+        fmt::format("{}+{}, {}+{}", d.attn_norm->kind(), d.attn->kind(), d.ffn_norm->kind(), d.ffn->kind());
+    if (k != last) flush(), last = k, run = 0;
+    ++run;
+  }
+  flush();
+  return out;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -65,6 +83,11 @@ void add_bench_model(CLI::App& app) {
                   "size of the streaming-read buffer in MiB (0 = twice the last-level cache, at "
                   "least 256 MiB)")
       ->capture_default_str();
+  sub->add_option("--bda", o->bda,
+                  "also measure each model form with BD Attention applied at load (as `ppl --bda`): none | vo | "
+                  "qk | qkvo; its rows are interleaved with the dense form's, repetition by repetition")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
   add_mla_options(*sub, o->mla);
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
@@ -122,6 +145,18 @@ void add_bench_model(CLI::App& app) {
       forms.push_back({loaded.has_mla() ? "mla (file) " + o->mla.exec : "gqa", std::move(loaded)});
     }
 
+    // --bda: each form and its BD Attention rewrite (copies share the mapped file).
+    if (o->bda != "none") {
+      std::vector<Form> base = std::move(forms);
+      forms.clear();
+      for (Form& f : base) {
+        Form b{f.name + " + bda " + o->bda, f.model};
+        apply_bda(b.model, o->bda);
+        forms.push_back(std::move(f));
+        forms.push_back(std::move(b));
+      }
+    }
+
     // --activations f32,q8: every form once per activation precision (copies share the file).
     if (acts.size() > 1 || acts[0] != Activations::kF32) {
       std::vector<Form> base = std::move(forms);
@@ -144,6 +179,7 @@ void add_bench_model(CLI::App& app) {
       std::size_t form;
       std::int64_t L, n_prompt;
       double prefill, decode, split_share;
+      double qkv_prefill, qkv_decode;  ///< seconds per token in the Q/K/V projections (median)
     };
     std::vector<Measured> ms;
     for (const Form& f : forms) {
@@ -159,25 +195,34 @@ void add_bench_model(CLI::App& app) {
       const std::int64_t n_prompt = std::max<std::int64_t>(L, 1);
       std::vector<std::vector<double>> pre_f(forms.size()), dec_f(forms.size());
       std::vector<GemvSplitStats> split_f(forms.size());
+      std::vector<std::vector<double>> qkv_pre_f(forms.size()), qkv_dec_f(forms.size());
       for (int r = 0; r < o->reps; ++r)
         for (std::size_t fi = 0; fi < forms.size(); ++fi) {
         const LlamaModel& model = forms[fi].model;
         std::vector<double>& pre_tps = pre_f[fi];
         std::vector<double>& dec_tps = dec_f[fi];
         KvCache cache = model.make_cache(n_prompt + o->decode);
+        // The phase profile (ForwardProfile) costs two clock reads per phase: noise next to a
+        // decode step's ~5 ms.
+        ForwardProfile pre_prof, dec_prof;
         ForwardOptions po;
         po.logits_begin = n_prompt - 1;
+        po.profile = &pre_prof;
         auto t0 = std::chrono::steady_clock::now();
         std::vector<float> logits = model.forward(tokens(n_prompt, L), cache, ctx, po);
         pre_tps.push_back(static_cast<double>(n_prompt) / seconds_since(t0));
         const GemvSplitStats split0 = gemv_split_stats();
+        ForwardOptions dopt;
+        dopt.profile = &dec_prof;
         t0 = std::chrono::steady_clock::now();
         std::int32_t next = 0;
         for (std::int64_t i = 0; i < o->decode; ++i) {
           next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-          logits = model.forward({next}, cache, ctx);
+          logits = model.forward({next}, cache, ctx, dopt);
         }
         dec_tps.push_back(static_cast<double>(o->decode) / seconds_since(t0));
+        qkv_pre_f[fi].push_back(pre_prof.qkv_gemm / static_cast<double>(n_prompt));
+        qkv_dec_f[fi].push_back(dec_prof.qkv_gemm / static_cast<double>(o->decode));
         const GemvSplitStats split1 = gemv_split_stats();
         split_f[fi].split += split1.split - split0.split;
         split_f[fi].single += split1.single - split0.single;
@@ -187,7 +232,8 @@ void add_bench_model(CLI::App& app) {
                       split_f[fi].split + split_f[fi].single > 0
                           ? static_cast<double>(split_f[fi].split) /
                                 static_cast<double>(split_f[fi].split + split_f[fi].single)
-                          : 0.0});
+                          : 0.0,
+                      median(qkv_pre_f[fi]), median(qkv_dec_f[fi])});
     }
     // Peak resident memory of the model's own work, before the bandwidth buffer below exists.
     const std::uint64_t rss = peak_resident_bytes();
@@ -227,6 +273,17 @@ void add_bench_model(CLI::App& app) {
       row["decode_tokens"] = o->decode;
       row["decode_tokens_per_s"] = dec;
       row["weight_bytes_per_token"] = weight_bytes;
+      // What the blocks state (model/blocks/block.h): their forms, the linear weights a token
+      // multiplies and the FLOPs of the average decode step.
+      row["blocks"] = block_summary(model);
+      row["body_weights"] = model.body_weights();
+      double flops = 2.0 * static_cast<double>(model.output_weights());
+      for (const DecoderLayer& d : model.layers())
+        flops += d.attn->flops_per_token(static_cast<std::int64_t>(mid_ctx)) + d.ffn->flops_per_token();
+      row["decode_gflops_per_token"] = flops * 1e-9;
+      // The Q/K/V projections' share of the profile (the part BD Attention rewrites), per token.
+      row["qkv_us_per_token_prefill"] = L > 0 ? Row(m.qkv_prefill * 1e6) : Row();
+      row["qkv_us_per_token_decode"] = m.qkv_decode * 1e6;
       row["kv_bytes_per_token"] = kv_bytes;
       row["bytes_per_token"] = bytes_tok;
       row["read_bandwidth_gbs"] = bw * 1e-9;

@@ -51,6 +51,8 @@ struct ModelBdaReport {
   std::int64_t up_macs_before = 0, macs_saved_per_token = 0;
   double kappa_max = 1;
   int fallback_heads = 0;
+  /// GGUF types of the VO coefficients ("Q4_1", "F32", or "Q4_1+F32" when layers differ).
+  std::string coef_type;
   std::int64_t params_saved() const { return params_before - params_after; }
 };
 
@@ -62,8 +64,18 @@ struct ModelBdaReport {
 /// shared basis of d_nope latent channels. VO: the pair (W_uv[h], W_o,h) of each head with the
 /// latent as the V side's input and a basis S_h of d_v latent channels per head (W_o becomes
 /// float32 W_o'; refused when d_v > r). The KV cache (c, k_rope) is unchanged either way.
+///
+/// Storage: with weights held in place (WeightStorage::kInPlace) and `coef` = kSource, the VO
+/// pair's coefficients C_stack are re-quantized to the type of the layer's source value tensor
+/// (LlamaLayer::v_bd_q) and W_o' to that of the source output tensor, so a quantized model stays
+/// quantized and a decode step reads about as many bytes as before; the rounding costs a little
+/// accuracy (compare the kF32 form, `--bda-coef f32`). A type numattn cannot write (quant.h
+/// quantize_row) or rows that are not whole blocks of it keep float32; the report says which
+/// (coef_type). write_bda_gguf needs the float32 form (kF32).
+enum class BdaCoefStorage { kSource, kF32 };
 ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
-                         const transform::BdaOptions& options = {});
+                         const transform::BdaOptions& options = {},
+                         BdaCoefStorage coef = BdaCoefStorage::kSource);
 /// The MLA part of apply_bda (`rep` carries the pairs; every layer must be MLA).
 /// Parameters counted per layer: QK W_q_nope + W_uk, VO W_uv + W_o (W_o' has W_o's size).
 ModelBdaReport apply_bda_mla(LlamaModel& model, const transform::BdaOptions& opt, ModelBdaReport rep);

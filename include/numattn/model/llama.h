@@ -91,6 +91,14 @@ struct LlamaLayer {
   /// BD Attention, VO pair (model/bda_model.h): when set, the value projection is this fused
   /// BD projection (V' = V·T per KV head, what the cache then holds) and `wo` holds W_o'.
   std::shared_ptr<const transform::BdProjection> v_bd;
+  /// In-place storage of v_bd's coefficients (apply_bda on weights held in place): C_stackᵀ,
+  /// [Hkv·D, E − D], re-quantized to the source value tensor's GGUF type, which quant_linear
+  /// multiplies by xn[S^c]; v_bd keeps the basis and the dense heads. Empty: v_bd's float32
+  /// coefficients.
+  QuantMatrix v_bd_q;
+  /// The bytes of matrices a weight rewrite re-quantized (v_bd_q, a BDA layer's W_o'), which
+  /// their QuantMatrix parts point into; shared by copies of the layer.
+  std::vector<std::shared_ptr<const std::vector<std::uint8_t>>> owned_bytes;
   /// MLA (model/mla_model.h): when set, this layer's attention is the MLA layer: wqkv, wqkv_q
   /// and v_bd are empty, `wo` is [E, Hq·d_v], and the layer's cache holds [c | k_rope] rows.
   std::shared_ptr<const MlaLayer> mla;

@@ -62,6 +62,16 @@ class BdProjection {
   void project(const float* x, index_t tokens, index_t ldx, float* y, index_t ldy,
                InputOrder order, const ExecContext& ctx) const;
 
+  /// The basis part of `project` for a caller that runs the GEMM part its own way (a model
+  /// whose coefficients C_stack are held quantized): y = X[:,S] (+ b') for BD heads, b +
+  /// X[:,S]·W_h[S,:] for dense heads, where `xs` holds the tokens' S channels in permutation()
+  /// order (row stride ldxs). Adding X[:,S^c]·C_stack (rest(), rows in permutation() order)
+  /// completes Y'. Throws numattn::Error for a dense projection (rank() == 0).
+  void fill_basis(const float* xs, index_t tokens, index_t ldxs, float* y, index_t ldy) const;
+  /// C_stack, (d_in − r) × out row-major (rows S^c in permutation() order; dense heads' columns
+  /// W_h[S^c,:]); for a dense projection the full d_in × out W.
+  const std::vector<float>& rest() const { return r_ > 0 ? rest_ : full_; }
+
   index_t d_in() const { return d_; }
   index_t heads() const { return heads_; }
   index_t head_dim() const { return dh_; }

@@ -4,7 +4,9 @@
 /// V'_g = xn[S] + xn[S^c]·C_g per KV head g (transform/bd_projection.h), which the cache holds,
 /// and W_o' in place of W_o, so that A·W_o'ᵀ equals the dense layer's output up to rounding.
 /// The stacked matrix holds Wq|Wk only. Weights: (Hq+Hkv)·D·E + the projection's coefficients
-/// ((E−D)·Hkv·D, plus D² per dense-fallback head) + E·Hq·D.
+/// ((E−D)·Hkv·D, plus D² per dense-fallback head) + E·Hq·D. The coefficients are float32, or
+/// (LlamaLayer::v_bd_q) re-quantized to the source value tensor's type and multiplied by
+/// quant_linear after the basis part is filled in (BdProjection::fill_basis).
 #pragma once
 
 #include "numattn/model/blocks/gqa_attention.h"
@@ -21,7 +23,7 @@ class BdvAttention final : public GqaAttention {
   void project_values(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1, float* rows,
                       std::int64_t ld) const override;
   std::int64_t extra_weights() const override;
-  std::uint64_t extra_weight_bytes() const override { return 4 * static_cast<std::uint64_t>(extra_weights()); }
+  std::uint64_t extra_weight_bytes() const override;
 };
 
 }  // namespace numattn
