@@ -5,7 +5,7 @@
 
 #include "numattn/core/error.h"
 #include "numattn/core/file_io.h"
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/mla_model.h"
 
 namespace numattn {
