@@ -1,4 +1,4 @@
-// Google Benchmark: the decode kernels of quant_gemv (model/qgemv.h) against the machine's
+// Google Benchmark: the decode kernels of quant_gemv (quant/qgemv.h) against the machine's
 // streaming-read bandwidth measured in the same run, so each row says what fraction of the
 // memory roofline a kernel can reach at all (docs/model-runner.md quotes the ratios):
 //   BM_qgemv/<type>/<MiB>/<threads>/<activations>
@@ -20,9 +20,9 @@
 
 #include "numattn/core/exec.h"
 #include "numattn/model/bench_model.h"
-#include "numattn/model/gguf.h"
-#include "numattn/model/qgemv.h"
-#include "numattn/model/quant.h"
+#include "numattn/quant/ggml_types.h"
+#include "numattn/quant/qgemv.h"
+#include "numattn/quant/quant.h"
 
 namespace {
 

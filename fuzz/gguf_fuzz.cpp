@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "numattn/model/gguf.h"
-#include "numattn/model/quant.h"
+#include "numattn/gguf/gguf.h"
+#include "numattn/gguf/tensor_data.h"
 
 namespace {
 

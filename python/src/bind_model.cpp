@@ -14,8 +14,8 @@
 #include <variant>
 
 #include "common.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
 #include "numattn/model/ppl.h"
 #include "numattn/model/tokenizer.h"

@@ -3,7 +3,7 @@
 #include <array>
 
 #include "numattn/core/error.h"
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 
 namespace numattn {
 

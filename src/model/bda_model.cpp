@@ -5,9 +5,9 @@
 
 #include "numattn/core/error.h"
 #include "numattn/core/file_io.h"
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/mla_model.h"
-#include "numattn/model/quant.h"
+#include "numattn/quant/quant.h"
 
 namespace numattn {
 

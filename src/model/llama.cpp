@@ -11,8 +11,9 @@
 #include "numattn/core/memory.h"
 #include "numattn/arch/arch.h"
 #include "numattn/core/simd.h"
-#include "numattn/model/gguf.h"
-#include "numattn/model/gguf_keys.h"
+#include "numattn/gguf/gguf.h"
+#include "numattn/gguf/gguf_keys.h"
+#include "numattn/gguf/tensor_data.h"
 #include "numattn/model/blocks/bdv_attention.h"
 #include "numattn/model/blocks/factored_vo_attention.h"
 #include "numattn/model/blocks/gqa_attention.h"
@@ -22,7 +23,6 @@
 #include "numattn/model/mla_model.h"
 #include "model/blocks/linear.h"
 #include "numattn/model/tensor_convert.h"
-#include "numattn/model/quant.h"
 #include "numattn/transform/mla.h"
 
 namespace numattn {
@@ -510,7 +510,7 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
   const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
   auto keep = [&](const char* kind) { return !tens || !tl.rebuilds(kind); };
   LlamaWeights w;
-  auto q = [&](QuantMatrix& m, const std::string& name) { m.append(f.tensor(name)); };
+  auto q = [&](QuantMatrix& m, const std::string& name) { append_tensor(m, f.tensor(name)); };
   q(w.token_embd_q, "token_embd.weight");
   load_tensor(f, "output_norm.weight", w.output_norm, E, ctx);
   if (f.find_tensor("output.weight")) q(w.output_q, "output.weight");

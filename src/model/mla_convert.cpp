@@ -9,8 +9,8 @@
 #include "numattn/core/error.h"
 #include "numattn/core/file_io.h"
 #include "numattn/core/memory.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/bda_model.h"
-#include "numattn/model/gguf.h"
 #include "numattn/model/mla_model.h"
 
 namespace numattn {

@@ -4,10 +4,10 @@
 
 #include "numattn/core/error.h"
 #include "numattn/core/file_io.h"
+#include "numattn/gguf/gguf.h"
+#include "numattn/gguf/gguf_keys.h"
+#include "numattn/gguf/tensor_data.h"
 #include "numattn/model/bda_model.h"
-#include "numattn/model/gguf.h"
-#include "numattn/model/gguf_keys.h"
-#include "numattn/model/quant.h"
 
 namespace numattn {
 

@@ -2,7 +2,7 @@
 // Keys.Tokenizer).
 #include <limits>
 
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/tokenizer.h"
 
 namespace numattn {

@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <initializer_list>
 
-#include "model/qgemv_kernels.h"
+#include "quant/qgemv_kernels.h"
 
 #ifndef NUMATTN_CHECK_FLAGS
 #define NUMATTN_CHECK_FLAGS "(not recorded)"
@@ -47,7 +47,7 @@ __attribute__((noinline)) int dot_plain(const std::uint8_t* p, const std::int8_t
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,avx2")
 #endif
-#include "model/qgemv_simd.h"
+#include "quant/qgemv_simd.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/ppl.h"
 #include "support/test_util.h"
 #include "support/tiny_llama.h"

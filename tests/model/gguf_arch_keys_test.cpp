@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "numattn/core/error.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/bda_model.h"
-#include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
 #include "numattn/model/mla_convert.h"
 #include "numattn/model/tensor_convert.h"

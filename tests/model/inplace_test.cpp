@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "numattn/core/error.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
-#include "numattn/model/qgemv.h"
-#include "numattn/model/quant.h"
 #include "numattn/model/tokenizer.h"
+#include "numattn/quant/qgemv.h"
+#include "numattn/quant/quant.h"
 #include "support/tiny_llama.h"
 
 namespace numattn {

@@ -9,10 +9,10 @@
 
 #include "numattn/core/error.h"
 #include "numattn/core/rng.h"
+#include "numattn/gguf/gguf.h"
+#include "numattn/gguf/tensor_data.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
 #include "numattn/model/ppl.h"
-#include "numattn/model/quant.h"
 #include "numattn/model/tokenizer.h"
 #include "support/test_util.h"
 #include "support/tiny_llama.h"

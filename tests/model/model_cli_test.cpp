@@ -9,8 +9,8 @@
 #include <string>
 
 #include "numattn/core/error.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
 #include "support/test_util.h"
 #include "support/tiny_llama.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "numattn/core/error.h"
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/llama.h"
 #include "support/test_util.h"
 #include "support/tiny_llama.h"

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "numattn/core/error.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
 #include "numattn/model/tokenizer.h"
 #include "support/test_util.h"
 

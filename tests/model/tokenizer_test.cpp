@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "numattn/core/error.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
 #include "support/test_util.h"
 
 namespace numattn {

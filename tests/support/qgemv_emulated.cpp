@@ -2,7 +2,7 @@
 // cannot run, before any test starts.
 #include "qgemv_emulated.h"
 
-#include "numattn/model/qgemv.h"
+#include "numattn/quant/qgemv.h"
 
 namespace numattn::qkern {
 

@@ -1,7 +1,7 @@
 // The AVX-512 tables of quant_gemv built over SIMDe's portable intrinsics (Debian's
 // libsimde-dev), so the kernel tests run them on CPUs without AVX-512.
 //
-// src/model/qgemv_avx512_impl.h compiled a second time, with NUMATTN_QGEMV_EMULATED, in
+// src/quant/qgemv_avx512_impl.h compiled a second time, with NUMATTN_QGEMV_EMULATED, in
 // qgemv_emulated_avx512.cpp and qgemv_emulated_avx512vnni.cpp: the same lane traits and
 // kernels, every intrinsic a SIMDe function computing it lane by lane (a few SIMDe 0.7 lacks
 // are written in qgemv_emulated_intrinsics.h). At start-up they take the place
@@ -10,7 +10,7 @@
 // the native tables. Without SIMDe's headers nothing is built and the paths stay unavailable.
 #pragma once
 
-#include "model/qgemv_kernels.h"
+#include "quant/qgemv_kernels.h"
 
 namespace numattn::qkern {
 

@@ -3,5 +3,5 @@
 #include "qgemv_emulated_intrinsics.h"
 #define NUMATTN_QGEMV_EMULATED 1
 #define NUMATTN_QGEMV_VNNI 1
-#include "model/qgemv_avx512_impl.h"
+#include "quant/qgemv_avx512_impl.h"
 #endif

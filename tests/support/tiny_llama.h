@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/llama.h"
-#include "numattn/model/quant.h"
+#include "numattn/quant/quant.h"
 
 namespace numattn::test {
 

@@ -19,9 +19,9 @@
 
 #include "numattn/core/error.h"
 #include "numattn/core/rng.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
 #include "numattn/model/mla_convert.h"
 #include "numattn/model/mla_model.h"
 #include "numattn/model/tensor_convert.h"

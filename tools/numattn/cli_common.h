@@ -12,7 +12,7 @@
 #include "numattn/attention/random_problem.h"
 #include "numattn/core/exec.h"
 #include "numattn/core/file_io.h"
-#include "numattn/model/qgemv.h"
+#include "numattn/quant/qgemv.h"
 
 namespace numattn::cli {
 
@@ -137,7 +137,7 @@ std::vector<std::string> split_spec_option(const std::string& option,
                                            std::string_view separators = ",");
 
 /// Adds `--activations` (f32 | q8: the activations of the products with in-place weights,
-/// model/qgemv.h); `list` accepts a comma-separated list (bench-model's interleaved forms).
+/// quant/qgemv.h); `list` accepts a comma-separated list (bench-model's interleaved forms).
 void add_activations_option(CLI::App& app, std::string* activations, bool list = false);
 /// Parses `--activations` (each entry of a list) against `--weights`: q8 with f32 weights is
 /// refused (OptionError "activations"), before any model is loaded.

@@ -9,14 +9,14 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "mla_cli.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/bench_model.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
 #include "numattn/model/mla_model.h"
-#include "numattn/model/qgemv.h"
 #include "numattn/model/tokenizer.h"
+#include "numattn/quant/qgemv.h"
 
 namespace numattn::cli {
 

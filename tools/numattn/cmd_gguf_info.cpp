@@ -6,9 +6,9 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "numattn/gguf/gguf.h"
+#include "numattn/gguf/tensor_data.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
-#include "numattn/model/quant.h"
 
 namespace numattn::cli {
 

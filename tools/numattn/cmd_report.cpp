@@ -27,8 +27,8 @@
 #include "numattn/core/exec.h"
 #include "numattn/core/file_io.h"
 #include "numattn/core/progress.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
 #include "numattn/model/llama.h"
 
 extern char** environ;

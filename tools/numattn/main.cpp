@@ -11,7 +11,7 @@
 #include "common/blas_restart.h"
 #include "numattn/core/cpu.h"
 #include "numattn/core/error.h"
-#include "numattn/model/qgemv.h"
+#include "numattn/quant/qgemv.h"
 
 namespace numattn::cli {
 std::vector<CommandEntry>& command_table() {

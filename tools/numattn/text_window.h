@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "numattn/core/exec.h"
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 #include "numattn/model/llama.h"
 
 namespace numattn::cli {

@@ -22,7 +22,7 @@
 /// GQA: query head h reads KV head h / (Hq/Hkv) (contiguous groups).
 ///
 /// Storage (WeightStorage): by default the linear-layer weights and the embeddings stay in their
-/// GGUF encoding, read in place from the memory-mapped file (QuantMatrix, model/qgemv.h), with
+/// GGUF encoding, read in place from the memory-mapped file (QuantMatrix, quant/qgemv.h), with
 /// Wq|Wk|Wv stacked as one matrix of three parts and W_gate|W_up as one of two; only the norm
 /// vectors (and a BDA file's float32 projection) are copied. Loading is then parsing and
 /// validation, and a decode step reads each weight's 4.5–8.5 bits once. `kF32` dequantizes every
@@ -64,7 +64,7 @@
 #include "numattn/arch/hparams.h"
 #include "numattn/core/tensor.h"
 #include "numattn/model/blocks/block.h"
-#include "numattn/model/qgemv.h"
+#include "numattn/quant/qgemv.h"
 #include "numattn/transform/bd_projection.h"
 
 namespace numattn {
@@ -250,7 +250,7 @@ class LlamaModel {
   /// How MLA layers run (model/mla_model.h); default absorbed.
   void set_mla_exec(MlaExec e) { mla_exec_ = e; }
   MlaExec mla_exec() const { return mla_exec_; }
-  /// Activations of the products with weights held in place (model/qgemv.h, `--activations`):
+  /// Activations of the products with weights held in place (quant/qgemv.h, `--activations`):
   /// kF32 (default) or kQ8, where every such product multiplies x̂, x rounded to int8 per
   /// block of 32 (ActivationsQ8): decode products by the integer kernels (Q8_0, Q4_0, Q4_1; the
   /// float kernels for other types), prefill products by the float32 panels on x̂, so prefill

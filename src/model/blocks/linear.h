@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "numattn/core/exec.h"
-#include "numattn/model/qgemv.h"
+#include "numattn/quant/qgemv.h"
 
 namespace numattn::blocks {
 

@@ -30,7 +30,7 @@
 #include "numattn/attention/method.h"
 #include "numattn/core/exec.h"
 #include "numattn/core/tensor.h"
-#include "numattn/model/qgemv.h"
+#include "numattn/quant/qgemv.h"
 
 namespace numattn {
 

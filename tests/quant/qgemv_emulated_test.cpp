@@ -4,9 +4,9 @@
 // available path.)
 #include <gtest/gtest.h>
 
-#include "model/qgemv_kernels.h"
+#include "quant/qgemv_kernels.h"
 #include "numattn/core/error.h"
-#include "numattn/model/qgemv.h"
+#include "numattn/quant/qgemv.h"
 #include "support/qgemv_emulated.h"
 
 namespace numattn {

@@ -1,4 +1,4 @@
-// Internal: the per-instruction-set kernel tables behind quant_gemv (model/qgemv.h).
+// Internal: the per-instruction-set kernel tables behind quant_gemv (quant/qgemv.h).
 //
 // Each vector path lives in its own translation unit compiled for its instruction set by a
 // target pragma (not by the build's -march), so a portable build still carries the AVX2 and
@@ -11,7 +11,7 @@
 #include <cstdint>
 
 namespace numattn {
-enum class CpuPath;  // numattn/model/qgemv.h
+enum class CpuPath;  // numattn/quant/qgemv.h
 }
 
 namespace numattn::qkern {

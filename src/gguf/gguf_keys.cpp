@@ -1,6 +1,6 @@
-// Checked metadata reads (model/gguf_keys.h): one place that turns a key's type, range and set
+// Checked metadata reads (gguf/gguf_keys.h): one place that turns a key's type, range and set
 // of values into errors naming the key and the file.
-#include "numattn/model/gguf_keys.h"
+#include "numattn/gguf/gguf_keys.h"
 
 #include <cmath>
 

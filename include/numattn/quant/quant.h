@@ -21,8 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "numattn/core/exec.h"
-#include "numattn/model/gguf.h"
+#include "numattn/quant/ggml_types.h"
 
 namespace numattn {
 
@@ -36,28 +35,6 @@ std::uint16_t fp32_to_bf16(float f);
 /// Dequantizes `n` elements (a multiple of the block size) of type `type` at `src` into `dst`.
 /// Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K.
 void dequantize_row(GgmlType type, const void* src, float* dst, std::int64_t n);
-
-/// Dequantizes rows `[row_begin, row_begin + row_count)` of `t` into `dst`
-/// (`row_count · t.row_elems()` floats). Handy for embedding lookups.
-void dequantize_rows(const GgufTensorInfo& t, std::int64_t row_begin, std::int64_t row_count,
-                     float* dst);
-
-/// What dequantize_tensor does with NaN and ±Inf values (a file may hold them in F32/F16
-/// data or in a block scale).
-enum class NonFinite {
-  kKeep,    ///< copy them (inspection tools)
-  kRefuse,  ///< throw numattn::Error naming the tensor, the first non-finite element as
-            ///< [row, column] (GGUF order: column < ne[0]) and its value (model loading)
-};
-
-/// Dequantizes the whole tensor into `dst` (`t.n_elements()` floats, ne[0] fastest), rows in
-/// parallel over `ctx`. With NonFinite::kRefuse each chunk is scanned right after it is
-/// written (while it is in cache); the error names the lowest offending index whatever the
-/// thread count.
-void dequantize_tensor(const GgufTensorInfo& t, float* dst, const ExecContext& ctx = {},
-                       NonFinite non_finite = NonFinite::kKeep);
-/// Same, into a new vector.
-std::vector<float> dequantize_tensor(const GgufTensorInfo& t, const ExecContext& ctx = {});
 
 /// Quantizes `n` floats (a multiple of the block size) into `dst` (ggml_row_bytes(type, n)
 /// bytes). Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1. Scales are chosen as in ggml's

@@ -1,4 +1,4 @@
-// The decode products' thread split (model/qgemv.h, GemvSplitTuner and quant_linear): the
+// The decode products' thread split (quant/qgemv.h, GemvSplitTuner and quant_linear): the
 // tuner follows synthetic timings (the faster choice wins, a change of load is followed within
 // a bounded number of products, size groups are independent), and whichever way quant_linear
 // runs a product its result is bitwise the single-threaded one.
@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "numattn/model/qgemv.h"
-#include "numattn/model/quant.h"
+#include "numattn/quant/qgemv.h"
+#include "numattn/quant/quant.h"
 
 namespace numattn {
 namespace {

@@ -1,4 +1,4 @@
-// AVX2 kernels of quant_gemv (model/qgemv.h): the lane traits for 8 floats, the kernels
+// AVX2 kernels of quant_gemv (quant/qgemv.h): the lane traits for 8 floats, the kernels
 // themselves are qgemv_simd.h's. Compiled for AVX2 + F16C + FMA by the pragma below whatever
 // the build's -march; called only when cpuid says the CPU has them (qgemv.cpp). Nothing has
 // external linkage but avx2_table(): see qgemv_kernels.h for why.

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 
 namespace numattn {
 

@@ -1,4 +1,4 @@
-// 8-bit activations of the quantized products (model/qgemv.h): ActivationsQ8, the rounding
+// 8-bit activations of the quantized products (quant/qgemv.h): ActivationsQ8, the rounding
 // of x that the integer kernels multiply, and the names of the `--activations` choices.
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "numattn/core/error.h"
-#include "numattn/model/qgemv.h"
+#include "numattn/quant/qgemv.h"
 
 namespace numattn {
 

@@ -24,7 +24,7 @@
 /// `NUMATTN_CPU_PATH=portable|avx2|avx512|avx512vnni` in the environment lowers the default
 /// path (tests, benchmarks); a path the CPU lacks is refused.
 ///
-/// The vector paths share one kernel template (src/model/qgemv_simd.h) instantiated for 8 and
+/// The vector paths share one kernel template (src/quant/qgemv_simd.h) instantiated for 8 and
 /// 16 lanes: four rows per pass share each load of x and keep eight independent FMA chains,
 /// and each group of four prefetches the rows two groups ahead.
 ///
@@ -51,24 +51,25 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "numattn/core/cpu.h"
 #include "numattn/core/exec.h"
-#include "numattn/model/gguf.h"
+#include "numattn/quant/ggml_types.h"
 
 namespace numattn {
 
 /// True when quant_gemv has a kernel table for `p` that this CPU can run (core/cpu.h), or a
-/// test put a table in its place (qkern::set_test_table in src/model/qgemv_kernels.h).
+/// test put a table in its place (qkern::set_test_table in src/quant/qgemv_kernels.h).
 bool cpu_path_available(CpuPath p);
 /// Every path quant_gemv can run here, portable first (runnable_cpu_paths() plus test tables).
 std::vector<CpuPath> available_cpu_paths();
 
 /// A row-major matrix `[rows, cols]` held in GGUF block encoding: a vertical stack of parts
 /// (e.g. Wq, Wk, Wv of one layer, each a tensor of its own type), each `rows` rows of
-/// `row_bytes` bytes at `data`. The bytes are not owned: they live in a GgufFile (its mapping)
-/// that the owner of the matrix keeps alive.
+/// `row_bytes` bytes at `data`. The bytes are not owned: they live elsewhere (usually in a
+/// GgufFile's mapping) and the owner of the matrix keeps them alive.
 struct QuantMatrix {
   struct Part {
     GgmlType type = GgmlType::F32;
@@ -79,10 +80,12 @@ struct QuantMatrix {
   std::int64_t cols = 0;
   std::vector<Part> parts;
 
-  /// Appends the rows of 2-D tensor `t` (ne = {cols, rows}; trailing dims of 1 allowed).
-  /// Throws numattn::Error when its row length differs from `cols` (set by the first part),
-  /// its type cannot be dequantized or it has no data.
-  void append(const GgufTensorInfo& t);
+  /// Appends `rows` rows of `cols` values of type `type` at `data` (row bytes:
+  /// ggml_row_bytes(type, cols)). Throws numattn::Error, naming the part as `what`, when the
+  /// row length differs from `cols` (set by the first part), the type cannot be dequantized or
+  /// `data` is null for a non-empty part. A GGUF tensor: append_tensor (gguf/tensor_data.h).
+  void append(GgmlType type, const std::uint8_t* data, std::int64_t rows, std::int64_t cols,
+              std::string_view what = "part");
   bool empty() const { return parts.empty(); }
   std::int64_t rows() const;
   /// Bytes of all parts (what one product reads).

@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "numattn/gguf/gguf.h"
+#include "numattn/gguf/tensor_data.h"
 #include "numattn/model/data.h"
-#include "numattn/model/gguf.h"
-#include "numattn/model/quant.h"
 #include "support/test_util.h"
 
 namespace numattn {

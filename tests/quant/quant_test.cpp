@@ -7,7 +7,8 @@
 #include <limits>
 #include <random>
 
-#include "numattn/model/quant.h"
+#include "numattn/core/error.h"
+#include "numattn/quant/quant.h"
 
 namespace numattn {
 namespace {
@@ -313,26 +314,6 @@ TEST(Quant, NonFiniteInputsDoNotCrash) {
   x[5] = std::numeric_limits<float>::infinity();
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::BF16})
     EXPECT_NO_THROW(quantize(t, x.data(), 32));
-}
-
-TEST(Dequant, TensorParallelEqualsSerial) {
-  std::mt19937 g(13);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(64 * 3000);
-  for (auto& v : x) v = nd(g);
-  GgufWriter w;
-  w.add_tensor_f32("t", {64, 1000, 3}, x.data(), GgmlType::Q4_1);
-  const auto bytes = w.to_bytes();
-  const GgufFile f = GgufFile::from_bytes(bytes.data(), bytes.size());
-  const GgufTensorInfo& t = f.tensor("t");
-  const auto a = dequantize_tensor(t, ExecContext{1});
-  const auto b = dequantize_tensor(t, ExecContext{3});
-  EXPECT_EQ(a, b);
-  std::vector<float> rows(64 * 2);
-  dequantize_rows(t, 2998, 2, rows.data());
-  EXPECT_TRUE(std::equal(rows.begin(), rows.end(), a.begin() + 2998 * 64));
-  EXPECT_THROW(dequantize_rows(t, 2999, 2, rows.data()), Error);
-  EXPECT_THROW(dequantize_rows(t, -1, 1, rows.data()), Error);
 }
 
 }  // namespace NUMATTN_UNITY_ID

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <limits>
 
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 
 #include "numattn/core/file_io.h"
 #include "numattn/core/memory.h"

@@ -1,7 +1,7 @@
-// Quantized matrix-vector products (model/qgemv.h): run-time path selection, the generic and
+// Quantized matrix-vector products (quant/qgemv.h): run-time path selection, the generic and
 // portable kernels, and the two drivers (quant_gemv for decode, quant_linear adding the
 // dequantized-panel GEMM for prefill).
-#include "numattn/model/qgemv.h"
+#include "numattn/quant/qgemv.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +15,7 @@
 
 #include "numattn/core/blas.h"
 #include "numattn/core/error.h"
-#include "numattn/model/quant.h"
+#include "numattn/quant/quant.h"
 #include "qgemv_kernels.h"
 #include "qgemv_simd.h"
 
@@ -184,19 +184,17 @@ void set_test_table(CpuPath path, const KernelTable* t) {
 
 // ---- QuantMatrix ---------------------------------------------------------------------------
 
-void QuantMatrix::append(const GgufTensorInfo& t) {
-  for (std::size_t i = 2; i < t.ne.size(); ++i)
-    NUMATTN_CHECK(t.ne[i] == 1, "tensor {} has shape {}: a matrix needs 2 dimensions", t.name,
-                  t.shape_string());
-  const GgmlTypeInfo& ti = ggml_type_info(t.type);
-  NUMATTN_CHECK(ti.dequantizable, "tensor {} has type {}, which numattn cannot multiply", t.name,
-                ti.name);
-  NUMATTN_CHECK(parts.empty() || t.row_elems() == cols,
-                "tensor {} has rows of {} values, stacked under rows of {}", t.name,
-                t.row_elems(), cols);
-  NUMATTN_CHECK(t.data != nullptr || t.n_elements() == 0, "tensor {} has no data", t.name);
-  cols = t.row_elems();
-  parts.push_back({t.type, t.data, t.n_rows(), t.row_bytes()});
+void QuantMatrix::append(GgmlType type, const std::uint8_t* data, std::int64_t rows, std::int64_t cols,
+                         std::string_view what) {
+  const GgmlTypeInfo& ti = ggml_type_info(type);
+  NUMATTN_CHECK(ti.dequantizable, "{} has type {}, which numattn cannot multiply", what, ti.name);
+  NUMATTN_CHECK(parts.empty() || cols == this->cols, "{} has rows of {} values, stacked under rows of {}",
+                what, cols, this->cols);
+  NUMATTN_CHECK(rows >= 0 && cols >= 0, "{} has {} rows of {} values", what, rows, cols);
+  NUMATTN_CHECK(data != nullptr || rows == 0 || cols == 0, "{} has no data", what);
+  const std::int64_t row_bytes = ggml_row_bytes(type, cols);
+  this->cols = cols;
+  parts.push_back({type, data, rows, row_bytes});
 }
 
 std::int64_t QuantMatrix::rows() const {

@@ -4,11 +4,11 @@
 #include <limits>
 
 #include "numattn/core/file_io.h"
-#include "numattn/model/gguf.h"
+#include "numattn/gguf/gguf.h"
 
 // GGUF is little-endian and values are copied with memcpy.
 static_assert(std::endian::native == std::endian::little, "numattn GGUF I/O assumes a little-endian host");
-#include "numattn/model/quant.h"
+#include "numattn/quant/quant.h"
 
 namespace numattn {
 

@@ -1,4 +1,4 @@
-// Quantized products (model/qgemv.h): every dequantizable type × every CPU path this machine
+// Quantized products (quant/qgemv.h): every dequantizable type × every CPU path this machine
 // runs equals the float64 product of the dequantized weights within a summation-order bound;
 // odd row counts, row lengths that are not a multiple of the vector width where the format
 // allows it, row ranges, batches with strides, accumulation, stacked parts of two types, and
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "numattn/core/error.h"
-#include "numattn/model/qgemv.h"
-#include "numattn/model/quant.h"
+#include "numattn/quant/qgemv.h"
+#include "numattn/quant/quant.h"
 
 namespace numattn {
 namespace {
