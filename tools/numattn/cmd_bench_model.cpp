@@ -23,7 +23,7 @@ namespace numattn::cli {
 namespace {
 struct BenchModelOptions {
   std::string model = "default", ctx = "0,128,512", weights = "gguf", format = "md",
-              activations = "f32", bda = "none";
+              activations = "f32", bda = "none", bda_coef = "source";
   std::int64_t decode = 64, warmup = 1;
   int threads = 0, reps = 1;
   double bandwidth_mib = 0;
@@ -88,6 +88,11 @@ void add_bench_model(CLI::App& app) {
                   "qk | qkvo; its rows are interleaved with the dense form's, repetition by repetition")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
+  sub->add_option("--bda-coef", o->bda_coef,
+                  "storage of the BD coefficients and W_o' with --weights gguf: source (re-quantized to the source "
+                  "tensors' types) or f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"source", "f32"}));
   add_mla_options(*sub, o->mla);
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
@@ -151,7 +156,9 @@ void add_bench_model(CLI::App& app) {
       forms.clear();
       for (Form& f : base) {
         Form b{f.name + " + bda " + o->bda, f.model};
-        apply_bda(b.model, o->bda);
+        const ModelBdaReport rep =
+            apply_bda(b.model, o->bda, {}, o->bda_coef == "f32" ? BdaCoefStorage::kF32 : BdaCoefStorage::kSource);
+        if (!rep.coef_type.empty()) b.name += " (" + rep.coef_type + ")";
         forms.push_back(std::move(f));
         forms.push_back(std::move(b));
       }

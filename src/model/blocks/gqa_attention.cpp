@@ -26,13 +26,16 @@ std::int64_t GqaAttention::scratch_per_token(const ForwardStep& st) const {
   return R() + Hq_ * head_value_width() + (st.capture ? (Hq_ + Hkv_) * D_ : 0) + extra_scratch();
 }
 
+void GqaAttention::project_rows(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1,
+                                float* rows, std::int64_t ld) const {
+  blocks::linear(st.rows_ctx, st.act, xn + t0 * E_, t1 - t0, blocks::Weight{&L_->wqkv, &L_->wqkv_q, in_rows(), E_},
+                 rows, false, ld);
+}
+
 void GqaAttention::project(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1,
                            const LayerCache& cache, float* scratch, bool main) const {
-  const std::int64_t n = t1 - t0, R = this->R(), Hq = Hq_, Hkv = Hkv_, D = D_, half = st.rope_half;
-  float* rows = scratch + t0 * R;
-  blocks::linear(st.rows_ctx, st.act, xn + t0 * E_, n, blocks::Weight{&L_->wqkv, &L_->wqkv_q, in_rows(), E_}, rows,
-                 false, R);
-  project_values(st, xn, t0, t1, rows, R);
+  const std::int64_t R = this->R(), Hq = Hq_, Hkv = Hkv_, D = D_, half = st.rope_half;
+  project_rows(st, xn, t0, t1, scratch + t0 * R, R);
   st.lap(main, &ForwardProfile::qkv_gemm);
   float* pre = scratch + pre_offset(st);
   const std::int64_t vw = value_cache_width();

@@ -6,7 +6,10 @@
 /// The stacked matrix holds Wq|Wk only. Weights: (Hq+Hkv)·D·E + the projection's coefficients
 /// ((E−D)·Hkv·D, plus D² per dense-fallback head) + E·Hq·D. The coefficients are float32, or
 /// (LlamaLayer::v_bd_q) re-quantized to the source value tensor's type and multiplied by
-/// quant_linear after the basis part is filled in (BdProjection::fill_basis).
+/// quant_linear after the basis part is filled in (BdProjection::fill_basis). A decode step
+/// (few tokens, float32 activations) runs both quantized products, Wq|Wk on xn and C_stackᵀ on
+/// xn[S^c], in one fork of the team, each thread a share of the rows of both in proportion to
+/// their bytes: as one stacked product, not two.
 #pragma once
 
 #include "numattn/model/blocks/gqa_attention.h"
@@ -20,8 +23,8 @@ class BdvAttention final : public GqaAttention {
 
  protected:
   std::int64_t in_rows() const override { return (Hq_ + Hkv_) * D_; }
-  void project_values(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1, float* rows,
-                      std::int64_t ld) const override;
+  void project_rows(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1, float* rows,
+                    std::int64_t ld) const override;
   std::int64_t extra_weights() const override;
   std::uint64_t extra_weight_bytes() const override;
 };

@@ -55,10 +55,10 @@ class GqaAttention : public AttentionBlock {
   virtual std::int64_t wo_cols() const { return Hq_ * D_; }
   /// Whether every KV head reads the same value row (factored VO heads).
   virtual bool shared_values() const { return false; }
-  /// Fills the value slots of the Q|K|V rows [t0, t1) (row stride `ld`) that the stacked
-  /// product did not (BD-V); nothing here.
-  virtual void project_values(const ForwardStep&, const float*, std::int64_t, std::int64_t, float*,
-                              std::int64_t) const {}
+  /// The Q|K|V rows [t0, t1) (row stride `ld`) of xn: here the stacked product (BD-V adds its
+  /// value projection).
+  virtual void project_rows(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1, float* rows,
+                            std::int64_t ld) const;
   /// x rows [t0, t1) += the output projection of the attention rows `att` (Hq·head_value_width()
   /// floats per token).
   virtual void output_rows(const ForwardStep& st, const float* att, std::int64_t t0, std::int64_t t1, float* x,
