@@ -46,6 +46,13 @@ void add_type(std::string& list, const std::string& t) {
 
 }  // namespace
 
+BdaCoefStorage parse_bda_coef(const std::string& name) {
+  if (name == "q8_0") return BdaCoefStorage::kQ8_0;
+  if (name == "source") return BdaCoefStorage::kSource;
+  if (name == "f32") return BdaCoefStorage::kF32;
+  throw Error(fmt::format("unknown BDA coefficient storage '{}': use q8_0, source or f32", name));
+}
+
 ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
                          const transform::BdaOptions& options, BdaCoefStorage coef) {
   transform::BdaOptions opt = options;
@@ -107,13 +114,15 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
       L.v_bd = std::make_shared<const transform::BdProjection>(std::move(b.v_proj));
       L.v_bd_q = {};
       L.owned_bytes.clear();
-      if (in_place && coef == BdaCoefStorage::kSource) {
+      if (in_place && coef != BdaCoefStorage::kF32) {
         const transform::BdProjection& p = *L.v_bd;
-        L.v_bd_q = requantize(p.rest().data(), p.out_dim(), p.d_in() - p.rank(), true, vtype, L);
-        if (otype != GgmlType::F32) L.wo_q = requantize(L.wo.data(), E, Hq * D, false, otype, L);
+        const bool q8 = coef == BdaCoefStorage::kQ8_0;
+        L.v_bd_q = requantize(p.rest().data(), p.out_dim(), p.d_in() - p.rank(), true, q8 ? GgmlType::Q8_0 : vtype, L);
+        if (otype != GgmlType::F32) L.wo_q = requantize(L.wo.data(), E, Hq * D, false, q8 ? GgmlType::Q8_0 : otype, L);
         if (!L.wo_q.empty()) L.wo.clear(), L.wo.shrink_to_fit();
       }
-      add_type(rep.coef_type, L.v_bd_q.empty() ? "F32" : ggml_type_name(vtype));
+      add_type(rep.coef_type, L.v_bd_q.empty() ? "F32" : L.v_bd_q.type_string());
+      add_type(rep.coef_type, L.wo_q.empty() ? "F32" : L.wo_q.type_string());
       ModelBdaLayerReport lr;
       lr.layer = static_cast<int>(l);
       lr.kappa_max = b.vo.kappa_max;

@@ -99,11 +99,12 @@ TEST(InPlace, TinyModelEqualsFloat32StorageEveryTypeAndBda) {
     }
 }
 
-// BD Attention on a model held in place keeps it quantized: C_stack and W_o' re-quantized to the
-// source tensors' types (E − D and Hq·D whole blocks of 32 here). Against the float32-coefficient
-// form: close (the rounding of one more quantization) but not equal (the quantized path ran), fewer
-// bytes per token, and prefill equal to token-by-token decoding.
-TEST(InPlace, BdaQuantizedKeepsTheSourceTypes) {
+// BD Attention on a model held in place keeps it quantized: C_stack and W_o' re-quantized (E − D
+// and Hq·D are whole blocks of 32 here) to Q8_0 (the default) or to the source tensors' types.
+// Against the float32-coefficient form: close for Q8_0 (the rounding of one more quantization)
+// but not equal (the quantized path ran), fewer bytes per token, and prefill equal to
+// token-by-token decoding (the fused decode product on two threads).
+TEST(InPlace, BdaQuantizedKeepsTheModelQuantized) {
   ModelHParams hp = test::tiny_hparams();
   hp.n_embd = 128;
   hp.n_head = 4;
@@ -112,44 +113,49 @@ TEST(InPlace, BdaQuantizedKeepsTheSourceTypes) {
   hp.n_rot = 32;
   hp.n_ff = 64;
   const std::vector<std::int32_t> prompt = {1, 7, 22, 3, 40, 41, 9, 13, 50, 2, 17};
-  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_1}) {
-    SCOPED_TRACE(ggml_type_name(type));
-    const std::string path =
-        test::write_gguf(test::make_tiny(false, hp), "inplace_bdaq_" + ggml_type_name(type) + ".gguf", type);
-    const ExecContext ctx{2};
-    LlamaModel q = LlamaModel::load(path, ctx), f = q;
-    const ModelBdaReport rq = apply_bda(q, "vo");
-    const ModelBdaReport rf = apply_bda(f, "vo", {}, BdaCoefStorage::kF32);
-    EXPECT_EQ(rq.coef_type, ggml_type_name(type));
-    EXPECT_EQ(rf.coef_type, "F32");
-    for (const LlamaLayer& L : q.weights().layers) {
-      ASSERT_FALSE(L.v_bd_q.empty());
-      EXPECT_EQ(L.v_bd_q.type_string(), ggml_type_name(type));
-      EXPECT_EQ(L.v_bd_q.rows(), hp.n_head_kv * hp.head_dim);
-      EXPECT_EQ(L.v_bd_q.cols, hp.n_embd - hp.head_dim);
-      EXPECT_EQ(L.wo_q.type_string(), ggml_type_name(type));
-      EXPECT_TRUE(L.wo.empty());
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_1})
+    for (BdaCoefStorage coef : {BdaCoefStorage::kQ8_0, BdaCoefStorage::kSource}) {
+      const bool to_source = coef == BdaCoefStorage::kSource;
+      const std::string want = to_source ? ggml_type_name(type) : "Q8_0";
+      SCOPED_TRACE(ggml_type_name(type) + (to_source ? " source" : " q8_0"));
+      const std::string path =
+          test::write_gguf(test::make_tiny(false, hp), "inplace_bdaq_" + ggml_type_name(type) + ".gguf", type);
+      const ExecContext ctx{2};
+      LlamaModel q = LlamaModel::load(path, ctx), f = q;
+      const ModelBdaReport rq = apply_bda(q, "vo", {}, coef);
+      const ModelBdaReport rf = apply_bda(f, "vo", {}, BdaCoefStorage::kF32);
+      EXPECT_EQ(rq.coef_type, want);
+      EXPECT_EQ(rf.coef_type, "F32");
+      for (const LlamaLayer& L : q.weights().layers) {
+        ASSERT_FALSE(L.v_bd_q.empty());
+        EXPECT_EQ(L.v_bd_q.type_string(), want);
+        EXPECT_EQ(L.v_bd_q.rows(), hp.n_head_kv * hp.head_dim);
+        EXPECT_EQ(L.v_bd_q.cols, hp.n_embd - hp.head_dim);
+        EXPECT_EQ(L.wo_q.type_string(), want);
+        EXPECT_TRUE(L.wo.empty());
+      }
+      EXPECT_EQ(q.layer(0).attn->kind(), "bd-v");
+      EXPECT_LT(q.weight_bytes_per_token(), f.weight_bytes_per_token());
+      const std::vector<double> a = run(q, prompt, {5, 6}, ctx), b = run(f, prompt, {5, 6}, ctx);
+      double scale = 0;
+      for (double v : b) scale = std::max(scale, std::abs(v));
+      const double d = max_diff(a, b);
+      EXPECT_GT(d, 0.0);
+      if (want == "Q8_0") EXPECT_LE(d, 0.02 * scale);
+      // Prefill of prompt + one token equals prompt then that token decoded.
+      KvCache c1 = q.make_cache(16), c2 = q.make_cache(16);
+      std::vector<std::int32_t> all = prompt;
+      all.push_back(5);
+      const std::vector<float> pre = q.forward(all, c1, ctx);
+      ForwardOptions last;
+      last.logits_begin = static_cast<std::int64_t>(prompt.size()) - 1;
+      q.forward(prompt, c2, ctx, last);
+      const std::vector<float> dec = q.forward({5}, c2, ctx);
+      const std::int64_t V = hp.n_vocab, off = static_cast<std::int64_t>(prompt.size()) * V;
+      for (std::int64_t i = 0; i < V; ++i)
+        EXPECT_NEAR(pre[static_cast<std::size_t>(off + i)], dec[static_cast<std::size_t>(i)], 1e-4);
     }
-    EXPECT_EQ(q.layer(0).attn->kind(), "bd-v");
-    EXPECT_LT(q.weight_bytes_per_token(), f.weight_bytes_per_token());
-    const std::vector<double> a = run(q, prompt, {5, 6}, ctx), b = run(f, prompt, {5, 6}, ctx);
-    double scale = 0;
-    for (double v : b) scale = std::max(scale, std::abs(v));
-    const double d = max_diff(a, b);
-    EXPECT_GT(d, 0.0);
-    EXPECT_LE(d, (type == GgmlType::Q8_0 ? 0.02 : 0.2) * scale);
-    // Prefill of prompt + follow-up equals prompt then token-by-token (the same quantized path).
-    KvCache c1 = q.make_cache(16), c2 = q.make_cache(16);
-    std::vector<std::int32_t> all = prompt;
-    all.push_back(5);
-    const std::vector<float> pre = q.forward(all, c1, ctx);
-    ForwardOptions last;
-    last.logits_begin = static_cast<std::int64_t>(prompt.size()) - 1;
-    q.forward(prompt, c2, ctx, last);
-    const std::vector<float> dec = q.forward({5}, c2, ctx);
-    const std::int64_t V = hp.n_vocab, off = static_cast<std::int64_t>(prompt.size()) * V;
-    for (std::int64_t i = 0; i < V; ++i) EXPECT_NEAR(pre[static_cast<std::size_t>(off + i)], dec[static_cast<std::size_t>(i)], 1e-4);
-  }
+  EXPECT_THROW(parse_bda_coef("q4"), Error);
 }
 
 // Prefill by token blocks (N >= 16 per thread: each thread runs every product of a layer on its

@@ -23,7 +23,7 @@ namespace numattn::cli {
 namespace {
 struct BenchModelOptions {
   std::string model = "default", ctx = "0,128,512", weights = "gguf", format = "md",
-              activations = "f32", bda = "none", bda_coef = "source";
+              activations = "f32", bda = "none", bda_coef = "q8_0";
   std::int64_t decode = 64, warmup = 1;
   int threads = 0, reps = 1;
   double bandwidth_mib = 0;
@@ -89,10 +89,10 @@ void add_bench_model(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
   sub->add_option("--bda-coef", o->bda_coef,
-                  "storage of the BD coefficients and W_o' with --weights gguf: source (re-quantized to the source "
-                  "tensors' types) or f32")
+                  "storage of the BD coefficients and W_o' with --weights gguf: q8_0, source (the source "
+                  "tensors' types) or f32 (as `ppl --bda-coef`)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"source", "f32"}));
+      ->check(CLI::IsMember({"q8_0", "source", "f32"}));
   add_mla_options(*sub, o->mla);
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
@@ -157,7 +157,7 @@ void add_bench_model(CLI::App& app) {
       for (Form& f : base) {
         Form b{f.name + " + bda " + o->bda, f.model};
         const ModelBdaReport rep =
-            apply_bda(b.model, o->bda, {}, o->bda_coef == "f32" ? BdaCoefStorage::kF32 : BdaCoefStorage::kSource);
+            apply_bda(b.model, o->bda, {}, parse_bda_coef(o->bda_coef));
         if (!rep.coef_type.empty()) b.name += " (" + rep.coef_type + ")";
         forms.push_back(std::move(f));
         forms.push_back(std::move(b));

@@ -31,7 +31,7 @@ namespace numattn::cli {
 namespace {
 struct PplCliOptions {
   std::string model = "default", text = "default", attn = "exact.flash", baseline, format = "md",
-              bos = "auto", bda = "none", bda_coef = "source", weights = "gguf", tensor,
+              bos = "auto", bda = "none", bda_coef = "q8_0", weights = "gguf", tensor,
               activations = "f32";
   std::int64_t ctx = 512, chunks = -1;
   int threads = 0;
@@ -72,11 +72,12 @@ void add_ppl(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
   sub->add_option("--bda-coef", o->bda_coef,
-                  "storage of the VO pair's BD coefficients and W_o' with --weights gguf: source (re-quantized "
-                  "to the source tensors' GGUF types, so the model stays quantized) or f32 (float32, the "
-                  "exact rewrite of the loaded weights)")
+                  "storage of the VO pair's BD coefficients and W_o' with --weights gguf: q8_0 (re-quantized "
+                  "to Q8_0: the model stays quantized at a small cost), source (to the source tensors' "
+                  "types: a 4-bit source loses much, model/bda_model.h) or f32 (float32, the exact "
+                  "rewrite of the loaded weights)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"source", "f32"}));
+      ->check(CLI::IsMember({"q8_0", "source", "f32"}));
   sub->add_option("--weights", o->weights,
                   "weight storage: gguf (the file's encoding, read in place) or f32 (dequantized "
                   "at load: the exactness reference)")
@@ -162,7 +163,7 @@ void add_ppl(CLI::App& app) {
         check_memory(4 * static_cast<std::uint64_t>(hp.weight_count(model.weights().output.empty())),
                      "a dense copy of the model (the KL baseline of --bda)");
       dense = std::make_unique<LlamaModel>(model);
-      bda = apply_bda(model, o->bda, {}, o->bda_coef == "f32" ? BdaCoefStorage::kF32 : BdaCoefStorage::kSource);
+      bda = apply_bda(model, o->bda, {}, parse_bda_coef(o->bda_coef));
     }
     // --tensor: the compressed model replaces the loaded one (with --mla-rank, the MLA model),
     // which stays as the KL baseline.

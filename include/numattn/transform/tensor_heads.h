@@ -1,5 +1,5 @@
 /// @file tensor_heads.h
-/// Training-free tensor compression of attention and feed-forward weights (issue 14 item 2).
+/// Training-free tensor compression of attention and feed-forward weights.
 /// Everything is computed in float64 from the given weights; the model layer
 /// (model/tensor_model.h) applies it to a Llama model.
 ///
