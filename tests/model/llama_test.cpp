@@ -11,6 +11,7 @@
 #include "numattn/core/rng.h"
 #include "numattn/gguf/gguf.h"
 #include "numattn/gguf/tensor_data.h"
+#include "numattn/model/bda_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/ppl.h"
 #include "numattn/model/tokenizer.h"
@@ -289,6 +290,55 @@ TEST(Llama, PerLayerSpecs) {
   EXPECT_NE(m.attention(1).spec().find("block_q=16"), std::string::npos);
   EXPECT_THROW(m.set_attention("exact.naive;exact.flash;exact.flash"), Error);
   EXPECT_EQ(split_spec_list("a.b(x=1,y=2),c.d"), (std::vector<std::string>{"a.b(x=1,y=2)", "c.d"}));
+}
+
+// The blocks state their weights, cache shape and FLOPs (model/blocks/block.h), and the model's
+// totals are their sums; a weight rewrite rebuilds the blocks of the layers it changes, and
+// copies of a model run blocks of their own (equal logits from the original and a copy).
+TEST(Llama, BlocksStateWeightsCacheAndFlops) {
+  const TinyTensors T = make_tiny(false);
+  const ModelHParams& h = T.hp;
+  const ExecContext ctx{1};
+  LlamaModel m = LlamaModel::load(write_gguf(T, "tiny_blocks.gguf"), ctx, WeightStorage::kF32);
+  const std::int64_t E = h.n_embd, D = h.head_dim, Hq = h.n_head, Hkv = h.n_head_kv, F = h.n_ff;
+  ASSERT_EQ(static_cast<std::int64_t>(m.layers().size()), h.n_layer);
+  std::int64_t body = 0;
+  for (const DecoderLayer& d : m.layers()) {
+    EXPECT_EQ(d.attn_norm->kind(), "rms");
+    EXPECT_EQ(d.attn_norm->width(), E);
+    EXPECT_EQ(d.attn->kind(), "gqa");
+    EXPECT_EQ(d.ffn->kind(), "swiglu");
+    EXPECT_EQ(d.attn->weights(), (Hq + 2 * Hkv) * D * E + E * Hq * D);
+    EXPECT_EQ(d.attn->weight_bytes(), 4u * static_cast<std::uint64_t>(d.attn->weights()));
+    EXPECT_EQ(d.ffn->weights(), 3 * F * E);
+    EXPECT_EQ(d.attn->cache_shape(), (CacheShape{Hkv * D, Hkv * D}));
+    EXPECT_EQ(d.attn->cache_bytes_per_token(), 8 * Hkv * D);
+    EXPECT_DOUBLE_EQ(d.attn->flops_per_token(100), 2.0 * static_cast<double>(d.attn->weights()) +
+                                                       2.0 * static_cast<double>(Hq * 100 * 2 * D));
+    body += d.attn->weights() + d.ffn->weights();
+  }
+  EXPECT_EQ(m.body_weights(), body);
+  EXPECT_EQ(m.body_weights(), h.n_layer * h.layer_weights());
+  EXPECT_EQ(m.kv_bytes_per_token(), h.n_layer * 8 * Hkv * D);
+  EXPECT_EQ(m.make_cache(4).shapes().size(), static_cast<std::size_t>(h.n_layer));
+
+  const LlamaModel dense = m;
+  apply_bda(m, "vo");
+  for (const DecoderLayer& d : m.layers()) {
+    EXPECT_EQ(d.attn->kind(), "bd-v");
+    EXPECT_EQ(d.attn->cache_shape(), (CacheShape{Hkv * D, Hkv * D}));
+  }
+  // BD of the VO pair saves D·D weights per KV head (no head falls back to dense here).
+  EXPECT_EQ(dense.body_weights() - m.body_weights(), h.n_layer * Hkv * D * D);
+  const std::vector<std::int32_t> toks = {3, 9, 27, 4};
+  KvCache c1 = m.make_cache(4), c2 = m.make_cache(4);
+  const LlamaModel copy = m;
+  const std::vector<float> a = m.forward(toks, c1, ctx), b = copy.forward(toks, c2, ctx);
+  EXPECT_EQ(a, b);
+  // A cache made for the dense model has the same shapes here; one made for another layer
+  // count is refused by name.
+  KvCache other(std::vector<CacheShape>(1, CacheShape{Hkv * D, Hkv * D}), 4);
+  EXPECT_THROW(m.forward(toks, other, ctx), Error);
 }
 
 TEST(Llama, RefusesOtherArchitectures) {

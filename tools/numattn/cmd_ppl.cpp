@@ -221,7 +221,7 @@ void add_ppl(CLI::App& app) {
     row["baseline"] = r.has_baseline ? Row(r.baseline_spec) : Row();
     row["ppl_baseline"] = r.has_baseline ? Row(r.ppl_baseline) : Row();
     bool file_bda = false;
-    for (const auto& L : model.weights().layers) file_bda |= L.v_bd != nullptr;
+    for (const DecoderLayer& d : model.layers()) file_bda |= d.attn->kind() == "bd-v";
     row["bda"] = o->bda != "none" ? o->bda : (file_bda ? "vo (stored in the file)" : "none");
     const std::int64_t kv_gqa = 2 * hp.n_layer * hp.n_head_kv * hp.head_dim * 4;
     row["kv_bytes_per_token"] = model.kv_bytes_per_token();
