@@ -5,10 +5,12 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "cli_common.h"
 #include "commands.h"
 #include "mla_cli.h"
+#include "tensor_cli.h"
 #include "numattn/gguf/gguf.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/bench_model.h"
@@ -23,7 +25,7 @@ namespace numattn::cli {
 namespace {
 struct BenchModelOptions {
   std::string model = "default", ctx = "0,128,512", weights = "gguf", format = "md",
-              activations = "f32", bda = "none", bda_coef = "q8_0";
+              activations = "f32", bda = "none", bda_coef = "q8_0", tensor;
   std::int64_t decode = 64, warmup = 1;
   int threads = 0, reps = 1;
   double bandwidth_mib = 0;
@@ -94,6 +96,7 @@ void add_bench_model(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"q8_0", "source", "f32"}));
   add_mla_options(*sub, o->mla);
+  add_tensor_option(*sub, o->tensor);
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
     ExecContext ctx{o->threads};
@@ -121,6 +124,15 @@ void add_bench_model(CLI::App& app) {
     auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
     const ModelHParams hp = LlamaModel::read_hparams(*file);
     check_mla_against_model(o->mla, hp, file->architecture() == "numattn-mla");
+    std::optional<transform::TensorSpec> tspec;
+    if (!o->tensor.empty()) {
+      tspec = transform::parse_tensor_spec(o->tensor);
+      NUMATTN_CHECK_OPTION(o->bda == "none", "tensor", "cannot be combined with --bda");
+      NUMATTN_CHECK_OPTION(!o->mla.requested() || tspec->scheme == transform::TensorScheme::kQkCp, "tensor",
+                           "with --mla-rank only qk-cp applies (collaborative QK on the MLA NoPE part); "
+                           "{} compresses the GQA model's weights", transform::to_string(tspec->scheme));
+      check_tensor_spec(*tspec, hp, o->mla.requested() || file->architecture() == "numattn-mla");
+    }
     const double open_s = seconds_since(t_open);
     for (std::int64_t L : lens)
       NUMATTN_CHECK_OPTION(std::max<std::int64_t>(L, 1) + o->decode <= hp.n_ctx_train, "ctx",
@@ -161,6 +173,17 @@ void add_bench_model(CLI::App& app) {
         if (!rep.coef_type.empty()) b.name += " (" + rep.coef_type + ")";
         forms.push_back(std::move(f));
         forms.push_back(std::move(b));
+      }
+    }
+
+    // --tensor: each form and its tensor compression (as `ppl --tensor`).
+    if (tspec) {
+      std::vector<Form> base = std::move(forms);
+      forms.clear();
+      for (Form& f : base) {
+        Form t{f.name + " + tensor " + tspec->canonical(), compress_model_tensor(f.model, *tspec, ctx)};
+        forms.push_back(std::move(f));
+        forms.push_back(std::move(t));
       }
     }
 
