@@ -82,8 +82,10 @@ struct ForwardStep {
   ForwardProfile* profile = nullptr;
 
   /// Adds the seconds since the last lap to `slot` when `main` (the first thread times the
-  /// phases) and profiling.
+  /// phases) and profiling. Blocks get the step as const; only the first thread laps, so the
+  /// clock below is written by one thread.
   void lap(bool main, double ForwardProfile::*slot) const;
+  /// When the last lap ended (set by the model at the start of the call).
   mutable std::chrono::steady_clock::time_point t0{};
 };
 
@@ -132,7 +134,8 @@ class AttentionBlock {
   /// Step 1 for token rows [t0, t1): xn rows `[N, E]` of the call (row t at xn + t·E).
   virtual void project(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1,
                        const LayerCache& cache, float* scratch, bool main) const = 0;
-  /// Step 2 over the first pos0 + N cache rows, with `method` on `ctx`.
+  /// Step 2 over the first pos0 + N cache rows, with `method`, on st.team (a block may keep a
+  /// small decode step on one thread: waking the team would cost more than the work).
   virtual void attend(const ForwardStep& st, const AttentionMethod& method, const LayerCache& cache,
                       float* scratch) const = 0;
   /// Step 3 for token rows [t0, t1): x rows `[N, E]` += the output projection.
