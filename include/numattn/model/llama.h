@@ -14,6 +14,12 @@
 /// then `logits = RMSNorm(X) ⊙ output_norm · W_outᵀ` (W_out = token_embd when the file has no
 /// `output.weight`, i.e. tied embeddings).
 ///
+/// The model runs as blocks (model/blocks/block.h): each layer a DecoderLayer of RmsNorm, an
+/// attention block (GqaAttention, or BdvAttention / FactoredVoAttention / MlaAttention when a
+/// weight rewrite changed the layer) and SwigluFfn, built from the weights below by the llama
+/// family's builder (arch/arch.h names the architectures of that family). LlamaWeights is the
+/// data; the blocks point into it, so edits go through edit_weights, which rebuilds them.
+///
 /// RoPE: llama.cpp's `LLAMA_ROPE_TYPE_NORM` for `llama` (src/llama-model.cpp,
 /// `llama_model_rope_type`): rotation of adjacent pairs with θ_i = pos · base^(−2i/n_rot),
 /// i < n_rot/2 (`rope.dimension_count`, `rope.freq_base`); dims past n_rot are left alone.
