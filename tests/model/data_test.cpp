@@ -53,6 +53,15 @@ TEST(DefaultData, DefaultPathsResolveOrExplain) {
     EXPECT_EQ(default_model_path(), (dir / kDefaultModelFile).string());
     EXPECT_EQ(resolve_model_path("default"), (dir / kDefaultModelFile).string());
     EXPECT_EQ(resolve_text_path("default"), (dir / kDefaultTextFile).string());
+    // Gemma 3 is fetched on request only: the error names the command that fetches it.
+    try {
+      resolve_model_path("gemma3");
+      ADD_FAILURE() << "expected an error for a missing Gemma 3 file";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fetch_data.sh --what gemma3"), std::string::npos) << e.what();
+    }
+    std::ofstream(dir / kGemma3File) << "z";
+    EXPECT_EQ(resolve_model_path("gemma3"), (dir / kGemma3File).string());
   }
   {
     ScopedEnv env("NUMATTN_CACHE", "");
