@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <queue>
 
 #include "model/tokenizer_unicode.h"
 #include "numattn/core/error.h"
@@ -205,10 +206,12 @@ class QuadHeap {
 // ---- Tokenizer -------------------------------------------------------------------------------
 
 Tokenizer::Tokenizer(TokenizerConfig cfg) : cfg_(std::move(cfg)) {
-  NUMATTN_CHECK(cfg_.model == "gpt2",
-                "tokenizer model '{}' is not supported: only byte-level BPE ('gpt2') is "
-                "implemented (SentencePiece 'llama', WordPiece 'bert', 'rwkv' and 't5' are not)",
+  NUMATTN_CHECK(cfg_.model == "gpt2" || cfg_.model == "llama",
+                "tokenizer model '{}' is not supported: byte-level BPE ('gpt2') and SentencePiece ('llama') "
+                "are implemented (WordPiece 'bert', 'rwkv' and 't5' are not)",
                 cfg_.model);
+  NUMATTN_CHECK(cfg_.scores.empty() || cfg_.scores.size() == cfg_.tokens.size(),
+                "tokenizer.ggml.scores has {} entries for {} tokens", cfg_.scores.size(), cfg_.tokens.size());
   static const char* kDigitSplit[] = {"smollm", "starcoder", "refact", "command-r", "codeshell"};
   static const char* kPlain[] = {"gpt-2", "gpt2", "default", "mpt", "olmo"};
   bool known = false;
@@ -216,7 +219,7 @@ Tokenizer::Tokenizer(TokenizerConfig cfg) : cfg_(std::move(cfg)) {
     if (cfg_.pre == p) known = split_digits_ = true;
   for (const char* p : kPlain)
     if (cfg_.pre == p) known = true;
-  NUMATTN_CHECK(known,
+  NUMATTN_CHECK(known || spm(),
                 "pre-tokenizer '{}' is not supported; supported: smollm, starcoder, refact, "
                 "command-r, codeshell, gpt-2, default, mpt, olmo",
                 cfg_.pre);
@@ -242,7 +245,9 @@ Tokenizer::Tokenizer(TokenizerConfig cfg) : cfg_(std::move(cfg)) {
     max_merge_bytes_ = std::max(max_merge_bytes_, m.size());
   }
   for (int b = 0; b < 256; ++b) {
-    auto it = token_to_id_.find(alphabet().to_utf8[b]);
+    // SentencePiece's byte-fallback tokens are "<0xXX>"; byte-level BPE's are the byte's
+    // printable stand-in.
+    auto it = token_to_id_.find(spm() ? fmt::format("<0x{:02X}>", b) : alphabet().to_utf8[b]);
     byte_token_[b] = it == token_to_id_.end() ? -1 : it->second;
   }
   for (std::int32_t i = 0; i < n; ++i) {
@@ -469,12 +474,98 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
                     : ""));
     }
   }
+  if (spm()) {
+    // A fragment after BOS, a special token or the start gets the leading space (when the
+    // vocabulary asks for it); spaces become ▁; the fragment is merged whole.
+    bool after_special = true;
+    std::string buf;
+    for (const Frag& f : frags) {
+      if (f.id >= 0) {
+        out.push_back(f.id);
+        after_special = true;
+        continue;
+      }
+      buf.clear();
+      if (cfg_.add_space_prefix && after_special) buf += "\xE2\x96\x81";
+      for (char ch : f.text) {
+        if (ch == ' ') buf += "\xE2\x96\x81";
+        else buf += ch;
+      }
+      spm_piece(buf, out);
+      after_special = false;
+    }
+    return out;
+  }
   std::unordered_map<std::string, std::vector<std::int32_t>> cache;
   for (const Frag& f : frags) {
     if (f.id >= 0) out.push_back(f.id);
     else encode_fragment(f.text, out, cache);
   }
   return out;
+}
+
+void Tokenizer::spm_piece(std::string_view piece, std::vector<std::int32_t>& out) const {
+  // Symbols are UTF-8 characters (length from the lead byte's high nibble, cut at the end);
+  // candidate pairs sit in a max-heap by (score, then leftmost), stale entries are recognised
+  // by their length when they come to the top (a symbol only grows): O(n log n).
+  const std::size_t n = piece.size();
+  if (n == 0) return;
+  NUMATTN_CHECK(n < kNoSymbol, "a text fragment of {} bytes is longer than the {} bytes the tokenizer's symbol "
+                "indices can address", n, kNoSymbol - 1);
+  struct Sym {
+    std::uint32_t off, len, prev, next;
+  };
+  std::vector<Sym> sym;
+  sym.reserve(n);
+  static constexpr std::uint8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+  for (std::size_t off = 0; off < n;) {
+    const std::size_t len = std::min<std::size_t>(kLen[static_cast<unsigned char>(piece[off]) >> 4], n - off);
+    const auto k = static_cast<std::uint32_t>(sym.size());
+    sym.push_back({static_cast<std::uint32_t>(off), static_cast<std::uint32_t>(len), k == 0 ? kNoSymbol : k - 1,
+                   off + len < n ? k + 1 : kNoSymbol});
+    off += len;
+  }
+  struct Pair {
+    float score;
+    std::uint32_t left, right, size;
+  };
+  // Max-heap: higher score first, then the smaller left index.
+  auto below = [](const Pair& a, const Pair& b) {
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  };
+  std::priority_queue<Pair, std::vector<Pair>, decltype(below)> heap(below);
+  auto try_pair = [&](std::uint32_t l, std::uint32_t r) {
+    if (l == kNoSymbol || r == kNoSymbol) return;
+    const std::uint32_t size = sym[l].len + sym[r].len;
+    auto it = token_to_id_.find(std::string(piece.substr(sym[l].off, size)));
+    if (it == token_to_id_.end()) return;
+    heap.push({cfg_.scores.empty() ? 0.f : cfg_.scores[static_cast<std::size_t>(it->second)], l, r, size});
+  };
+  for (std::uint32_t k = 1; k < sym.size(); ++k) try_pair(k - 1, k);
+  while (!heap.empty()) {
+    const Pair p = heap.top();
+    heap.pop();
+    Sym& l = sym[p.left];
+    Sym& r = sym[p.right];
+    if (l.len == 0 || r.len == 0 || l.len + r.len != p.size) continue;  // stale
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next != kNoSymbol) sym[r.next].prev = p.left;
+    try_pair(l.prev, p.left);
+    try_pair(p.left, l.next);
+  }
+  std::string key;
+  for (std::uint32_t k = 0; k != kNoSymbol; k = sym[k].next) {
+    key.assign(piece.substr(sym[k].off, sym[k].len));
+    auto it = token_to_id_.find(key);
+    if (it != token_to_id_.end()) {
+      out.push_back(it->second);
+      continue;
+    }
+    // Not a token: its bytes' fallback tokens (encode() checked that each byte has one).
+    for (char ch : key) out.push_back(byte_token_[static_cast<unsigned char>(ch)]);
+  }
 }
 
 std::string Tokenizer::token_to_piece(std::int32_t id, bool render_special) const {
@@ -487,6 +578,21 @@ std::string Tokenizer::token_to_piece(std::int32_t id, bool render_special) cons
       return t;  // stored verbatim, not in the byte alphabet
     default:
       break;
+  }
+  if (spm()) {
+    // "<0xXX>" is its byte; ▁ is a space.
+    if (token_type(id) == TokenType::kByte && t.size() == 6 && t.rfind("<0x", 0) == 0)
+      return std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+    std::string out;
+    for (std::size_t k = 0; k < t.size();) {
+      if (t.compare(k, 3, "\xE2\x96\x81") == 0) {
+        out += ' ';
+        k += 3;
+      } else {
+        out += t[k++];
+      }
+    }
+    return out;
   }
   const ByteAlphabet& ab = alphabet();
   std::string out;

@@ -10,12 +10,17 @@ namespace numattn {
 Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   TokenizerConfig c;
   c.model = f.get_string("tokenizer.ggml.model");
-  NUMATTN_CHECK(c.model == "gpt2",
-                "{}: tokenizer.ggml.model is '{}'; only byte-level BPE ('gpt2') is supported",
+  NUMATTN_CHECK(c.model == "gpt2" || c.model == "llama",
+                "{}: tokenizer.ggml.model is '{}'; supported: byte-level BPE ('gpt2') and SentencePiece "
+                "('llama')",
                 f.path(), c.model);
   c.pre = f.get_string("tokenizer.ggml.pre", "default");
   c.tokens = f.get_string_array("tokenizer.ggml.tokens");
   if (f.has("tokenizer.ggml.merges")) c.merges = f.get_string_array("tokenizer.ggml.merges");
+  if (f.has("tokenizer.ggml.scores"))
+    for (double v : f.get_double_array("tokenizer.ggml.scores")) c.scores.push_back(static_cast<float>(v));
+  // llama.cpp's default for SentencePiece vocabularies that do not say.
+  c.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix", c.model == "llama");
   if (f.has("tokenizer.ggml.token_type")) {
     for (std::int64_t v : f.get_int_array("tokenizer.ggml.token_type")) {
       NUMATTN_CHECK(v >= std::numeric_limits<std::int32_t>::min() && v <= std::numeric_limits<std::int32_t>::max(),

@@ -204,7 +204,7 @@ TEST(Tokenizer, EscapedPiecesArePrintableAndReversible) {
 
 TEST(Tokenizer, RefusesUnsupported) {
   auto c = tiny_config("gpt-2");
-  c.model = "llama";
+  c.model = "bert";
   EXPECT_THROW(Tokenizer{c}, Error);
   c = tiny_config("qwen2");
   try {
@@ -314,6 +314,77 @@ TEST(TokenizerDefaultModel, WholeDefaultTextMatchesHuggingFace) {
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a64(ids)));
   EXPECT_EQ(std::string(hex), d["fnv1a64_ids"].get<std::string>());
   EXPECT_EQ(t.decode(ids), text);
+}
+
+// SentencePiece (tokenizer.ggml.model = "llama") on a tiny vocabulary: merges by score, the
+// higher first, ties to the leftmost pair; the ▁ space rule and the leading space; byte fallback
+// for what no token covers; special tokens cut first; decode inverts encode.
+TEST(Tokenizer, SentencePieceMergesByScoreWithByteFallback) {
+  const std::string sp = "\xE2\x96\x81";  // ▁
+  TokenizerConfig c;
+  c.model = "llama";
+  c.pre = "default";
+  //          0        1        2       3    4    5    6          7          8         9
+  c.tokens = {"<unk>", "<s>", "</s>", "a", "b", "c", sp, sp + "a", "ab", "bc"};
+  c.scores = {0, 0, 0, -1, -1, -1, -1, -2, -3, -0.5f};
+  c.token_types = {2, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  for (int b = 0; b < 256; ++b) {
+    c.tokens.push_back(fmt::format("<0x{:02X}>", b));
+    c.scores.push_back(0);
+    c.token_types.push_back(6);
+  }
+  c.bos_id = 1;
+  c.eos_id = 2;
+  c.unk_id = 0;
+  c.add_space_prefix = false;
+  const Tokenizer t(c);
+  // "abc": "bc" (score -0.5) beats "ab" (-3): a | bc.
+  EXPECT_EQ(t.encode("abc"), (std::vector<std::int32_t>{3, 9}));
+  // "abab": the two "ab" pairs tie; the leftmost merges first, then the other one.
+  EXPECT_EQ(t.encode("abab"), (std::vector<std::int32_t>{8, 8}));
+  // A space is ▁; "▁a" is a token; "d" is not: its byte token.
+  EXPECT_EQ(t.encode(" ad"), (std::vector<std::int32_t>{7, 10 + 'd'}));
+  // A multi-byte character without a token: one byte token per byte.
+  EXPECT_EQ(t.encode("\xC3\xA9"), (std::vector<std::int32_t>{10 + 0xC3, 10 + 0xA9}));
+  EXPECT_EQ(t.encode("a", true), (std::vector<std::int32_t>{1, 3}));
+  for (const std::string x : {"abc abc", " d\xC3\xA9\n", "ab</s>bc"}) EXPECT_EQ(t.decode(t.encode(x, false, false)), x);
+  // The control token is cut out when parsed as special.
+  EXPECT_EQ(t.encode("ab</s>bc"), (std::vector<std::int32_t>{8, 2, 9}));
+  // With add_space_prefix the first fragment, and each after a special token, starts with ▁.
+  c.add_space_prefix = true;
+  const Tokenizer u(c);
+  EXPECT_EQ(u.encode("a"), (std::vector<std::int32_t>{7}));
+  EXPECT_EQ(u.encode("a</s>a"), (std::vector<std::int32_t>{7, 2, 7}));
+  c.scores.pop_back();
+  EXPECT_THROW(Tokenizer{c}, Error);
+}
+
+// Gemma 3's SentencePiece vocabulary (262,144 tokens) on the whole default text against
+// llama.cpp's llama-tokenize (llama-cpp-python 0.3.36's llama.cpp; BOS added, special tokens
+// parsed): 958,391 ids, their FNV-1a hash, and the start of a short sentence.
+TEST(TokenizerGemma3, WholeDefaultTextMatchesLlamaCpp) {
+  auto tpath = cached(default_text_path);
+  std::optional<std::string> mpath;
+  try {
+    mpath = resolve_model_path("gemma3");
+  } catch (const Error&) {
+  }
+  if (!mpath || !tpath) GTEST_SKIP() << "Gemma 3 (scripts/fetch_data.sh --what gemma3) or the default text not cached";
+  const Tokenizer t = Tokenizer::from_gguf_path(*mpath);
+  EXPECT_EQ(t.encode("Hello world, it is a truth universally acknowledged.\n\nThe  end.", true),
+            (std::vector<std::int32_t>{2, 9259, 1902, 236764, 625, 563, 496, 9043, 69127, 30285, 236761, 108, 818,
+                                       138, 643, 236761}));
+  std::ifstream in(*tpath, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  if (text.size() != 4025029u) GTEST_SKIP() << "cached text has " << text.size() << " bytes, not 4025029";
+  const auto ids = t.encode(text, true);
+  EXPECT_EQ(ids.size(), 958391u);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a64(ids)));
+  EXPECT_EQ(std::string(hex), "b8c104f6bb6f1643");
+  EXPECT_EQ(t.decode(std::vector<std::int32_t>(ids.begin() + 1, ids.end())), text);
 }
 
 }  // namespace NUMATTN_UNITY_ID

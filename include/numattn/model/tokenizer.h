@@ -1,5 +1,5 @@
 /// @file tokenizer.h
-/// GPT-2-style byte-level BPE tokenizer, built from GGUF tokenizer metadata.
+/// Byte-level BPE (GPT-2 style) and SentencePiece tokenizers, built from GGUF tokenizer metadata.
 ///
 /// Protocol (the one llama.cpp's `llama-vocab.cpp` and Hugging Face `tokenizers` implement for
 /// `tokenizer.ggml.model = "gpt2"`):
@@ -24,7 +24,17 @@
 /// Decoding maps normal tokens back through the byte alphabet; control tokens render as their
 /// text when asked to (`render_special`), else as nothing.
 ///
-/// Supported pre-tokenizers: `gpt-2` (and its aliases `default`, `mpt`, `olmo`) and `smollm`
+/// SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Gemma) take the path
+/// llama.cpp's SPM tokenizer takes (Kudo & Richardson, "SentencePiece", 2018, its BPE model):
+/// step 1 as above; each raw fragment gets a leading space when `add_space_prefix` and it
+/// follows BOS, a special token or the start; spaces become `▁` (U+2581); the fragment is split
+/// into UTF-8 characters (a byte whose lead nibble says more bytes than remain ends the text)
+/// and the adjacent pair whose concatenation is a token of highest score is merged (ties: the
+/// leftmost), until no adjacent pair forms a token; a symbol that is not a token becomes its
+/// byte tokens `<0xXX>`. There is no pre-tokenizer: a fragment is merged whole. Decoding maps
+/// `▁` back to a space and `<0xXX>` to its byte.
+///
+/// Supported pre-tokenizers (byte-level BPE): `gpt-2` (and its aliases `default`, `mpt`, `olmo`) and `smollm`
 /// (also `starcoder`, `refact`, `command-r`, `codeshell`, which llama.cpp treats identically):
 /// `\p{N}` (every digit alone), then
 /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
@@ -65,7 +75,9 @@ struct TokenizerConfig {
   std::string model = "gpt2";  ///< tokenizer.ggml.model
   std::string pre = "gpt-2";   ///< tokenizer.ggml.pre
   std::vector<std::string> tokens;
-  std::vector<std::string> merges;          ///< "A B", rank = index
+  std::vector<std::string> merges;          ///< "A B", rank = index (gpt2)
+  std::vector<float> scores;                ///< per token (llama/SPM: the merge priority); empty = 0
+  bool add_space_prefix = true;             ///< tokenizer.ggml.add_space_prefix (SPM)
   std::vector<std::int32_t> token_types;    ///< empty = all normal
   std::int32_t bos_id = -1, eos_id = -1, unk_id = -1;
   bool add_bos = false;                     ///< tokenizer.ggml.add_bos_token
@@ -113,6 +125,8 @@ class Tokenizer {
   void encode_fragment(std::string_view text, std::vector<std::int32_t>& out,
                        std::unordered_map<std::string, std::vector<std::int32_t>>& cache) const;
   void bpe_piece(std::string_view piece, std::vector<std::int32_t>& out) const;
+  void spm_piece(std::string_view piece, std::vector<std::int32_t>& out) const;
+  bool spm() const { return cfg_.model == "llama"; }
 
   TokenizerConfig cfg_;
   bool split_digits_ = false;  ///< the `\p{N}` pre-split of smollm & co
