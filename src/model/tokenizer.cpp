@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <queue>
@@ -212,6 +213,9 @@ Tokenizer::Tokenizer(TokenizerConfig cfg) : cfg_(std::move(cfg)) {
                 cfg_.model);
   NUMATTN_CHECK(cfg_.scores.empty() || cfg_.scores.size() == cfg_.tokens.size(),
                 "tokenizer.ggml.scores has {} entries for {} tokens", cfg_.scores.size(), cfg_.tokens.size());
+  for (std::size_t i = 0; i < cfg_.scores.size(); ++i)
+    NUMATTN_CHECK(std::isfinite(cfg_.scores[i]), "tokenizer.ggml.scores[{}] = {} is not finite (a merge priority)", i,
+                  cfg_.scores[i]);
   static const char* kDigitSplit[] = {"smollm", "starcoder", "refact", "command-r", "codeshell"};
   static const char* kPlain[] = {"gpt-2", "gpt2", "default", "mpt", "olmo"};
   bool known = false;
@@ -581,8 +585,13 @@ std::string Tokenizer::token_to_piece(std::int32_t id, bool render_special) cons
   }
   if (spm()) {
     // "<0xXX>" is its byte; ▁ is a space.
-    if (token_type(id) == TokenType::kByte && t.size() == 6 && t.rfind("<0x", 0) == 0)
-      return std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+    // A byte token's text is "<0xXX>"; one that is not (a hostile vocabulary) decodes as its text.
+    auto hex = [](char ch) {
+      return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+    };
+    if (token_type(id) == TokenType::kByte && t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>' &&
+        hex(t[3]) >= 0 && hex(t[4]) >= 0)
+      return std::string(1, static_cast<char>(hex(t[3]) * 16 + hex(t[4])));
     std::string out;
     for (std::size_t k = 0; k < t.size();) {
       if (t.compare(k, 3, "\xE2\x96\x81") == 0) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -355,6 +356,11 @@ TEST(Tokenizer, SentencePieceMergesByScoreWithByteFallback) {
   const Tokenizer u(c);
   EXPECT_EQ(u.encode("a"), (std::vector<std::int32_t>{7}));
   EXPECT_EQ(u.encode("a</s>a"), (std::vector<std::int32_t>{7, 2, 7}));
+  // A byte token whose text is not <0xXX> (a hostile vocabulary) decodes as its text.
+  c.tokens[10 + 'q'] = "<0xZZ>";
+  EXPECT_EQ(Tokenizer(c).token_to_piece(10 + 'q'), "<0xZZ>");
+  c.scores[4] = std::nanf("");
+  EXPECT_THROW(Tokenizer{c}, Error);
   c.scores.pop_back();
   EXPECT_THROW(Tokenizer{c}, Error);
 }
