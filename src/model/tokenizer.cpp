@@ -14,6 +14,9 @@ namespace numattn {
 
 namespace {
 
+// SentencePiece's stand-in for a space, U+2581 "▁" in UTF-8.
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";
+
 // ---- UTF-8 ----------------------------------------------------------------------------------
 
 void append_utf8(std::string& s, std::uint32_t cp) {
@@ -490,9 +493,9 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
         continue;
       }
       buf.clear();
-      if (cfg_.add_space_prefix && after_special) buf += "\xE2\x96\x81";
+      if (cfg_.add_space_prefix && after_special) buf += kSpmSpace;
       for (char ch : f.text) {
-        if (ch == ' ') buf += "\xE2\x96\x81";
+        if (ch == ' ') buf += kSpmSpace;
         else buf += ch;
       }
       spm_piece(buf, out);
@@ -538,10 +541,12 @@ void Tokenizer::spm_piece(std::string_view piece, std::vector<std::int32_t>& out
     return a.score < b.score || (a.score == b.score && a.left > b.left);
   };
   std::priority_queue<Pair, std::vector<Pair>, decltype(below)> heap(below);
+  std::string key;  // reused so that a lookup does not allocate
   auto try_pair = [&](std::uint32_t l, std::uint32_t r) {
     if (l == kNoSymbol || r == kNoSymbol) return;
     const std::uint32_t size = sym[l].len + sym[r].len;
-    auto it = token_to_id_.find(std::string(piece.substr(sym[l].off, size)));
+    key.assign(piece.substr(sym[l].off, size));
+    auto it = token_to_id_.find(key);
     if (it == token_to_id_.end()) return;
     heap.push({cfg_.scores.empty() ? 0.f : cfg_.scores[static_cast<std::size_t>(it->second)], l, r, size});
   };
@@ -559,7 +564,6 @@ void Tokenizer::spm_piece(std::string_view piece, std::vector<std::int32_t>& out
     try_pair(l.prev, p.left);
     try_pair(p.left, l.next);
   }
-  std::string key;
   for (std::uint32_t k = 0; k != kNoSymbol; k = sym[k].next) {
     key.assign(piece.substr(sym[k].off, sym[k].len));
     auto it = token_to_id_.find(key);
@@ -594,7 +598,7 @@ std::string Tokenizer::token_to_piece(std::int32_t id, bool render_special) cons
       return std::string(1, static_cast<char>(hex(t[3]) * 16 + hex(t[4])));
     std::string out;
     for (std::size_t k = 0; k < t.size();) {
-      if (t.compare(k, 3, "\xE2\x96\x81") == 0) {
+      if (t.compare(k, kSpmSpace.size(), kSpmSpace) == 0) {
         out += ' ';
         k += 3;
       } else {

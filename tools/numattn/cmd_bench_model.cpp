@@ -3,6 +3,7 @@
 // run (a streaming read of a buffer larger than the last-level cache).
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -124,15 +125,8 @@ void add_bench_model(CLI::App& app) {
     auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
     const ModelHParams hp = LlamaModel::read_hparams(*file);
     check_mla_against_model(o->mla, hp, file->architecture() == "numattn-mla");
-    std::optional<transform::TensorSpec> tspec;
-    if (!o->tensor.empty()) {
-      tspec = transform::parse_tensor_spec(o->tensor);
-      NUMATTN_CHECK_OPTION(o->bda == "none", "tensor", "cannot be combined with --bda");
-      NUMATTN_CHECK_OPTION(!o->mla.requested() || tspec->scheme == transform::TensorScheme::kQkCp, "tensor",
-                           "with --mla-rank only qk-cp applies (collaborative QK on the MLA NoPE part); "
-                           "{} compresses the GQA model's weights", transform::to_string(tspec->scheme));
-      check_tensor_spec(*tspec, hp, o->mla.requested() || file->architecture() == "numattn-mla");
-    }
+    const std::optional<transform::TensorSpec> tspec = parse_tensor_option(o->tensor, o->bda, o->mla.requested());
+    if (tspec) check_tensor_spec(*tspec, hp, o->mla.requested() || file->architecture() == "numattn-mla");
     const double open_s = seconds_since(t_open);
     for (std::int64_t L : lens)
       NUMATTN_CHECK_OPTION(std::max<std::int64_t>(L, 1) + o->decode <= hp.n_ctx_train, "ctx",
@@ -162,30 +156,28 @@ void add_bench_model(CLI::App& app) {
       forms.push_back({loaded.has_mla() ? "mla (file) " + o->mla.exec : "gqa", std::move(loaded)});
     }
 
-    // --bda: each form and its BD Attention rewrite (copies share the mapped file).
-    if (o->bda != "none") {
+    // --bda, --tensor: each form followed by its rewrite (copies share the mapped file), so the
+    // two are measured in the same repetitions.
+    auto add_rewrites = [&](const std::function<Form(const Form&)>& rewrite) {
       std::vector<Form> base = std::move(forms);
       forms.clear();
       for (Form& f : base) {
+        Form r = rewrite(f);
+        forms.push_back(std::move(f));
+        forms.push_back(std::move(r));
+      }
+    };
+    if (o->bda != "none")
+      add_rewrites([&](const Form& f) {
         Form b{f.name + " + bda " + o->bda, f.model};
-        const ModelBdaReport rep =
-            apply_bda(b.model, o->bda, {}, parse_bda_coef(o->bda_coef));
+        const ModelBdaReport rep = apply_bda(b.model, o->bda, {}, parse_bda_coef(o->bda_coef));
         if (!rep.coef_type.empty()) b.name += " (" + rep.coef_type + ")";
-        forms.push_back(std::move(f));
-        forms.push_back(std::move(b));
-      }
-    }
-
-    // --tensor: each form and its tensor compression (as `ppl --tensor`).
-    if (tspec) {
-      std::vector<Form> base = std::move(forms);
-      forms.clear();
-      for (Form& f : base) {
-        Form t{f.name + " + tensor " + tspec->canonical(), compress_model_tensor(f.model, *tspec, ctx)};
-        forms.push_back(std::move(f));
-        forms.push_back(std::move(t));
-      }
-    }
+        return b;
+      });
+    if (tspec)
+      add_rewrites([&](const Form& f) {
+        return Form{f.name + " + tensor " + tspec->canonical(), compress_model_tensor(f.model, *tspec, ctx)};
+      });
 
     // --activations f32,q8: every form once per activation precision (copies share the file).
     if (acts.size() > 1 || acts[0] != Activations::kF32) {

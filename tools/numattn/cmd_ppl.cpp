@@ -107,14 +107,7 @@ void add_ppl(CLI::App& app) {
     NUMATTN_CHECK_OPTION(split_list(o->activations).size() == 1, "activations", "takes one value, got '{}'",
                          o->activations);
     check_mla_options(*sub, o->mla);
-    std::optional<transform::TensorSpec> tspec;
-    if (!o->tensor.empty()) {
-      tspec = transform::parse_tensor_spec(o->tensor);
-      NUMATTN_CHECK_OPTION(o->bda == "none", "tensor", "cannot be combined with --bda");
-      NUMATTN_CHECK_OPTION(!o->mla.requested() || tspec->scheme == transform::TensorScheme::kQkCp, "tensor",
-                           "with --mla-rank only qk-cp applies (collaborative QK on the MLA NoPE part); "
-                           "{} compresses the GQA model's weights", transform::to_string(tspec->scheme));
-    }
+    const std::optional<transform::TensorSpec> tspec = parse_tensor_option(o->tensor, o->bda, o->mla.requested());
     const std::string mpath = resolve_model_path(o->model);
     const std::string tpath = resolve_text_path(o->text);
     const std::string text =

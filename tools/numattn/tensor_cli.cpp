@@ -43,4 +43,15 @@ void add_tensor_columns(Row& row, const TensorModelReport& rep, bool json) {
   row["tensor_parts"] = parts;
 }
 
+std::optional<transform::TensorSpec> parse_tensor_option(const std::string& spec, const std::string& bda,
+                                                         bool mla_requested) {
+  if (spec.empty()) return std::nullopt;
+  transform::TensorSpec t = transform::parse_tensor_spec(spec);
+  NUMATTN_CHECK_OPTION(bda == "none", "tensor", "cannot be combined with --bda");
+  NUMATTN_CHECK_OPTION(!mla_requested || t.scheme == transform::TensorScheme::kQkCp, "tensor",
+                       "with --mla-rank only qk-cp applies (collaborative QK on the MLA NoPE part); "
+                       "{} compresses the GQA model's weights", transform::to_string(t.scheme));
+  return t;
+}
+
 }  // namespace numattn::cli

@@ -2,6 +2,7 @@
 // columns it adds to the ppl and convert rows (`convert --tensor` writes a numattn-tensor GGUF).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,12 @@ namespace numattn::cli {
 
 /// Adds --tensor SPEC to `sub` (help text: the spec grammar).
 void add_tensor_option(CLI::App& sub, std::string& spec);
+
+/// The spec of --tensor (nullopt when empty), checked against the other model options before any
+/// model is read: refused with --bda, and with --mla-rank for any scheme but qk-cp
+/// (OptionError "tensor").
+std::optional<transform::TensorSpec> parse_tensor_option(const std::string& spec, const std::string& bda,
+                                                         bool mla_requested);
 
 /// The report's columns: tensor (canonical spec), tensor_params_before/_after/_kept (fraction),
 /// tensor_fit_min, tensor_fit_mean, tensor_not_converged, tensor_exec_head_dim, tensor_s, and,
