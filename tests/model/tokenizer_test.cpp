@@ -348,6 +348,7 @@ TEST(Tokenizer, SentencePieceMergesByScoreWithByteFallback) {
   // A multi-byte character without a token: one byte token per byte.
   EXPECT_EQ(t.encode("\xC3\xA9"), (std::vector<std::int32_t>{10 + 0xC3, 10 + 0xA9}));
   EXPECT_EQ(t.encode("a", true), (std::vector<std::int32_t>{1, 3}));
+  EXPECT_TRUE(t.encode("").empty());
   for (const std::string x : {"abc abc", " d\xC3\xA9\n", "ab</s>bc"}) EXPECT_EQ(t.decode(t.encode(x, false, false)), x);
   // The control token is cut out when parsed as special.
   EXPECT_EQ(t.encode("ab</s>bc"), (std::vector<std::int32_t>{8, 2, 9}));
