@@ -59,7 +59,7 @@ TEST(MlaCli, BadFlagsAreReportedBeforeTheModelIsOpened) {
   }
 }
 
-// Acceptance of issue 11: `ppl --mla-rank 0 --rope-heads 3` (the exact merge) gives the GQA
+// Checked: `ppl --mla-rank 0 --rope-heads 3` (the exact merge) gives the GQA
 // model's perplexity; its KL against the GQA model (own KV cache) is float32 noise.
 TEST(MlaCli, ExactMergeKeepsThePerplexityAndBdaQkvoKeepsTheMlaOne) {
   if (!have_default()) GTEST_SKIP() << "default model not cached";

@@ -71,7 +71,7 @@ const std::vector<MlaShape> kShapes = {
     {16, 5, 9, 4, 0, 3},    // no RoPE part (DeepSeek without decoupled key)
 };
 
-// Identity of arch/mla_weights.h's two executions, in float64 (issue 11 acceptance: 1e-12).
+// Identity of arch/mla_weights.h's two executions, in float64: absorbed equals naive within 1e-12.
 TEST(MlaModel, AbsorbedEqualsNaiveInFloat64) {
   for (const MlaShape& s : kShapes) {
     const MlaLayerWeights w = random_mla(s, 1);

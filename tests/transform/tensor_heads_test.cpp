@@ -656,7 +656,7 @@ TEST(TensorFile, CliConvertThenPplEqualsPplTensor) {
   test::expect_cli_error(mla + " --tensor vo-cp:rank=4", {"--tensor", "qk-cp"});
 }
 
-// Acceptance (issue 14 item 2): on the default model the written factors give the perplexity of
+// Checked: on the default model the written factors give the perplexity of
 // `ppl --tensor`. The block form (no ALS) in the factored execution keeps this test short; docs/tensor.md
 // has the rank-256 figure.
 TEST(TensorFile, DefaultModelFileGivesThePplTensorPerplexity) {
