@@ -204,7 +204,7 @@ class PyModel {
     check_generation(max_tokens);
     if (attn) {
       try {
-        make_attention_methods(*attn, model_.hparams().n_layer);
+        make_attention_methods(*attn, model_.hparams().n_layer, model_.hparams().local_layers);
       } catch (const Error& e) {
         throw OptionError("attn", e.what());
       }

@@ -1,16 +1,54 @@
 #include "numattn/arch/arch.h"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "numattn/core/error.h"
 #include "numattn/gguf/gguf.h"
+#include "numattn/gguf/gguf_keys.h"
 
 namespace numattn {
 
 namespace {
 
-constexpr std::array<ArchSpec, 3> kArchitectures{{
+void gemma3_features(const GgufFile& f, ModelHParams& hp) {
+  const std::string arch = f.architecture();
+  auto K = [&](const char* field) { return arch_key(arch, field); };
+  const GgufKeyReader keys(f);
+  hp.rope_layout = RopeLayout::kHalves;
+  hp.ffn_gate = FfnGate::kGeluTanh;
+  hp.qk_norm = true;
+  hp.post_norms = true;
+  hp.embed_scale = static_cast<double>(std::sqrt(static_cast<float>(hp.n_embd)));
+  // query_pre_attn_scalar: the head dim, except the 27B model's E / Hq (gemma_pytorch's config).
+  hp.attn_scale = 1.0 / std::sqrt(static_cast<double>(hp.n_layer == 62 && hp.n_head > 0 ? hp.n_embd / hp.n_head
+                                                                                         : hp.head_dim));
+  hp.logit_softcap = keys.has(K(hparam_key::kLogitSoftcap))
+                         ? keys.number(K(hparam_key::kLogitSoftcap), 0, false, 1e30, "a soft cap, >= 0 (0 = none)")
+                         : 0.0;
+  hp.sliding_window = keys.integer_or(K(hparam_key::kSlidingWindow), 0, 0, kMaxContextLength,
+                                      "keys a local layer sees (0 = no local layers)");
+  if (hp.sliding_window > 0) {
+    NUMATTN_CHECK(!(keys.has(K(hparam_key::kSlidingWindowPattern)) && f.find(K(hparam_key::kSlidingWindowPattern))->is_array()),
+                  "{}: {} is a per-layer array; numattn reads the integer period only", f.path(),
+                  K(hparam_key::kSlidingWindowPattern));
+    const std::int64_t period = keys.integer_or(K(hparam_key::kSlidingWindowPattern), 6, 0, hp.n_layer + 1,
+                                                "the period of local and global layers (0 = every layer local)");
+    hp.local_layers.assign(static_cast<std::size_t>(std::max<std::int64_t>(hp.n_layer, 0)), 0);
+    for (std::int64_t l = 0; l < hp.n_layer; ++l)
+      hp.local_layers[static_cast<std::size_t>(l)] = period == 0 || l % period < period - 1;
+    hp.rope_base_local = keys.has(K(hparam_key::kRopeBaseLocal))
+                             ? keys.number(K(hparam_key::kRopeBaseLocal), 0, true, 1e30, "a RoPE base, > 0")
+                             : 10000.0;
+  }
+}
+
+constexpr std::array<ArchSpec, 4> kArchitectures{{
     {"llama", "llama", "Llama: GQA with RoPE, SwiGLU, RMSNorm"},
+    {"gemma3", "llama",
+     "Gemma 3: GQA with q/k norms, interleaved sliding-window and global layers, GeGLU, post-norms",
+     &gemma3_features},
     {"numattn-mla", "llama", "numattn's Llama converted to multi-head latent attention (model/mla_convert.h)"},
     {"numattn-tensor", "llama", "numattn's Llama with tensor-compressed weights (model/tensor_convert.h)"},
 }};
@@ -68,7 +106,11 @@ ModelHParams read_model_hparams(const GgufFile& f) {
   const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
   NUMATTN_CHECK(emb != nullptr, "{}: tensor token_embd.weight is missing (it gives the vocabulary)", f.path());
   hp.n_vocab = emb->ne.size() >= 2 ? emb->ne[1] : 0;
-  hp.validate(f.path(), arch);
+  hp.validate(f.path(), arch);  // the counts first: the features read them
+  if (const ArchSpec* a = find_architecture(arch); a->features != nullptr) {
+    a->features(f, hp);
+    hp.validate(f.path(), arch);
+  }
   return hp;
 }
 

@@ -1,5 +1,6 @@
 #include "numattn/arch/hparams.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "numattn/core/error.h"
@@ -21,8 +22,21 @@ std::int64_t ModelHParams::weight_count(bool tied) const {
   std::int64_t layer = add(mul(2, n_embd), mul(qkv, n_embd));      // norms, Wq|Wk|Wv
   layer = add(layer, mul(n_embd, mul(n_head, head_dim)));         // Wo
   layer = add(layer, mul(3, mul(n_ff, n_embd)));                  // gate, up, down
+  if (qk_norm) layer = add(layer, mul(2, head_dim));               // q and k norms
+  if (post_norms) layer = add(layer, mul(2, n_embd));              // post-attention and post-FFN norms
   const std::int64_t emb = mul(n_vocab, n_embd);
   return add(add(add(emb, n_embd), mul(n_layer, layer)), tied ? 0 : emb);
+}
+
+std::string ModelHParams::attention_extras() const {
+  std::string s;
+  auto add = [&](const char* what) { s += (s.empty() ? "" : ", ") + std::string(what); };
+  if (qk_norm) add("per-head q/k RMSNorm");
+  if (rope_layout == RopeLayout::kHalves) add("RoPE over halves (NEOX)");
+  if (std::any_of(local_layers.begin(), local_layers.end(), [](std::uint8_t f) { return f != 0; }))
+    add("sliding-window layers");
+  if (attn_scale > 0) add("its own softmax scale");
+  return s;
 }
 
 void ModelHParams::validate(const std::string& source, const std::string& arch) const {
@@ -51,6 +65,21 @@ void ModelHParams::validate(const std::string& source, const std::string& arch) 
   NUMATTN_CHECK(n_ctx_train >= 1 && n_ctx_train <= kMaxContextLength,
                 "{}{} (n_ctx_train) = {}: must be between 1 and {}", at, key(hparam_key::kContext), n_ctx_train,
                 kMaxContextLength);
+  NUMATTN_CHECK(std::isfinite(embed_scale) && embed_scale > 0, "{}embedding scale {}: must be finite and positive", at,
+                embed_scale);
+  NUMATTN_CHECK(std::isfinite(attn_scale) && attn_scale >= 0, "{}attention scale {}: must be finite and >= 0", at,
+                attn_scale);
+  NUMATTN_CHECK(std::isfinite(logit_softcap) && logit_softcap >= 0, "{}{} = {}: must be finite and >= 0", at,
+                key(hparam_key::kLogitSoftcap), logit_softcap);
+  NUMATTN_CHECK(std::isfinite(rope_base_local) && rope_base_local > 0, "{}{} = {}: must be finite and positive", at,
+                key(hparam_key::kRopeBaseLocal), rope_base_local);
+  NUMATTN_CHECK(local_layers.empty() || static_cast<std::int64_t>(local_layers.size()) == n_layer,
+                "{}{} gives {} layers, but {} = {}", at, key(hparam_key::kSlidingWindowPattern), local_layers.size(),
+                key(hparam_key::kBlocks), n_layer);
+  const bool any_local = std::any_of(local_layers.begin(), local_layers.end(), [](std::uint8_t f) { return f != 0; });
+  NUMATTN_CHECK(!any_local || (sliding_window >= 1 && sliding_window <= kMaxContextLength),
+                "{}{} = {}: local layers need a window of 1 to {} tokens", at, key(hparam_key::kSlidingWindow),
+                sliding_window, kMaxContextLength);
   weight_count(false);  // every weight size fits in 64 bits (throws otherwise)
 }
 

@@ -17,6 +17,7 @@ const Ops& ops_now() { return *pick_isa_variant(portable::ops(), avx2::ops(), av
 
 void exp_f32(const float* x, float* y, std::int64_t n) { ops_now().exp(x, y, n); }
 void silu_mul(const float* g, const float* u, float* a, std::int64_t n) { ops_now().silu_mul(g, u, a, n); }
+void gelu_tanh_mul(const float* g, const float* u, float* a, std::int64_t n) { ops_now().gelu_mul(g, u, a, n); }
 double sum_squares_f64(const float* x, std::int64_t n) { return ops_now().sum_squares(x, n); }
 float max_f32(const float* x, std::int64_t n) { return ops_now().max(x, n); }
 double exp_shift(float* x, std::int64_t n, float shift, float add) { return ops_now().exp_shift(x, n, shift, add); }

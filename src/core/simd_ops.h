@@ -11,6 +11,7 @@ namespace numattn::simd {
 struct Ops {
   void (*exp)(const float* x, float* y, std::int64_t n);
   void (*silu_mul)(const float* g, const float* u, float* a, std::int64_t n);
+  void (*gelu_mul)(const float* g, const float* u, float* a, std::int64_t n);
   double (*sum_squares)(const float* x, std::int64_t n);
   float (*max)(const float* x, std::int64_t n);
   double (*exp_shift)(float* x, std::int64_t n, float shift, float add);

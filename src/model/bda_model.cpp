@@ -62,6 +62,10 @@ ModelBdaReport apply_bda(LlamaModel& model, const std::string& pairs,
   ModelBdaReport rep;
   rep.pairs = transform::to_string(opt.pairs);
   if (opt.pairs == transform::BdaPairs::kNone) return rep;
+  NUMATTN_CHECK(!transform::has_qk(opt.pairs) || !hp.qk_norm,
+                "BDA '{}': the QK pair needs scores bilinear in Wq and Wk, but this model normalises q and k per "
+                "head after their projections (RMSNorm), so no basis change of Wq, Wk keeps them; the VO pair "
+                "(--bda vo) applies", rep.pairs);
   const LlamaWeights& w = model.weights();
   for (const LlamaLayer& L : w.layers)
     NUMATTN_CHECK(!L.v_bd && !(L.mla && (L.mla->uk_bd || !L.mla->uv_bd.empty())),
@@ -315,6 +319,9 @@ std::vector<std::int32_t> to_i32(const std::vector<index_t>& v) {
 
 void write_bda_gguf(const GgufFile& source, const LlamaModel& m, const std::string& path) {
   check_outputs_distinct({{"converted model", path}}, {{"source model", source.path()}});
+  NUMATTN_CHECK(source.architecture() == "llama",
+                "write_bda_gguf: the source {} is '{}'; the BDA file layout stores llama models only (apply BDA "
+                "to this model at load: --bda)", source.path(), source.architecture());
   NUMATTN_CHECK(!m.has_mla(), "write_bda_gguf: the model has MLA layers, whose BD forms this "
                               "file layout does not store (apply BDA to an MLA model at load)");
   const ModelHParams& hp = m.hparams();

@@ -19,7 +19,7 @@
 #include "numattn/model/blocks/gqa_attention.h"
 #include "numattn/model/blocks/mla_attention.h"
 #include "numattn/model/blocks/rms_norm.h"
-#include "numattn/model/blocks/swiglu.h"
+#include "numattn/model/blocks/gated_ffn.h"
 #include "numattn/model/mla_model.h"
 #include "model/blocks/linear.h"
 #include "numattn/model/tensor_convert.h"
@@ -64,6 +64,20 @@ void load_tensor(const GgufFile& f, const std::string& name, float* dst, std::in
   const GgufTensorInfo& t = f.tensor(name);
   NUMATTN_ASSERT(t.n_elements() == n);
   dequantize_tensor(t, dst, ctx, NonFinite::kRefuse);
+}
+
+// The norms an architecture adds to a layer (ModelHParams::qk_norm, post_norms), float32 in
+// both weight storages; layer prefix `p`, shapes checked by read_hparams.
+void load_extra_norms(const GgufFile& f, const std::string& p, const ModelHParams& hp, LlamaLayer& L,
+                      const ExecContext& ctx) {
+  if (hp.qk_norm) {
+    load_tensor(f, p + "attn_q_norm.weight", L.attn_q_norm, hp.head_dim, ctx);
+    load_tensor(f, p + "attn_k_norm.weight", L.attn_k_norm, hp.head_dim, ctx);
+  }
+  if (hp.post_norms) {
+    load_tensor(f, p + "post_attention_norm.weight", L.attn_post_norm, hp.n_embd, ctx);
+    load_tensor(f, p + "post_ffw_norm.weight", L.ffn_post_norm, hp.n_embd, ctx);
+  }
 }
 
 // The BDA keys of a llama file (model/bda_model.h): `numattn.bda.version` (the layout this build
@@ -282,12 +296,49 @@ KvCache::KvCache(const std::vector<CacheShape>& layers, std::int64_t max_tokens)
   }
 }
 
-AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer) {
+AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer,
+                                        const std::vector<std::uint8_t>& local) {
   const auto specs = split_spec_list(spec);
-  NUMATTN_CHECK(n_layer <= 0 || specs.size() == 1 || static_cast<std::int64_t>(specs.size()) == n_layer,
-                "attention spec list has {} entries; give one for all layers or one per layer ({})",
-                specs.size(), n_layer);
+  // Selector entries `local:SPEC` / `global:SPEC` name the layers by kind.
+  std::string by_kind[2];  // [0] global, [1] local
+  std::size_t selectors = 0;
+  for (const std::string& sp : specs) {
+    for (int kind = 0; kind < 2; ++kind) {
+      const std::string prefix = kind ? "local:" : "global:";
+      if (sp.rfind(prefix, 0) != 0) continue;
+      NUMATTN_CHECK(by_kind[kind].empty(), "attention spec list names the {} layers twice ('{}')",
+                    kind ? "local" : "global", spec);
+      by_kind[kind] = sp.substr(prefix.size());
+      NUMATTN_CHECK(!by_kind[kind].empty(), "'{}' names no method", sp);
+      ++selectors;
+    }
+  }
   AttentionMethods a;
+  if (selectors > 0) {
+    NUMATTN_CHECK(selectors == specs.size(),
+                  "attention spec list '{}' mixes layer selectors (local:SPEC, global:SPEC) with plain specs; "
+                  "give either one spec for all layers, one per layer, or selectors only", spec);
+    for (const std::string& sp : by_kind)
+      if (!sp.empty()) create_method(sp);  // checked even without a model
+    if (n_layer <= 0) return a;
+    const bool any_local = std::any_of(local.begin(), local.end(), [](std::uint8_t f) { return f != 0; });
+    NUMATTN_CHECK(by_kind[1].empty() || any_local,
+                  "'local:{}': this model has no local (sliding-window) layers; use one spec for all layers",
+                  by_kind[1]);
+    NUMATTN_CHECK(by_kind[0].empty() || !std::all_of(local.begin(), local.end(), [](std::uint8_t f) { return f != 0; }) ||
+                      local.empty(),
+                  "'global:{}': every layer of this model is local (sliding-window)", by_kind[0]);
+    for (std::int64_t l = 0; l < n_layer; ++l) {
+      const bool is_local = !local.empty() && local[static_cast<std::size_t>(l)] != 0;
+      const std::string& sp = by_kind[is_local ? 1 : 0];
+      a.push_back(create_method(sp.empty() ? std::string(kDefaultModelAttention) : sp));
+    }
+    return a;
+  }
+  NUMATTN_CHECK(n_layer <= 0 || specs.size() == 1 || static_cast<std::int64_t>(specs.size()) == n_layer,
+                "attention spec list has {} entries; give one for all layers, one per layer ({}), or "
+                "local:SPEC / global:SPEC for the layers of each kind",
+                specs.size(), n_layer);
   for (const auto& sp : specs) a.push_back(create_method(sp));
   // One instance per layer even for one spec: a method may keep per-instance state (auto.select
   // remembers its layer's choice).
@@ -316,11 +367,15 @@ LlamaModel::LlamaModel(ModelHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(
   hp_.validate();
   check_shapes();
   mla_exec_ = MlaExec::kAbsorbed;
-  rope_inv_freq_.resize(static_cast<std::size_t>(hp_.n_rot / 2));
-  for (std::int64_t i = 0; i < hp_.n_rot / 2; ++i)
-    rope_inv_freq_[static_cast<std::size_t>(i)] =
-        std::pow(hp_.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(hp_.n_rot));
-  set_attention("exact.flash");
+  auto freqs = [&](double base) {
+    std::vector<double> f(static_cast<std::size_t>(hp_.n_rot / 2));
+    for (std::int64_t i = 0; i < hp_.n_rot / 2; ++i)
+      f[static_cast<std::size_t>(i)] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(hp_.n_rot));
+    return f;
+  };
+  rope_inv_freq_ = freqs(hp_.rope_base);
+  if (!hp_.local_layers.empty()) rope_inv_freq_local_ = freqs(hp_.rope_base_local);
+  set_attention(kDefaultModelAttention);
   build_blocks();
 }
 
@@ -333,20 +388,26 @@ using BlockBuilder = std::vector<DecoderLayer> (*)(const ModelHParams&, const Ll
 
 std::vector<DecoderLayer> build_llama_blocks(const ModelHParams& hp, const LlamaWeights& w) {
   std::vector<DecoderLayer> layers;
-  for (const LlamaLayer& L : w.layers) {
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    const LlamaLayer& L = w.layers[l];
+    const auto index = static_cast<std::int64_t>(l);
     DecoderLayer d;
     d.attn_norm = std::make_shared<RmsNorm>(&L.attn_norm, hp.rms_eps);
     if (L.mla) {
       d.attn = std::make_shared<MlaAttention>(L, hp);
     } else if (L.v_bd) {
-      d.attn = std::make_shared<BdvAttention>(L, hp);
+      d.attn = std::make_shared<BdvAttention>(L, hp, index);
     } else if (L.vo_rank > 0) {
-      d.attn = std::make_shared<FactoredVoAttention>(L, hp);
+      d.attn = std::make_shared<FactoredVoAttention>(L, hp, index);
     } else {
-      d.attn = std::make_shared<GqaAttention>(L, hp);
+      d.attn = std::make_shared<GqaAttention>(L, hp, index);
     }
     d.ffn_norm = std::make_shared<RmsNorm>(&L.ffn_norm, hp.rms_eps);
-    d.ffn = std::make_shared<SwigluFfn>(L, hp.n_embd, hp.n_ff);
+    d.ffn = std::make_shared<GatedFfn>(L, hp.n_embd, hp.n_ff, hp.ffn_gate);
+    if (hp.post_norms) {
+      d.attn_post_norm = std::make_shared<RmsNorm>(&L.attn_post_norm, hp.rms_eps);
+      d.ffn_post_norm = std::make_shared<RmsNorm>(&L.ffn_post_norm, hp.rms_eps);
+    }
     layers.push_back(std::move(d));
   }
   return layers;
@@ -368,7 +429,7 @@ void LlamaModel::build_blocks() {
 }
 
 LlamaModel::LlamaModel(const LlamaModel& o)
-    : hp_(o.hp_), w_(o.w_), rope_inv_freq_(o.rope_inv_freq_), attn_(o.attn_), mla_exec_(o.mla_exec_), act_(o.act_) {
+    : hp_(o.hp_), w_(o.w_), rope_inv_freq_(o.rope_inv_freq_), rope_inv_freq_local_(o.rope_inv_freq_local_), attn_(o.attn_), mla_exec_(o.mla_exec_), act_(o.act_) {
   build_blocks();
 }
 
@@ -376,6 +437,7 @@ LlamaModel::LlamaModel(LlamaModel&& o) noexcept
     : hp_(std::move(o.hp_)),
       w_(std::move(o.w_)),
       rope_inv_freq_(std::move(o.rope_inv_freq_)),
+      rope_inv_freq_local_(std::move(o.rope_inv_freq_local_)),
       attn_(std::move(o.attn_)),
       mla_exec_(o.mla_exec_),
       act_(o.act_) {
@@ -391,6 +453,7 @@ LlamaModel& LlamaModel::operator=(LlamaModel&& o) noexcept {
   hp_ = std::move(o.hp_);
   w_ = std::move(o.w_);
   rope_inv_freq_ = std::move(o.rope_inv_freq_);
+  rope_inv_freq_local_ = std::move(o.rope_inv_freq_local_);
   attn_ = std::move(o.attn_);
   mla_exec_ = o.mla_exec_;
   act_ = o.act_;
@@ -428,6 +491,10 @@ void LlamaModel::check_shapes() const {
     const auto& L = w_.layers[l];
     const std::string p = "layer " + std::to_string(l) + " ";
     need(L.attn_norm, h.n_embd, p + "attn_norm");
+    need(L.attn_q_norm, h.qk_norm ? h.head_dim : 0, p + "attn_q_norm");
+    need(L.attn_k_norm, h.qk_norm ? h.head_dim : 0, p + "attn_k_norm");
+    need(L.attn_post_norm, h.post_norms ? h.n_embd : 0, p + "attn_post_norm");
+    need(L.ffn_post_norm, h.post_norms ? h.n_embd : 0, p + "ffn_post_norm");
     if (L.mla) {
       const MlaLayer& M = *L.mla;
       NUMATTN_CHECK(L.wqkv.empty() && L.wqkv_q.empty() && !L.v_bd,
@@ -520,6 +587,7 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
     const std::string p = "blk." + std::to_string(l) + ".";
     load_tensor(f, p + "attn_norm.weight", L.attn_norm, E, ctx);
     load_tensor(f, p + "ffn_norm.weight", L.ffn_norm, E, ctx);
+    load_extra_norms(f, p, hp, L, ctx);
     if (mla) {
       // MLA projections are float32 arithmetic of their own (model/mla_model.h).
       L.mla = load_mla_layer(f, l, hp, md, ctx);
@@ -589,6 +657,15 @@ ModelHParams LlamaModel::read_hparams(const GgufFile& f) {
     const std::string p = "blk." + std::to_string(l) + ".";
     check_tensor(f, p + "attn_norm.weight", E, 0, e_why);
     check_tensor(f, p + "ffn_norm.weight", E, 0, e_why);
+    if (hp.qk_norm) {
+      const std::string d_why = fmt::format("the head dim {} ({})", D, hd);
+      check_tensor(f, p + "attn_q_norm.weight", D, 0, d_why);
+      check_tensor(f, p + "attn_k_norm.weight", D, 0, d_why);
+    }
+    if (hp.post_norms) {
+      check_tensor(f, p + "post_attention_norm.weight", E, 0, e_why);
+      check_tensor(f, p + "post_ffw_norm.weight", E, 0, e_why);
+    }
     if (mla) {
       const std::int64_t r = md.rank, dn = md.d_nope, dr = md.d_rope, dv = md.d_v;
       const std::string m_why = fmt::format("{}; numattn-mla.mla.* r = {}, d_nope = {}, d_rope = {}, d_v = {}, "
@@ -650,6 +727,7 @@ LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
     const std::string p = "blk." + std::to_string(l) + ".";
     load_tensor(f, p + "attn_norm.weight", L.attn_norm, E, ctx);
     load_tensor(f, p + "ffn_norm.weight", L.ffn_norm, E, ctx);
+    load_extra_norms(f, p, hp, L, ctx);
     if (mla) {
       L.mla = load_mla_layer(f, l, hp, md, ctx);
       load_tensor(f, p + "attn_output.weight", L.wo, E * Hq * md.d_v, ctx);
@@ -722,7 +800,7 @@ std::int64_t LlamaModel::body_weights() const {
 }
 
 void LlamaModel::set_attention(const std::string& spec) {
-  attn_ = make_attention_methods(spec, hp_.n_layer);
+  attn_ = make_attention_methods(spec, hp_.n_layer, hp_.local_layers);
 }
 
 std::string LlamaModel::attention_spec() const { return numattn::attention_spec(attn_); }
@@ -736,7 +814,7 @@ struct LlamaModel::Call {
   const AttentionMethods& attn;
   const ForwardOptions& opt;
   ForwardStep st;
-  std::vector<float> x, xn, cs, sn, ffn;
+  std::vector<float> x, xn, y, cs, sn, cs_local, sn_local, ffn;
   std::vector<float> scratch[2];
   int nt = 1;
 
@@ -769,13 +847,17 @@ struct LlamaModel::Call {
     }
     constexpr const char* what = "forward activation size";
     const std::int64_t n_out = N - opt.logits_begin;
-    const std::int64_t per_token = 2 * E + 2 * a_max + f_max + 2 * st.rope_half;
+    const bool post = std::any_of(m.layers_.begin(), m.layers_.end(), [](const DecoderLayer& d) {
+      return d.attn_post_norm != nullptr || d.ffn_post_norm != nullptr;
+    });
+    const std::int64_t per_token = (post ? 3 : 2) * E + 2 * a_max + f_max + 4 * st.rope_half;
     const std::int64_t floats =
         checked_add(checked_mul(N, per_token, what), checked_mul(n_out, h.n_vocab, what), what);
     check_memory(static_cast<std::uint64_t>(checked_mul(floats, 4, what)),
                  fmt::format("a forward pass of {} tokens ({} rows of logits)", N, n_out));
     x.resize(static_cast<std::size_t>(N * E));
     xn.resize(x.size());
+    if (post) y.resize(x.size());
     ffn.resize(static_cast<std::size_t>(N * f_max));
     for (auto& sc : scratch) sc.resize(static_cast<std::size_t>(N * a_max));
     embed(tokens);
@@ -817,16 +899,28 @@ struct LlamaModel::Call {
         w.token_embd_q.dequantize_rows(id, id + 1, x.data() + t * E);
       }
     }
-    cs.resize(static_cast<std::size_t>(N * half));
-    sn.resize(cs.size());
-    for (std::int64_t t = 0; t < N; ++t)
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double th = static_cast<double>(st.pos0 + t) * m.rope_inv_freq_[static_cast<std::size_t>(i)];
-        cs[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(th));
-        sn[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(th));
-      }
+    if (m.hp_.embed_scale != 1.0) {
+      const auto sc = static_cast<float>(m.hp_.embed_scale);
+      for (float& v : x) v *= sc;
+    }
+    auto table = [&](const std::vector<double>& freq, std::vector<float>& c, std::vector<float>& s) {
+      c.resize(static_cast<std::size_t>(N * half));
+      s.resize(c.size());
+      for (std::int64_t t = 0; t < N; ++t)
+        for (std::int64_t i = 0; i < half; ++i) {
+          const double th = static_cast<double>(st.pos0 + t) * freq[static_cast<std::size_t>(i)];
+          c[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(th));
+          s[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(th));
+        }
+    };
+    table(m.rope_inv_freq_, cs, sn);
     st.rope_cos = cs.data();
     st.rope_sin = sn.data();
+    if (!m.rope_inv_freq_local_.empty()) {
+      table(m.rope_inv_freq_local_, cs_local, sn_local);
+      st.rope_cos_local = cs_local.data();
+      st.rope_sin_local = sn_local.data();
+    }
     st.lap(true, &ForwardProfile::embed);
   }
 
@@ -847,10 +941,30 @@ struct LlamaModel::Call {
   void post(std::size_t l, std::int64_t t0, std::int64_t t1, bool main) {
     const DecoderLayer& d = m.layers_[l];
     const std::int64_t E = m.hp_.n_embd;
-    d.attn->output(st, t0, t1, scratch[l % 2].data(), x.data(), main);
+    if (d.attn_post_norm) {
+      std::fill(y.begin() + t0 * E, y.begin() + t1 * E, 0.f);
+      d.attn->output(st, t0, t1, scratch[l % 2].data(), y.data(), main);
+      add_normed(*d.attn_post_norm, t0, t1, main);
+    } else {
+      d.attn->output(st, t0, t1, scratch[l % 2].data(), x.data(), main);
+    }
     d.ffn_norm->apply(x.data() + t0 * E, xn.data() + t0 * E, t1 - t0);
     st.lap(main, &ForwardProfile::norm);
-    d.ffn->forward(st, xn.data(), t0, t1, ffn.data(), x.data(), main);
+    if (d.ffn_post_norm) {
+      std::fill(y.begin() + t0 * E, y.begin() + t1 * E, 0.f);
+      d.ffn->forward(st, xn.data(), t0, t1, ffn.data(), y.data(), main);
+      add_normed(*d.ffn_post_norm, t0, t1, main);
+    } else {
+      d.ffn->forward(st, xn.data(), t0, t1, ffn.data(), x.data(), main);
+    }
+  }
+
+  // x rows [t0, t1) += norm(y rows): a post-norm's residual add.
+  void add_normed(const NormBlock& norm, std::int64_t t0, std::int64_t t1, bool main) {
+    const std::int64_t E = m.hp_.n_embd;
+    norm.apply(y.data() + t0 * E, y.data() + t0 * E, t1 - t0);
+    for (std::int64_t i = t0 * E; i < t1 * E; ++i) x[static_cast<std::size_t>(i)] += y[static_cast<std::size_t>(i)];
+    st.lap(main, &ForwardProfile::norm);
   }
 
   // Runs f(t0, t1, main) on each thread's token block (or once on all tokens), and books the
@@ -885,6 +999,10 @@ std::vector<float> LlamaModel::Call::logits() {
     const blocks::Weight W = w.tied() ? blocks::Weight{&w.token_embd, &w.token_embd_q, h.n_vocab, E}
                                       : blocks::Weight{&w.output, &w.output_q, h.n_vocab, E};
     blocks::linear(st.team, st.act, xn.data(), n_out, W, out.data(), false);
+    if (h.logit_softcap > 0) {
+      const auto c = static_cast<float>(h.logit_softcap);
+      for (float& v : out) v = c * std::tanh(v / c);
+    }
     st.lap(true, &ForwardProfile::output_gemm);
   }
   // float32 weights are finite (checked at load), so a NaN/Inf here comes from the attention

@@ -63,6 +63,10 @@ MlaModelReport convert_model_to_mla(LlamaModel& model,
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hq = hp.n_head, Hkv = hp.n_head_kv;
   NUMATTN_CHECK(calib.empty() || static_cast<std::int64_t>(calib.size()) == hp.n_layer,
                 "MLA conversion: {} calibration entries for {} layers", calib.size(), hp.n_layer);
+  NUMATTN_CHECK(hp.attention_extras().empty(),
+                "MLA conversion (TransMLA) rebuilds Llama-form keys from a latent; this model's attention has {}, "
+                "which that form does not express (a per-head norm of k cannot be applied to a shared latent)",
+                hp.attention_extras());
   MlaModelReport rep;
   rep.options = opt;
   rep.kv_bytes_gqa = model.kv_bytes_per_token();

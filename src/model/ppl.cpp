@@ -41,9 +41,10 @@ void log_softmax(const float* logits, std::int64_t n, std::vector<double>& out) 
 namespace {
 
 // Spec errors of option `option` as OptionError, so that a caller sees which spec was bad.
-AttentionMethods option_methods(const char* option, const std::string& spec, std::int64_t n_layer) {
+AttentionMethods option_methods(const char* option, const std::string& spec, std::int64_t n_layer,
+                                const std::vector<std::uint8_t>& local = {}) {
   try {
-    return make_attention_methods(spec, n_layer);
+    return make_attention_methods(spec, n_layer, local);
   } catch (const OptionError&) {
     throw;
   } catch (const Error& e) {
@@ -58,8 +59,9 @@ void check_ppl_options(const PplOptions& opt, const ModelHParams* hp, std::int64
   NUMATTN_CHECK_OPTION(opt.chunks == -1 || opt.chunks >= 1, "chunks",
                        "must be -1 (all that fit) or at least 1, got {}", opt.chunks);
   const std::int64_t n_layer = hp ? hp->n_layer : 0;
-  option_methods("attn", opt.attn, n_layer);
-  if (!opt.baseline.empty()) option_methods("baseline", opt.baseline, n_layer);
+  const std::vector<std::uint8_t> no_local, &local = hp ? hp->local_layers : no_local;
+  option_methods("attn", opt.attn, n_layer, local);
+  if (!opt.baseline.empty()) option_methods("baseline", opt.baseline, n_layer, local);
   if (hp)
     NUMATTN_CHECK_OPTION(opt.ctx <= hp->n_ctx_train || opt.allow_long_ctx, "ctx",
                          "{} tokens is beyond the model's trained context of {} "
@@ -99,11 +101,12 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   }
   ForwardOptions fo;
   fo.logits_begin = first;
-  fo.attention = option_methods("attn", opt.attn, model.hparams().n_layer);
+  fo.attention = option_methods("attn", opt.attn, model.hparams().n_layer, model.hparams().local_layers);
   ForwardOptions fb;
   fb.logits_begin = first;
   fb.attention = opt.baseline.empty() ? fo.attention
-                                      : option_methods("baseline", opt.baseline, model.hparams().n_layer);
+                                      : option_methods("baseline", opt.baseline, model.hparams().n_layer,
+                                                       model.hparams().local_layers);
   KvCache cache = model.make_cache(n_ctx);
   // A baseline model of another form (an MLA model's GQA original) has a cache of its own shape.
   KvCache base_cache;

@@ -105,15 +105,33 @@ TEST(Simd, ArrayExpAndSiluMulMatchDoubleOnEveryTail) {
       const double ref = xd / (1.0 + std::exp(std::min(-xd, 88.0))) * static_cast<double>(u[k]);
       EXPECT_LE(std::abs(a[k] - ref), 1e-6 * std::abs(ref) + 1e-37) << "n=" << n << " i=" << i << " g=" << xd;
     }
+    // GeGLU's gate in double: g/2·(1 + tanh z) as stated where 1 + tanh z does not cancel, and
+    // by the identity (1 + tanh z)/2 = 1/(1 + e^{−2z}) in the negative tail, where double's
+    // 1 + tanh z loses every digit (it is 0 below z ≈ −19).
+    simd::gelu_tanh_mul(x.data(), u.data(), a.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      const double g = x[k], z = std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g);
+      const double half_1p_tanh = z > -1 ? 0.5 * (1.0 + std::tanh(z)) : 1.0 / (1.0 + std::exp(-2.0 * z));
+      const double ref = g * half_1p_tanh * static_cast<double>(u[k]);
+      // Relative error: a few float32 roundings, plus e^{−2z}'s condition number |2z| times the
+      // rounding of its float32 argument.
+      // exp_f32 saturates at e^88, so the far tail is g·u/(1 + e^88), not 0.
+      EXPECT_LE(std::abs(a[k] - ref), (2e-6 + 2e-7 * std::abs(2 * z)) * std::abs(ref) + 1e-37 * std::abs(g * u[k]))
+          << "gelu n=" << n << " i=" << i << " g=" << g;
+    }
   }
   // NaN stays NaN in both, in the vector body and in the tail.
   std::vector<float> x(19, 1.f), y(19), a(19);
   x[3] = x[18] = std::nanf("");
   simd::exp_f32(x.data(), y.data(), 19);
   simd::silu_mul(x.data(), x.data(), a.data(), 19);
+  std::vector<float> ag(19);
+  simd::gelu_tanh_mul(x.data(), x.data(), ag.data(), 19);
   for (std::size_t i : {std::size_t{3}, std::size_t{18}}) {
     EXPECT_TRUE(std::isnan(y[i]));
     EXPECT_TRUE(std::isnan(a[i]));
+    EXPECT_TRUE(std::isnan(ag[i]));
   }
   EXPECT_FLOAT_EQ(y[0], std::exp(1.f));
   }

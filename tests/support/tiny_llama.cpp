@@ -72,19 +72,56 @@ TinyTensors make_tiny(bool tied, const ModelHParams& hp) {
   return T;
 }
 
+TinyTensors make_tiny_gemma() {
+  ModelHParams h = tiny_hparams();
+  h.n_layer = 3;
+  h.n_ff = 48;
+  h.n_head = 4;
+  h.n_head_kv = 1;
+  h.head_dim = 16;
+  h.n_rot = 16;
+  h.rms_eps = 1e-6;
+  TinyTensors T = make_tiny(true, h);
+  T.arch = "gemma3";
+  const std::int64_t E = h.n_embd, D = h.head_dim;
+  std::uint64_t s = 100;
+  auto add = [&](const std::string& name, std::int64_t n) {
+    auto v = randn(static_cast<std::size_t>(n), s++, 0.2f);
+    for (float& x : v) x += 1.f;
+    T.t.emplace_back(name, std::move(v));
+    T.shape.emplace_back(n, 1);
+  };
+  for (int l = 0; l < h.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_q_norm.weight", D);
+    add(p + "attn_k_norm.weight", D);
+    add(p + "post_attention_norm.weight", E);
+    add(p + "post_ffw_norm.weight", E);
+  }
+  T.extra_keys = {{"gemma3.attention.key_length", GgufValue::u32(16)},
+                  {"gemma3.attention.value_length", GgufValue::u32(16)},
+                  {"gemma3.attention.sliding_window", GgufValue::u32(4)},
+                  {"gemma3.attention.sliding_window_pattern", GgufValue::u32(2)},
+                  {"gemma3.rope.freq_base_swa", GgufValue::f32(100.f)},
+                  {"gemma3.final_logit_softcapping", GgufValue::f32(30.f)}};
+  return T;
+}
+
 std::string write_gguf(const TinyTensors& T, const std::string& name, GgmlType type) {
   const auto& h = T.hp;
   GgufWriter w;
-  w.set("general.architecture", GgufValue::string("llama"));
-  w.set("llama.context_length", GgufValue::u32(static_cast<std::uint32_t>(h.n_ctx_train)));
-  w.set("llama.embedding_length", GgufValue::u32(static_cast<std::uint32_t>(h.n_embd)));
-  w.set("llama.block_count", GgufValue::u32(static_cast<std::uint32_t>(h.n_layer)));
-  w.set("llama.feed_forward_length", GgufValue::u32(static_cast<std::uint32_t>(h.n_ff)));
-  w.set("llama.attention.head_count", GgufValue::u32(static_cast<std::uint32_t>(h.n_head)));
-  w.set("llama.attention.head_count_kv", GgufValue::u32(static_cast<std::uint32_t>(h.n_head_kv)));
-  w.set("llama.rope.dimension_count", GgufValue::u32(static_cast<std::uint32_t>(h.n_rot)));
-  w.set("llama.rope.freq_base", GgufValue::f32(static_cast<float>(h.rope_base)));
-  w.set("llama.attention.layer_norm_rms_epsilon", GgufValue::f32(static_cast<float>(h.rms_eps)));
+  auto K = [&](const char* field) { return T.arch + "." + field; };
+  w.set("general.architecture", GgufValue::string(T.arch));
+  w.set(K("context_length"), GgufValue::u32(static_cast<std::uint32_t>(h.n_ctx_train)));
+  w.set(K("embedding_length"), GgufValue::u32(static_cast<std::uint32_t>(h.n_embd)));
+  w.set(K("block_count"), GgufValue::u32(static_cast<std::uint32_t>(h.n_layer)));
+  w.set(K("feed_forward_length"), GgufValue::u32(static_cast<std::uint32_t>(h.n_ff)));
+  w.set(K("attention.head_count"), GgufValue::u32(static_cast<std::uint32_t>(h.n_head)));
+  w.set(K("attention.head_count_kv"), GgufValue::u32(static_cast<std::uint32_t>(h.n_head_kv)));
+  w.set(K("rope.dimension_count"), GgufValue::u32(static_cast<std::uint32_t>(h.n_rot)));
+  w.set(K("rope.freq_base"), GgufValue::f32(static_cast<float>(h.rope_base)));
+  w.set(K("attention.layer_norm_rms_epsilon"), GgufValue::f32(static_cast<float>(h.rms_eps)));
+  for (const auto& [k, v] : T.extra_keys) w.set(k, v);
   for (std::size_t i = 0; i < T.t.size(); ++i) {
     const auto [in, out] = T.shape[i];
     const bool vec = out == 1;

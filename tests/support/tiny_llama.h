@@ -24,6 +24,8 @@ std::vector<float> randn(std::size_t n, std::uint64_t stream, float scale);
 // Tensors in GGUF naming, each as [out rows][in] floats.
 struct TinyTensors {
   ModelHParams hp;
+  std::string arch = "llama";  ///< general.architecture (the hyper-parameter keys' prefix)
+  std::vector<std::pair<std::string, GgufValue>> extra_keys;  ///< written after the standard ones
   std::vector<std::pair<std::string, std::vector<float>>> t;  // name, data
   std::vector<std::pair<std::int64_t, std::int64_t>> shape;   // {in, out}
   const std::vector<float>& get(const std::string& n) const;
@@ -33,6 +35,11 @@ struct TinyTensors {
 TinyTensors make_tiny(bool tied);
 /// The same with other hyper-parameters (any valid ones).
 TinyTensors make_tiny(bool tied, const ModelHParams& hp);
+
+/// A tiny random Gemma 3 (arch gemma3): 3 layers (0 and 2 local with a window of 4 keys and RoPE
+/// base 100, layer 1 global with base 10000), 4 query heads over 1 KV head of dimension 16
+/// (key_length ≠ E/Hq), q/k norms, post-norms, final logit soft-cap 30, tied embeddings.
+TinyTensors make_tiny_gemma();
 
 /// Writes the tiny model to temp_path(name) with 2-d weights stored as `type`.
 std::string write_gguf(const TinyTensors& T, const std::string& name, GgmlType type = GgmlType::F32);

@@ -340,17 +340,17 @@ std::string add_error_columns(Row& row, const AttentionProblem& p, const Target&
   return why.empty() ? "ok" : "failed: " + why;
 }
 
-void check_model_attention(const std::string& option, const std::string& specs, std::int64_t n_layer,
-                           index_t heads, index_t kv_heads, index_t head_dim, index_t n_q,
-                           index_t n_kv, const std::string& what) {
+void check_model_attention(const std::string& option, const std::string& specs, const ModelHParams& hp,
+                           index_t n_q, index_t n_kv, const std::string& what) {
   AttentionMethods methods;
   try {
-    methods = make_attention_methods(specs, n_layer);
+    methods = make_attention_methods(specs, hp.n_layer, hp.local_layers);
   } catch (const OptionError&) {
     throw;
   } catch (const Error& e) {
     throw OptionError(option, e.what());
   }
+  const index_t heads = hp.n_head, kv_heads = hp.n_head_kv, head_dim = hp.head_dim;
   std::vector<float> q(static_cast<std::size_t>(heads * n_q * head_dim)),
       kv(static_cast<std::size_t>(kv_heads * n_kv * head_dim)),
       out(static_cast<std::size_t>(heads * n_q * head_dim));
@@ -360,18 +360,27 @@ void check_model_attention(const std::string& option, const std::string& specs, 
   p.v = p.k;
   p.out = TensorView<float>::contiguous(out.data(), {1, heads, n_q, head_dim});
   p.causal = Causal::kBottomRight;  // as the forward pass (model/llama.h)
+  if (hp.attn_scale > 0) p.scale = hp.attn_scale;
+  const bool one = split_spec_list(specs).size() == 1;
   for (std::size_t l = 0; l < methods.size(); ++l) {
+    const bool local = hp.is_local(static_cast<std::int64_t>(l));
+    p.window_left = local ? hp.sliding_window - 1 : -1;
     const Status st = methods[l]->can_run(p);
     if (st.is_ok()) continue;
     const std::string layer =
-        split_spec_list(specs).size() == 1
-            ? fmt::format("any layer of the model (the spec applies to all {} layers)", n_layer)
+        one ? fmt::format("{} of the model (the spec applies to all {} layers)",
+                          hp.local_layers.empty() ? "any layer" : fmt::format("layer {}", l), hp.n_layer)
             : fmt::format("layer {} of the model", l);
+    const std::string window =
+        local ? fmt::format(", the layer's sliding window of {} keys (window_left = {}); `global:SPEC` replaces the "
+                            "global layers only",
+                            hp.sliding_window, hp.sliding_window - 1)
+              : "";
     throw OptionError(
         option, fmt::format("{} cannot run {}: {} (the {} attention problem: causal bottom-right, "
-                            "{} query heads over {} KV heads, head dim {}, {} queries over {} keys)",
+                            "{} query heads over {} KV heads, head dim {}, {} queries over {} keys{})",
                             methods[l]->spec(), layer, st.reason(), what, heads, kv_heads,
-                            head_dim, n_q, n_kv));
+                            head_dim, n_q, n_kv, window));
   }
 }
 

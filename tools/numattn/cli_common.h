@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "numattn/analysis/report.h"
+#include "numattn/arch/hparams.h"
 #include "numattn/attention/method.h"
 #include "numattn/attention/random_problem.h"
 #include "numattn/core/exec.h"
@@ -89,15 +90,15 @@ Row run_method_row(const AttentionMethod& method, const AttentionProblem& p, Row
 Row run_method_row(const AttentionMethod& method, RandomProblem& prob, const ExecContext& ctx,
                    int reps, long long check_rows, const EstimateFlags& est = {0, 0.95});
 
-/// Refuses, before a model's weights are read, an attention spec list (one spec, or one per
-/// layer, as model/llama.h's make_attention_methods) with a method that cannot run the model's
-/// attention problem: causal bottom-right, `heads` query heads over `kv_heads` KV heads (GQA),
-/// head dimension `head_dim`, `n_q` query tokens over `n_kv` keys. The check is the method's own
-/// `can_run` on such a problem (zero-filled), so it covers every capability and limit a method
-/// declares. Throws OptionError(`option`) naming the method, the layer and can_run's reason.
-void check_model_attention(const std::string& option, const std::string& specs, std::int64_t n_layer,
-                           index_t heads, index_t kv_heads, index_t head_dim, index_t n_q,
-                           index_t n_kv, const std::string& what);
+/// Refuses, before a model's weights are read, an attention spec list (as model/llama.h's
+/// make_attention_methods: one spec, one per layer, or local:/global: selectors) with a method
+/// that cannot run the model's attention problem: causal bottom-right, the model's query heads
+/// over its KV heads (GQA), its head dimension, `n_q` query tokens over `n_kv` keys, and in a
+/// local layer the model's sliding window. The check is the method's own `can_run` on such a
+/// problem (zero-filled), so it covers every capability and limit a method declares. Throws
+/// OptionError(`option`) naming the method, the layer and can_run's reason.
+void check_model_attention(const std::string& option, const std::string& specs, const ModelHParams& hp,
+                           index_t n_q, index_t n_kv, const std::string& what);
 
 /// An output option of a command: its flag ("--out"), its value and what it names.
 struct OutputOption {

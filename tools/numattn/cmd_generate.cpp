@@ -33,7 +33,7 @@ void add_generate(CLI::App& app) {
   sub->add_option("--max-tokens", o->max_tokens,
                   "tokens to generate (prompt + max-tokens must fit the model's trained context)")
       ->capture_default_str();
-  sub->add_option("--attn", o->attn, "attention spec (one, or one per layer separated by ';')")
+  sub->add_option("--attn", o->attn, "attention spec (one, one per layer separated by ';', or local:SPEC / global:SPEC)")
       ->capture_default_str();
   sub->add_option("--weights", o->weights,
                   "weight storage: gguf (the file's encoding, read in place from the mapped file) "
@@ -70,10 +70,8 @@ void add_generate(CLI::App& app) {
     // must both be problems every layer's method can run, asked of its can_run before the
     // weights load.
     const auto n_prompt = static_cast<index_t>(ids.size());
-    check_model_attention("attn", o->attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,
-                          n_prompt, n_prompt, "prompt prefill's");
-    check_model_attention("attn", o->attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, 1,
-                          n_prompt + o->max_tokens, "decode step's");
+    check_model_attention("attn", o->attn, hp, n_prompt, n_prompt, "prompt prefill's");
+    check_model_attention("attn", o->attn, hp, 1, n_prompt + o->max_tokens, "decode step's");
     const auto t_load = std::chrono::steady_clock::now();
     LlamaModel model = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
     model.set_attention(o->attn);

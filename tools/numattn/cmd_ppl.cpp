@@ -55,8 +55,10 @@ void add_ppl(CLI::App& app) {
   sub->add_flag("--allow-long-ctx", o->allow_long_ctx,
                 "allow --ctx beyond the model's trained context (positions never trained)");
   sub->add_option("--chunks", o->chunks, "chunks to evaluate (-1 = all)")->capture_default_str();
-  sub->add_option("--attn", o->attn, "attention spec: one for all layers, or one per layer "
-                                     "separated by ';'")
+  sub->add_option("--attn", o->attn, "attention spec: one for all layers, one per layer separated by ';', "
+                                     "or local:SPEC and/or global:SPEC for the sliding-window or global layers "
+                                     "of a model that has both (Gemma 3; the other kind keeps exact.flash); a "
+                                     "local layer's method gets the model's window")
       ->capture_default_str();
   sub->add_option("--baseline", o->baseline,
                   "baseline attention spec for kld_mean, kld_p99, top1_agreement (e.g. exact.flash)");
@@ -119,11 +121,9 @@ void add_ppl(CLI::App& app) {
     if (tspec) check_tensor_spec(*tspec, hp, o->mla.requested() || file.architecture() == "numattn-mla");
     // Each method must be able to run the model's problem (a chunk: ctx causal queries, GQA),
     // asked of its own can_run before the weights load.
-    check_model_attention("attn", po.attn, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim,
-                          po.ctx, po.ctx, "chunk's");
+    check_model_attention("attn", po.attn, hp, po.ctx, po.ctx, "chunk's");
     if (!po.baseline.empty())
-      check_model_attention("baseline", po.baseline, hp.n_layer, hp.n_head, hp.n_head_kv,
-                            hp.head_dim, po.ctx, po.ctx, "chunk's");
+      check_model_attention("baseline", po.baseline, hp, po.ctx, po.ctx, "chunk's");
     const Tokenizer tok = Tokenizer::from_gguf(file);
     auto t0 = std::chrono::steady_clock::now();
     // llama.cpp tokenizes the whole file with add_special (BOS only if add_bos_token) and

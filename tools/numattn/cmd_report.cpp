@@ -433,8 +433,7 @@ void add_report(CLI::App& app) {
     if (!o->no_model) hp = LlamaModel::read_hparams(GgufFile::open(model_path));
     auto runs_on_model = [&](const std::string& spec) {
       try {
-        check_model_attention("ppl-methods", spec, hp->n_layer, hp->n_head, hp->n_head_kv,
-                              hp->head_dim, s.ctx, s.ctx, "chunk's");
+        check_model_attention("ppl-methods", spec, *hp, s.ctx, s.ctx, "chunk's");
         return true;
       } catch (const OptionError&) {
         return false;

@@ -59,6 +59,10 @@ void check_mla_options(const CLI::App& sub, const MlaCliOptions& o) {
 void check_mla_against_model(const MlaCliOptions& o, const ModelHParams& hp, bool file_is_mla) {
   if (!o.requested()) return;
   NUMATTN_CHECK_OPTION(!file_is_mla, "mla-rank", "the model is already an MLA model (numattn-mla)");
+  NUMATTN_CHECK_OPTION(hp.attention_extras().empty(), "mla-rank",
+                       "MLA conversion (TransMLA) applies to Llama-form attention; this model's has {} "
+                       "(a per-head norm of k after its projection cannot be applied to a shared latent)",
+                       hp.attention_extras());
   NUMATTN_CHECK_OPTION(o.rope_heads <= hp.n_head_kv, "rope-heads",
                        "{} exceeds the model's {} KV heads (llama.attention.head_count_kv)",
                        o.rope_heads, hp.n_head_kv);

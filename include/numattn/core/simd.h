@@ -63,6 +63,12 @@ void exp_f32(const float* x, float* y, std::int64_t n);
 /// exponential. A gate below −88 gives g/(1 + e^88) (tiny, not NaN); NaN propagates.
 void silu_mul(const float* g, const float* u, float* a, std::int64_t n);
 
+/// GeGLU's gate with the tanh form of GELU (Hendrycks, Gimpel, "Gaussian Error Linear Units",
+/// 2016): `a[i] = gelu(g[i])·u[i]`, gelu(x) = x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³))), computed
+/// as x / (1 + e^{−2z}) with `exp_f32`'s exponential (z the tanh's argument). Large negative
+/// gates give −0 or a tiny value (never NaN), large positive ones x; NaN propagates.
+void gelu_tanh_mul(const float* g, const float* u, float* a, std::int64_t n);
+
 /// Σ x[i]² accumulated in double (the RMS norm's sum of squares): 4 or 8 double lanes, then
 /// scalar. The order differs from a sequential sum by far less than a float32 ulp of the norm.
 double sum_squares_f64(const float* x, std::int64_t n);

@@ -117,6 +117,9 @@ struct LlamaLayer {
   std::int64_t vo_rank = 0;      ///< R of a factored VO layer (0: none)
   std::vector<float> wo;         ///< [E, Hq·D] ([E, Hq·d_v] for an MLA layer, [E, R] with vo_mix)
   std::vector<float> ffn_norm;   ///< [E]
+  /// Per-head norms of q and k ([D] each; ModelHParams::qk_norm) and the norms of the attention
+  /// and FFN outputs ([E] each; ModelHParams::post_norms); empty when the model has none.
+  std::vector<float> attn_q_norm, attn_k_norm, attn_post_norm, ffn_post_norm;
   std::vector<float> w_gate_up;  ///< [2F, E]: rows of W_gate, then W_up
   std::vector<float> w_down;     ///< [E, F]
   /// In-place storage of the same matrices (empty with float32 storage): parts Wq, Wk, Wv
@@ -171,13 +174,23 @@ class KvCache {
 
 /// Attention methods of a forward pass: one for all layers, or one per layer.
 using AttentionMethods = std::vector<std::shared_ptr<const AttentionMethod>>;
-/// Builds the methods of a spec list: one spec for all layers, or one per layer separated by
-/// ';' (or by ',' outside parentheses), e.g. "exact.flash" or "exact.naive;exact.flash;...".
-/// With `n_layer` > 0 a list must have 1 or `n_layer` entries; with 0 only the specs are
+/// The attention of every layer of a loaded model until set_attention changes it.
+inline constexpr const char* kDefaultModelAttention = "exact.flash";
+/// Builds the methods of a spec list, in one of three forms:
+/// - one spec for all layers ("exact.flash");
+/// - one per layer, separated by ';' (or by ',' outside parentheses): "exact.naive;exact.flash;...";
+/// - layer selectors `local:SPEC` and/or `global:SPEC` (e.g. "global:kernel.performer(features=256)"):
+///   SPEC runs the model's local (sliding-window) or global layers (`local` = ModelHParams::
+///   local_layers); a kind not named keeps kDefaultModelAttention. A local layer's problem
+///   carries the model's window (window_left = W − 1: GqaAttention), so a method given to local
+///   layers runs that window (one that cannot refuses the layer when it runs).
+/// With `n_layer` > 0 a plain list must have 1 or `n_layer` entries; with 0 only the specs are
 /// checked (to validate options before a model is loaded). Every layer gets its own instance
 /// (one spec is created once per layer: methods may keep per-layer state, auto.select). Throws
-/// numattn::Error for a bad spec or count.
-AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer);
+/// numattn::Error for a bad spec or count, for `local:` on a model without local layers and
+/// for `global:` on one whose layers are all local.
+AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer,
+                                        const std::vector<std::uint8_t>& local = {});
 /// The canonical spec list of `methods` (one spec if all layers agree).
 std::string attention_spec(const AttentionMethods& methods);
 
@@ -238,8 +251,8 @@ class LlamaModel {
   /// `with_output`, the output matrix (in place: encoded bytes; float32: 4 per weight).
   std::uint64_t weight_bytes_per_token(bool with_output = true) const;
 
-  /// Sets the attention method of every layer from a spec list (make_attention_methods).
-  /// Default: exact.flash everywhere.
+  /// Sets the attention method of every layer from a spec list (make_attention_methods, with
+  /// the model's local layers). Default: kDefaultModelAttention everywhere.
   void set_attention(const std::string& spec);
   /// The canonical spec list (one spec if all layers agree).
   std::string attention_spec() const;
@@ -293,6 +306,7 @@ class LlamaModel {
   std::vector<DecoderLayer> layers_;
   std::shared_ptr<const NormBlock> output_norm_;
   std::vector<double> rope_inv_freq_;  ///< [n_rot/2], float64 so θ = pos·f stays accurate at long positions
+  std::vector<double> rope_inv_freq_local_;  ///< the same for rope_base_local (models with local layers)
   AttentionMethods attn_;
   MlaExec mla_exec_;
   Activations act_ = Activations::kF32;

@@ -8,7 +8,7 @@
 
 namespace numattn {
 
-BdvAttention::BdvAttention(const LlamaLayer& layer, const ModelHParams& hp) : GqaAttention(layer, hp) {}
+BdvAttention::BdvAttention(const LlamaLayer& layer, const ModelHParams& hp, std::int64_t index) : GqaAttention(layer, hp, index) {}
 
 std::int64_t BdvAttention::extra_weights() const { return L_->v_bd->weight_params(); }
 

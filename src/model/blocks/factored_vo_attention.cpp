@@ -7,8 +7,8 @@
 
 namespace numattn {
 
-FactoredVoAttention::FactoredVoAttention(const LlamaLayer& layer, const ModelHParams& hp)
-    : GqaAttention(layer, hp), rank_(layer.vo_rank) {}
+FactoredVoAttention::FactoredVoAttention(const LlamaLayer& layer, const ModelHParams& hp, std::int64_t index)
+    : GqaAttention(layer, hp, index), rank_(layer.vo_rank) {}
 
 void FactoredVoAttention::output_rows(const ForwardStep& st, const float* att, std::int64_t t0, std::int64_t t1,
                                       float* x, float* scratch) const {

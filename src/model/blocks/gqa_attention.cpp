@@ -7,8 +7,17 @@
 
 namespace numattn {
 
-GqaAttention::GqaAttention(const LlamaLayer& layer, const ModelHParams& hp)
-    : L_(&layer), E_(hp.n_embd), Hq_(hp.n_head), Hkv_(hp.n_head_kv), D_(hp.head_dim), n_rot_(hp.n_rot) {}
+GqaAttention::GqaAttention(const LlamaLayer& layer, const ModelHParams& hp, std::int64_t index)
+    : L_(&layer),
+      E_(hp.n_embd),
+      Hq_(hp.n_head),
+      Hkv_(hp.n_head_kv),
+      D_(hp.head_dim),
+      n_rot_(hp.n_rot),
+      window_(hp.is_local(index) ? hp.sliding_window : 0),
+      rope_layout_(hp.rope_layout),
+      attn_scale_(hp.attn_scale),
+      rms_eps_(hp.rms_eps) {}
 
 std::int64_t GqaAttention::weights() const { return in_rows() * E_ + E_ * wo_cols() + extra_weights(); }
 
@@ -18,8 +27,9 @@ std::uint64_t GqaAttention::weight_bytes() const {
 }
 
 double GqaAttention::flops_per_token(std::int64_t n_ctx) const {
+  const std::int64_t keys = window_ > 0 ? std::min(n_ctx, window_) : n_ctx;
   return 2.0 * static_cast<double>(weights()) +
-         2.0 * static_cast<double>(Hq_ * n_ctx * (D_ + head_value_width()));
+         2.0 * static_cast<double>(Hq_ * keys * (D_ + head_value_width()));
 }
 
 std::int64_t GqaAttention::scratch_per_token(const ForwardStep& st) const {
@@ -39,18 +49,33 @@ void GqaAttention::project(const ForwardStep& st, const float* xn, std::int64_t 
   st.lap(main, &ForwardProfile::qkv_gemm);
   float* pre = scratch + pre_offset(st);
   const std::int64_t vw = value_cache_width();
+  const bool qk_norm = !L_->attn_q_norm.empty();
+  const float* cs = window_ > 0 ? st.rope_cos_local : st.rope_cos;
+  const float* sn = window_ > 0 ? st.rope_sin_local : st.rope_sin;
   for (std::int64_t t = t0; t < t1; ++t) {
     float* row = scratch + t * R;
+    if (qk_norm) {
+      blocks::rms_norm_rows(row, L_->attn_q_norm.data(), row, Hq, D, rms_eps_);
+      blocks::rms_norm_rows(row + Hq * D, L_->attn_k_norm.data(), row + Hq * D, Hkv, D, rms_eps_);
+    }
     if (st.capture) std::copy_n(row, (Hq + Hkv) * D, pre + t * (Hq + Hkv) * D);
-    // RoPE, adjacent pairs, on the Q and K heads of the token, in place.
-    const float* c = st.rope_cos + t * half;
-    const float* s = st.rope_sin + t * half;
+    // RoPE on the Q and K heads of the token, in place.
+    const float* c = cs + t * half;
+    const float* s = sn + t * half;
     for (std::int64_t hh = 0; hh < Hq + Hkv; ++hh) {
       float* v = row + hh * D;
-      for (std::int64_t i = 0; i < half; ++i) {
-        const float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = a * c[i] - b * s[i];
-        v[2 * i + 1] = a * s[i] + b * c[i];
+      if (rope_layout_ == RopeLayout::kAdjacent) {
+        for (std::int64_t i = 0; i < half; ++i) {
+          const float a = v[2 * i], b = v[2 * i + 1];
+          v[2 * i] = a * c[i] - b * s[i];
+          v[2 * i + 1] = a * s[i] + b * c[i];
+        }
+      } else {
+        for (std::int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * c[i] - b * s[i];
+          v[i + half] = a * s[i] + b * c[i];
+        }
       }
     }
     // Append the token's key and value rows to the cache.
@@ -72,11 +97,13 @@ void GqaAttention::attend(const ForwardStep& st, const AttentionMethod& method, 
                         : TensorView<const float>(cache.v, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
   p.out = TensorView<float>(scratch + att_offset(st), {1, Hq, N, vw}, {N * Hq * vw, vw, Hq * vw, 1});
   p.causal = Causal::kBottomRight;
+  if (window_ > 0) p.window_left = window_ - 1;
+  if (attn_scale_ > 0) p.scale = attn_scale_;
   // A decode step's attention gets the team only from ~1 MFLOP of exact attention on (Nk ≈
   // 430 for SmolLM2), where reading the KV cache with every core pays for waking them; below,
   // a method that forks per head would spend more on the fork than on the work. exact.flash
   // applies the same bound itself.
-  const double att_flops = 2.0 * static_cast<double>(Hq * N * nk * (D + vw));
+  const double att_flops = 2.0 * static_cast<double>(Hq * N * (window_ > 0 ? std::min(nk, window_) : nk) * (D + vw));
   method.run(p, st.by_tokens || att_flops >= 1e6 ? st.team : ExecContext{1});
 }
 

@@ -18,7 +18,7 @@ namespace numattn {
 
 class BdvAttention final : public GqaAttention {
  public:
-  BdvAttention(const LlamaLayer& layer, const ModelHParams& hp);
+  BdvAttention(const LlamaLayer& layer, const ModelHParams& hp, std::int64_t index);
   std::string kind() const override { return "bd-v"; }
 
  protected:

@@ -6,6 +6,7 @@
 /// ```
 ///   x += Attention(Norm_a(x));   x += Ffn(Norm_f(x))
 /// ```
+/// (with post-norms, each sub-block's output normalised before its add).
 /// The model (model/llama.h) runs one loop over its layers; every form of attention (GQA with
 /// RoPE, BD-V, factored VO heads, MLA) and of feed-forward (SwiGLU) is a block class of its own
 /// (model/blocks/*.h), built from the model's weights by its architecture's builder.
@@ -78,6 +79,10 @@ struct ForwardStep {
   /// table of the call; rope_half = n_rot/2 frequencies).
   const float* rope_cos = nullptr;
   const float* rope_sin = nullptr;
+  /// The same for the local layers' RoPE base (ModelHParams::rope_base_local), when the model
+  /// has local layers.
+  const float* rope_cos_local = nullptr;
+  const float* rope_sin_local = nullptr;
   std::int64_t rope_half = 0;
   ForwardProfile* profile = nullptr;
 
@@ -127,6 +132,8 @@ class AttentionBlock {
   /// products (2·Hq·n_ctx·(d_qk + d_v) for exact attention).
   virtual double flops_per_token(std::int64_t n_ctx) const = 0;
   virtual CacheShape cache_shape() const = 0;
+  /// Keys a query sees in a local (sliding-window) layer, itself included; 0 = all (global).
+  virtual std::int64_t window() const { return 0; }
   /// KV-cache bytes per token (float32).
   std::int64_t cache_bytes_per_token() const { return 4 * (cache_shape().k + cache_shape().v); }
   /// Scratch floats per token that the three steps share.
@@ -161,12 +168,16 @@ class FfnBlock {
                        float* x, bool main) const = 0;
 };
 
-/// One decoder layer as blocks.
+/// One decoder layer as blocks. With post-norms (Gemma), each sub-block's output is
+/// normalised before the residual add: x += attn_post_norm(Attention(attn_norm(x))), likewise
+/// for the FFN; without them (nullptr) x += Attention(attn_norm(x)).
 struct DecoderLayer {
   std::shared_ptr<const NormBlock> attn_norm;
   std::shared_ptr<const AttentionBlock> attn;
+  std::shared_ptr<const NormBlock> attn_post_norm;
   std::shared_ptr<const NormBlock> ffn_norm;
   std::shared_ptr<const FfnBlock> ffn;
+  std::shared_ptr<const NormBlock> ffn_post_norm;
 };
 
 }  // namespace numattn

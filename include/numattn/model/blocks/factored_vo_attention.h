@@ -13,7 +13,7 @@ namespace numattn {
 
 class FactoredVoAttention final : public GqaAttention {
  public:
-  FactoredVoAttention(const LlamaLayer& layer, const ModelHParams& hp);
+  FactoredVoAttention(const LlamaLayer& layer, const ModelHParams& hp, std::int64_t index);
   std::string kind() const override { return "factored-vo"; }
   void capture(const ForwardStep& st, int layer, const float* xn, const float* scratch,
                const CaptureFn& fn) const override;

@@ -1,35 +1,43 @@
 /// @file gqa_attention.h
 /// Grouped-query attention with RoPE (Ainslie et al., "GQA", 2023; Su et al., "RoFormer", 2021),
-/// as Llama runs it, for the N new tokens of a call at positions p0..p0+N−1:
+/// as Llama and Gemma 3 run it, for the N new tokens of a call at positions p0..p0+N−1:
 /// ```
 ///   Q,K,V = xn·Wqᵀ, xn·Wkᵀ, xn·Wvᵀ        Wq|Wk|Wv stacked as one [(Hq+2Hkv)·D, E] matrix
-///   Q,K   = RoPE(Q, K; positions)         adjacent pairs (x[2i], x[2i+1]), i < n_rot/2
+///   Q,K   = RMSNorm(Q_h) ⊙ q_norm, RMSNorm(K_h) ⊙ k_norm per head   (qk_norm models only)
+///   Q,K   = RoPE(Q, K; positions)         θ_i = pos·base^(−2i/n_rot), i < n_rot/2
 ///   A     = attention(Q, K_cache ⊕ K, V_cache ⊕ V)   causal bottom-right, query head h reads
-///                                                    KV head h / (Hq/Hkv)
+///                                                    KV head h / (Hq/Hkv); local layers: the
+///                                                    last W keys only; scale attn_scale or 1/√D
 ///   x    += A·Woᵀ
 /// ```
-/// RoPE is llama.cpp's LLAMA_ROPE_TYPE_NORM (θ_i = pos·base^(−2i/n_rot)): right for GGUF files,
-/// whose converter permutes HF's rotate-half q/k rows into the interleaved layout.
+/// RoPE pairs (arch/hparams.h RopeLayout): adjacent (x[2i], x[2i+1]) for Llama GGUF files,
+/// whose converter permutes HF's rotate-half q/k rows into that layout (llama.cpp's
+/// LLAMA_ROPE_TYPE_NORM); halves (x[i], x[i + n_rot/2]) for Gemma (LLAMA_ROPE_TYPE_NEOX).
+/// A local layer (ModelHParams::is_local) rotates with rope_base_local and hands the attention
+/// method a problem with window_left = W − 1 (W = sliding_window): the model's own window, which
+/// any method given to the layer sees (one without window support refuses the layer).
 /// Cache: K and V rows [pos, Hkv, D], 2·Hkv·D floats per token. Weights (Hq+2Hkv)·D·E + E·Hq·D.
-/// FLOPs per token 2·weights + 2·Hq·n_ctx·2D. Scratch per token: the Q|K|V row, the attention
-/// output row (Hq·D) and, with a capture, the pre-RoPE Q|K copy.
+/// FLOPs per token 2·weights + 2·Hq·min(n_ctx, W)·2D. Scratch per token: the Q|K|V row, the
+/// attention output row (Hq·D) and, with a capture, the pre-RoPE Q|K copy (after the q/k norms).
 ///
 /// Two further forms change only the value side and are blocks of their own built on this one:
 /// BD-V (bdv_attention.h) and factored VO heads (factored_vo_attention.h).
 #pragma once
 
+#include "numattn/arch/hparams.h"
 #include "numattn/model/blocks/block.h"
 
 namespace numattn {
 
 struct LlamaLayer;
-struct ModelHParams;
 
 class GqaAttention : public AttentionBlock {
  public:
-  /// The layer's wqkv / wo (either storage), which must outlive the block.
-  GqaAttention(const LlamaLayer& layer, const ModelHParams& hp);
+  /// The layer's wqkv / wo (either storage) and norms, which must outlive the block; `index`
+  /// is the layer's (whether it is local, its RoPE base).
+  GqaAttention(const LlamaLayer& layer, const ModelHParams& hp, std::int64_t index);
   std::string kind() const override { return "gqa"; }
+  std::int64_t window() const override { return window_; }
   std::int64_t weights() const override;
   std::uint64_t weight_bytes() const override;
   double flops_per_token(std::int64_t n_ctx) const override;
@@ -82,6 +90,10 @@ class GqaAttention : public AttentionBlock {
 
   const LlamaLayer* L_;
   std::int64_t E_, Hq_, Hkv_, D_, n_rot_;
+  std::int64_t window_ = 0;  ///< W of a local layer, 0 = global
+  RopeLayout rope_layout_;
+  double attn_scale_ = 0;    ///< 0 = 1/√D
+  double rms_eps_;
 };
 
 }  // namespace numattn
