@@ -297,7 +297,10 @@ def section_ppl(rep, root, meta):
         return
     rep.heading("Perplexity and KL divergence per causal method")
     st = meta["settings"]
-    rep.para(f"The model with the method in every layer, ctx {st['ctx']}, {st['chunks']} chunk(s) "
+    hybrid = any("global layers" in s.get("title", "") for s in steps)
+    where = ("in every global layer (the sliding-window layers keep their exact windowed attention)"
+             if hybrid else "in every layer")
+    rep.para(f"The model with the method {where}, ctx {st['ctx']}, {st['chunks']} chunk(s) "
              "(llama.cpp protocol); KL divergence, its 99th percentile and top-1 agreement of the next-token "
              "distributions against exact.flash in the same run.")
     rows, pts = [], []

@@ -83,6 +83,7 @@ ModelHParams read_model_hparams(const GgufFile& f) {
                 "{}: {} = '{}': RoPE scaling is not supported (only 'none')", f.path(), K(hparam_key::kRopeScaling),
                 f.get_string(K(hparam_key::kRopeScaling), ""));
   ModelHParams hp;
+  hp.arch = arch;
   hp.n_embd = f.get_int(K(hparam_key::kEmbd));
   hp.n_layer = f.get_int(K(hparam_key::kBlocks));
   hp.n_ff = f.get_int(K(hparam_key::kFf));

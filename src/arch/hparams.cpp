@@ -35,7 +35,8 @@ std::string ModelHParams::attention_extras() const {
   if (rope_layout == RopeLayout::kHalves) add("RoPE over halves (NEOX)");
   if (std::any_of(local_layers.begin(), local_layers.end(), [](std::uint8_t f) { return f != 0; }))
     add("sliding-window layers");
-  if (attn_scale > 0) add("its own softmax scale");
+  if (attn_scale > 0 && std::abs(attn_scale * std::sqrt(static_cast<double>(head_dim)) - 1) > 1e-12)
+    add("a softmax scale other than 1/√D");
   return s;
 }
 

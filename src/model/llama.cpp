@@ -347,7 +347,7 @@ AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_
   return a;
 }
 
-std::string attention_spec(const AttentionMethods& methods) {
+std::string attention_spec(const AttentionMethods& methods, const std::vector<std::uint8_t>& local) {
   NUMATTN_CHECK(!methods.empty(), "no attention methods");
   std::string first = methods.front()->spec(), all;
   bool same = true;
@@ -356,7 +356,20 @@ std::string attention_spec(const AttentionMethods& methods) {
     same = same && sp == first;
     all += (l ? ";" : "") + sp;
   }
-  return same ? first : all;
+  if (same) return first;
+  // One spec per kind of layer: the selector form (make_attention_methods reads it back).
+  if (local.size() == methods.size()) {
+    std::string kind[2];
+    bool per_kind = true;
+    for (std::size_t l = 0; l < methods.size() && per_kind; ++l) {
+      std::string& k = kind[local[l] != 0 ? 1 : 0];
+      const std::string sp = methods[l]->spec();
+      if (k.empty()) k = sp;
+      per_kind = k == sp;
+    }
+    if (per_kind && !kind[0].empty() && !kind[1].empty()) return "global:" + kind[0] + ";local:" + kind[1];
+  }
+  return all;
 }
 
 std::vector<std::string> split_spec_list(const std::string& specs) {
@@ -364,7 +377,7 @@ std::vector<std::string> split_spec_list(const std::string& specs) {
 }
 
 LlamaModel::LlamaModel(ModelHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(w)) {
-  hp_.validate();
+  hp_.validate("", hp_.arch);
   check_shapes();
   mla_exec_ = MlaExec::kAbsorbed;
   auto freqs = [&](double base) {
@@ -803,7 +816,7 @@ void LlamaModel::set_attention(const std::string& spec) {
   attn_ = make_attention_methods(spec, hp_.n_layer, hp_.local_layers);
 }
 
-std::string LlamaModel::attention_spec() const { return numattn::attention_spec(attn_); }
+std::string LlamaModel::attention_spec() const { return numattn::attention_spec(attn_, hp_.local_layers); }
 
 // The buffers and steps of one forward call: the token rows x and xn [N, E], each layer's
 // attention scratch (two, alternating: a layer's rows live from its project to its output, while
@@ -1017,7 +1030,7 @@ std::vector<float> LlamaModel::Call::logits() {
         "non-finite logit {} at position {} (token {} of this call), vocabulary index {}, with "
         "attention {}: the forward pass overflowed, the attention method returned a "
         "non-finite value, or a weight is not finite (--weights f32 scans them at load)",
-        *bad, st.pos0 + row, row, i % h.n_vocab, numattn::attention_spec(attn)));
+        *bad, st.pos0 + row, row, i % h.n_vocab, numattn::attention_spec(attn, h.local_layers)));
   }
   return out;
 }
@@ -1051,11 +1064,11 @@ void check_generation(std::int64_t max_tokens, std::int64_t prompt_tokens, const
   NUMATTN_CHECK_OPTION(prompt_tokens < n_ctx, "prompt",
                        "has {} tokens, but the model's trained context ({}) is {} tokens and "
                        "generation needs room for at least one more",
-                       prompt_tokens, "llama.context_length", n_ctx);
+                       prompt_tokens, hp->key(hparam_key::kContext), n_ctx);
   NUMATTN_CHECK_OPTION(max_tokens <= n_ctx - prompt_tokens, "max_tokens",
                        "{} new tokens after a prompt of {} exceed the model's trained context ({}) "
                        "of {} tokens; at most {} fit",
-                       max_tokens, prompt_tokens, "llama.context_length", n_ctx, n_ctx - prompt_tokens);
+                       max_tokens, prompt_tokens, hp->key(hparam_key::kContext), n_ctx, n_ctx - prompt_tokens);
 }
 
 std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector<std::int32_t>& prompt,

@@ -65,9 +65,9 @@ void check_ppl_options(const PplOptions& opt, const ModelHParams* hp, std::int64
   if (hp)
     NUMATTN_CHECK_OPTION(opt.ctx <= hp->n_ctx_train || opt.allow_long_ctx, "ctx",
                          "{} tokens is beyond the model's trained context of {} "
-                         "(llama.context_length): positions past it were never trained; set "
+                         "({}): positions past it were never trained; set "
                          "`allow_long_ctx` to evaluate them anyway",
-                         opt.ctx, hp->n_ctx_train);
+                         opt.ctx, hp->n_ctx_train, hp->key(hparam_key::kContext));
   if (n_tokens >= 0)
     NUMATTN_CHECK(n_tokens / 2 >= opt.ctx,
                   "the text has {} tokens; perplexity with ctx {} needs at least twice that "
@@ -113,8 +113,8 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   if (opt.baseline_model) base_cache = opt.baseline_model->make_cache(n_ctx);
 
   PplResult r;
-  r.attn_spec = attention_spec(fo.attention);
-  if (kl) r.baseline_spec = attention_spec(fb.attention);
+  r.attn_spec = attention_spec(fo.attention, model.hparams().local_layers);
+  if (kl) r.baseline_spec = attention_spec(fb.attention, model.hparams().local_layers);
   r.ctx = n_ctx;
   r.chunks = n_chunk;
   r.has_baseline = kl;

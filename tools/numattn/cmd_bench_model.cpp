@@ -34,19 +34,22 @@ struct BenchModelOptions {
 };
 
 // "30 × rms+gqa, rms+swiglu": the model's layers as blocks, runs of equal layers counted.
+// "30 × rms+gqa, rms+swiglu", or per distinct layer form in order of first appearance
+// ("15 × rms+gqa(window 512)+rms, rms+geglu+rms; 3 × rms+gqa+rms, rms+geglu+rms").
 std::string block_summary(const LlamaModel& m) {
-  std::string out, last;
-  int run = 0;
-  auto flush = [&] {
-    if (run > 0) out += fmt::format("{}{} × {}", out.empty() ? "" : "; ", run, last);
-  };
+  std::vector<std::pair<std::string, int>> kinds;
   for (const DecoderLayer& d : m.layers()) {
-    const std::string k =
-        fmt::format("{}+{}, {}+{}", d.attn_norm->kind(), d.attn->kind(), d.ffn_norm->kind(), d.ffn->kind());
-    if (k != last) flush(), last = k, run = 0;
-    ++run;
+    const std::int64_t w = d.attn->window();
+    const std::string k = fmt::format(
+        "{}+{}{}{}, {}+{}{}", d.attn_norm->kind(), d.attn->kind(), w > 0 ? fmt::format("(window {})", w) : "",
+        d.attn_post_norm ? "+" + d.attn_post_norm->kind() : "", d.ffn_norm->kind(), d.ffn->kind(),
+        d.ffn_post_norm ? "+" + d.ffn_post_norm->kind() : "");
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& e) { return e.first == k; });
+    if (it == kinds.end()) kinds.emplace_back(k, 1);
+    else ++it->second;
   }
-  flush();
+  std::string out;
+  for (const auto& [k, n] : kinds) out += fmt::format("{}{} × {}", out.empty() ? "" : "; ", n, k);
   return out;
 }
 

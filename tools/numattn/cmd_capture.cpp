@@ -106,9 +106,21 @@ void add_capture(CLI::App& app) {
     m["rope"] = o->pre_rope ? "pre" : "post";
     m["rope_theta"] = hp.rope_base;
     m["rope_dims"] = hp.n_rot;
-    m["rope_layout"] = "adjacent pairs (x[2i], x[2i+1]), llama.cpp LLAMA_ROPE_TYPE_NORM";
-    m["scale"] = 1.0 / std::sqrt(static_cast<double>(D));
+    m["rope_layout"] = hp.rope_layout == RopeLayout::kAdjacent
+                           ? "adjacent pairs (x[2i], x[2i+1]), llama.cpp LLAMA_ROPE_TYPE_NORM"
+                           : "halves (x[i], x[i + rope_dims/2]), llama.cpp LLAMA_ROPE_TYPE_NEOX";
+    m["scale"] = hp.attn_scale > 0 ? hp.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
     m["causal"] = "bottom-right";
+    // Per captured layer: its RoPE base and its sliding window (0 = none: the layer sees every
+    // earlier key; W: query i sees keys i − W + 1 .. i, run/bench --window-left W−1).
+    Row theta = Row::object(), window = Row::object();
+    for (std::int64_t l : layers) {
+      theta[std::to_string(l)] = hp.layer_rope_base(l);
+      window[std::to_string(l)] = hp.is_local(l) ? hp.sliding_window : 0;
+    }
+    m["layer_rope_theta"] = std::move(theta);
+    m["layer_window"] = std::move(window);
+    if (hp.qk_norm) m["qk_norm"] = "q and k are RMS-normalised per head before RoPE; the pre-RoPE files hold them after it";
     m["shape"] = "[H,N,D] float32; q has the query heads, k and v the KV heads";
     m["files"] = files;
     // Last, so that a manifest always describes complete files.

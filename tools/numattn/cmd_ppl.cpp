@@ -43,14 +43,14 @@ struct PplCliOptions {
 void add_ppl(CLI::App& app) {
   auto o = std::make_shared<PplCliOptions>();
   auto* sub = app.add_subcommand(
-      "ppl", "perplexity of a GGUF Llama model on a text (llama.cpp protocol), KL divergence "
+      "ppl", "perplexity of a GGUF model (Llama, Gemma 3) on a text (llama.cpp protocol), KL divergence "
              "against a baseline attention, and tokens/s against the GEMM roofline");
   sub->add_option("--model", o->model, "GGUF file, or 'default'")->capture_default_str();
   sub->add_option("--text", o->text, "UTF-8 text file, or 'default' (Jane Austen)")
       ->capture_default_str();
   sub->add_option("--ctx", o->ctx,
                   "tokens per chunk (the second half is scored); at least 4, at most the "
-                  "model's trained context (llama.context_length) unless --allow-long-ctx")
+                  "model's trained context (<arch>.context_length, e.g. llama.context_length) unless --allow-long-ctx")
       ->capture_default_str();
   sub->add_flag("--allow-long-ctx", o->allow_long_ctx,
                 "allow --ctx beyond the model's trained context (positions never trained)");

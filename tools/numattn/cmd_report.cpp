@@ -335,7 +335,7 @@ void add_report(CLI::App& app) {
   sub->add_option("--heads", u.heads, "heads of the random-input benchmarks (quick 4, full 8)");
   sub->add_option("--d", u.d, "head dimension of the random-input benchmarks (64)");
   sub->add_option("--tokens", u.tokens, "token counts of the captured Q/K/V (list; one capture each; quick 256,1024, full 512,2048)");
-  sub->add_option("--layers", u.layers, "captured layers benchmarked (list; quick 15, full 0,7,15,23,29)");
+  sub->add_option("--layers", u.layers, "captured layers benchmarked (list; default from the model's L layers: quick L/2 (a global layer near it when the model has sliding-window layers), full 0,L/4,L/2,3L/4,L-1)");
   sub->add_option("--bench-methods", u.bench_methods,
                   "methods benchmarked (comma-separated specs; default: every registered method)");
   sub->add_option("--reps", u.reps, "timed repetitions per benchmark row (quick 3, full 5)")
@@ -360,7 +360,7 @@ void add_report(CLI::App& app) {
                   "latent ranks of the MLA table (list; used when `numattn ppl` has --mla-rank)");
   sub->add_option("--analyze-tokens", u.analyze_tokens, "tokens of `numattn analyze` (309, the survey's §9)")
       ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--analyze-layers", u.analyze_layers, "layers of `numattn analyze` (quick 0,15,29, full all)");
+  sub->add_option("--analyze-layers", u.analyze_layers, "layers of `numattn analyze` (quick 0, the captured layer, L-1; full all)");
   sub->add_option("--python", o->python, "Python with matplotlib that draws the plots")->capture_default_str();
   sub->add_option("--plots-script", o->plots_script,
                   "report_plots.py to use (default: found beside the executable or in its source tree)");
@@ -430,7 +430,27 @@ void add_report(CLI::App& app) {
     // refuses it is expected to be refused by ppl (an optional row with the reason); any other
     // failed perplexity run fails the report.
     std::optional<ModelHParams> hp;
-    if (!o->no_model) hp = LlamaModel::read_hparams(GgufFile::open(model_path));
+    if (!o->no_model) {
+      hp = LlamaModel::read_hparams(GgufFile::open(model_path));
+      // Default layers from the model's depth L: captured L/2 (quick; the global layer nearest
+      // it in a model with sliding-window layers) or 0, L/4, L/2, 3L/4, L − 1 (full); analyzed
+      // 0, L/2, L − 1 (quick) or all.
+      const std::int64_t L = hp->n_layer;
+      std::int64_t mid = L / 2;
+      if (!hp->local_layers.empty() && hp->is_local(mid))
+        for (std::int64_t d = 1; d < L; ++d) {
+          if (mid + d < L && !hp->is_local(mid + d)) { mid += d; break; }
+          if (mid - d >= 0 && !hp->is_local(mid - d)) { mid -= d; break; }
+        }
+      auto list = [](std::vector<std::int64_t> v) {
+        std::sort(v.begin(), v.end());
+        v.erase(std::unique(v.begin(), v.end()), v.end());
+        return fmt::format("{}", fmt::join(v, ","));
+      };
+      if (u.layers.empty())
+        s.layers = o->full ? list({0, L / 4, L / 2, (3 * L) / 4, L - 1}) : std::to_string(mid);
+      if (u.analyze_layers.empty() && !o->full) s.analyze_layers = list({0, mid, L - 1});
+    }
     auto runs_on_model = [&](const std::string& spec) {
       try {
         check_model_attention("ppl-methods", spec, *hp, s.ctx, s.ctx, "chunk's");
@@ -516,12 +536,19 @@ void add_report(CLI::App& app) {
       }
       // A method that cannot run the model's problem (e.g. no GQA) is refused by ppl before
       // the weights load: its row says so, the report goes on. A method that can run it must.
+      // A model with sliding-window layers (Gemma 3) keeps them: their attention is already a
+      // sparse method, so each method replaces the global layers (`global:SPEC`).
+      const bool hybrid = hp && std::any_of(hp->local_layers.begin(), hp->local_layers.end(),
+                                            [](std::uint8_t f) { return f != 0; });
       std::set<std::string> ppl_ids{"ppl_exact.flash"};
-      for (const auto& m : ppl_methods)
-        ppl_step(file_id("ppl_" + m, ppl_ids), "ppl", "perplexity and KL: " + m,
-                 {"--attn", m, "--baseline", "exact.flash"}, runs_on_model(m));
+      for (const auto& m : ppl_methods) {
+        const std::string spec = hybrid && m.find(':') == std::string::npos ? "global:" + m : m;
+        ppl_step(file_id("ppl_" + m, ppl_ids), "ppl",
+                 "perplexity and KL: " + m + (spec != m ? " (global layers; local layers keep their window)" : ""),
+                 {"--attn", spec, "--baseline", "exact.flash"}, runs_on_model(spec));
+      }
       ppl_step("bda_ppl_vo", "bda", "BD Attention (VO) on the model", {"--bda", "vo"}, true);
-      if (has_mla) {
+      if (has_mla && hp && hp->attention_extras().empty()) {
         fs::create_directories(dir / "data" / "mla", ec);
         for (const auto& r : split_list(s.mla_ranks))
           ppl_step("mla_rank" + r, "mla", "MLA at latent rank " + r, {"--mla-rank", r}, false);
@@ -556,7 +583,7 @@ void add_report(CLI::App& app) {
       meta["hardware_threads"] = hardware_threads();
       meta["loadavg"] = read_text("/proc/loadavg");
       meta["has_analyze"] = has_analyze;
-      meta["has_mla"] = has_mla;
+      meta["has_mla"] = has_mla && (!hp || hp->attention_extras().empty());
       meta["settings"] = {{"n", s.n}, {"heads", s.heads}, {"d", s.d}, {"tokens", s.tokens},
                           {"layers", s.layers}, {"reps", s.reps}, {"check_rows", s.check_rows},
                           {"ctx", s.ctx}, {"chunks", s.chunks}, {"bd_setups", s.bd_setups},

@@ -64,8 +64,8 @@ void check_mla_against_model(const MlaCliOptions& o, const ModelHParams& hp, boo
                        "(a per-head norm of k after its projection cannot be applied to a shared latent)",
                        hp.attention_extras());
   NUMATTN_CHECK_OPTION(o.rope_heads <= hp.n_head_kv, "rope-heads",
-                       "{} exceeds the model's {} KV heads (llama.attention.head_count_kv)",
-                       o.rope_heads, hp.n_head_kv);
+                       "{} exceeds the model's {} KV heads ({})",
+                       o.rope_heads, hp.n_head_kv, hp.key(hparam_key::kHeadsKv));
   NUMATTN_CHECK_OPTION(hp.n_rot >= 2 && (hp.n_rot / 2) % o.freqfold == 0, "freqfold",
                        "{} does not divide the model's {} RoPE frequencies (n_rot/2)", o.freqfold,
                        hp.n_rot / 2);

@@ -16,7 +16,7 @@ namespace numattn::cli {
 void TextWindowFlags::add_to(CLI::App& app, const std::string& layers_help) {
   app.add_option("--model", model, "GGUF file, or 'default'")->capture_default_str();
   app.add_option("--text", text, "UTF-8 text file, or 'default' (Jane Austen)")->capture_default_str();
-  app.add_option("--tokens", tokens, "N: tokens to run, at most the model's trained context (llama.context_length)")
+  app.add_option("--tokens", tokens, "N: tokens to run, at most the model's trained context (<arch>.context_length, e.g. llama.context_length)")
       ->capture_default_str();
   app.add_option("--offset", offset,
                  "first token of the window, counted in the tokenized text (as `numattn ppl` tokenizes it)")
@@ -75,8 +75,8 @@ TextWindow open_text_window(const TextWindowFlags& f, const std::string& out, co
   // The caller's checks (outputs that would overwrite an input first) before the window's.
   if (before_tokenize) before_tokenize(w);
   NUMATTN_CHECK_OPTION(f.tokens <= w.hp.n_ctx_train, "tokens",
-                       "{} tokens is beyond the model's trained context of {} (llama.context_length)", f.tokens,
-                       w.hp.n_ctx_train);
+                       "{} tokens is beyond the model's trained context of {} ({})", f.tokens,
+                       w.hp.n_ctx_train, w.hp.key(hparam_key::kContext));
 
   const Tokenizer tok = Tokenizer::from_gguf(w.file);
   if (!f.no_progress) std::fprintf(stderr, "%s: tokenizing %s\n", label, w.text_path.c_str());

@@ -44,12 +44,16 @@ enum class FfnGate {
   kGeluTanh,  ///< GeGLU: g(a) = a/2·(1 + tanh(√(2/π)·(a + 0.044715·a³))) (Gemma)
 };
 
-/// Largest `llama.context_length` accepted: 2^24 tokens (the longest trained contexts are
+/// Largest `<arch>.context_length` accepted: 2^24 tokens (the longest trained contexts are
 /// around 10^7); anything larger is a corrupt or hostile file.
 inline constexpr std::int64_t kMaxContextLength = std::int64_t{1} << 24;
 
 /// Hyper-parameters (GGUF `<arch>.*` keys; `llama.*` for Llama).
 struct ModelHParams {
+  /// `general.architecture`: the prefix of the GGUF keys below (messages name the keys with it).
+  std::string arch = "llama";
+  /// The GGUF key of hyper-parameter `field` (a hparam_key constant): "<arch>.<field>".
+  std::string key(const char* field) const { return arch + "." + field; }
   std::int64_t n_vocab = 0;
   std::int64_t n_embd = 0;      ///< E
   std::int64_t n_layer = 0;     ///< L

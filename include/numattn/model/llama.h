@@ -191,8 +191,10 @@ inline constexpr const char* kDefaultModelAttention = "exact.flash";
 /// for `global:` on one whose layers are all local.
 AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer,
                                         const std::vector<std::uint8_t>& local = {});
-/// The canonical spec list of `methods` (one spec if all layers agree).
-std::string attention_spec(const AttentionMethods& methods);
+/// The canonical spec list of `methods`: one spec if all layers agree, else
+/// "global:A;local:B" when each kind of layer (`local`, as ModelHParams::local_layers) agrees,
+/// else one spec per layer.
+std::string attention_spec(const AttentionMethods& methods, const std::vector<std::uint8_t>& local = {});
 
 /// Options of one forward call.
 struct ForwardOptions {
@@ -315,7 +317,7 @@ class LlamaModel {
 /// Checks a generation request before any work: `max_tokens` >= 1 (OptionError "max_tokens"),
 /// and, when `hp` is given and `prompt_tokens` >= 0, that the prompt is not empty, that it fits
 /// the trained context (OptionError "prompt") and that prompt + max_tokens does (OptionError
-/// "max_tokens", naming the limit llama.context_length and the largest allowed value).
+/// "max_tokens", naming the limit <arch>.context_length and the largest allowed value).
 void check_generation(std::int64_t max_tokens, std::int64_t prompt_tokens = -1,
                       const ModelHParams* hp = nullptr);
 

@@ -48,7 +48,7 @@ const char* to_string(BosMode m);
 struct PplOptions {
   std::int64_t ctx = 512;           ///< tokens per chunk, >= 4
   std::int64_t chunks = -1;         ///< -1 = all that fit, else >= 1
-  /// Evaluate with ctx beyond the model's trained context (llama.context_length); refused
+  /// Evaluate with ctx beyond the model's trained context (<arch>.context_length); refused
   /// otherwise, since positions past it were never trained.
   bool allow_long_ctx = false;
   std::string attn = "exact.flash";

@@ -54,7 +54,7 @@ struct QkvCapture {
   /// The layer's normalised input Xn = RMSNorm(X) ⊙ attn_norm, `[N, E]` row-major (what Wq, Wk,
   /// Wv multiply; the TransMLA calibration accumulates its covariance).
   const float* xn = nullptr;
-  TensorView<const float> q_pre, k_pre;    ///< before RoPE
+  TensorView<const float> q_pre, k_pre;    ///< before RoPE (after the per-head q/k norms of a qk_norm model)
   TensorView<const float> q_post, k_post;  ///< after RoPE (what attention sees)
   TensorView<const float> v;
 };
