@@ -209,7 +209,7 @@ class PyModel {
         throw OptionError("attn", e.what());
       }
     }
-    const std::string text = chat ? "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n" : prompt;
+    const std::string text = chat ? tok_.chat_prompt(prompt) : prompt;
     const std::vector<std::int32_t> ids = tok_.encode(text, tok_.add_bos(), true);
     check_generation(max_tokens, static_cast<std::int64_t>(ids.size()), &model_.hparams());
     doing(fmt::format("generating up to {} tokens after a prompt of {}", max_tokens, ids.size()));
@@ -222,7 +222,8 @@ class PyModel {
       const std::string saved = model_.attention_spec();
       if (attn) model_.set_attention(*attn);
       try {
-        out = generate_greedy(model_, ids, max_tokens, tok_.eos_id(), ctx,
+        out = generate_greedy(model_, ids, max_tokens, chat && tok_.turn_end_id() >= 0 ? tok_.turn_end_id() : tok_.eos_id(),
+                              ctx,
                               [](std::int32_t) { check_interrupt(); });
       } catch (...) {
         model_.set_attention(saved);
@@ -320,7 +321,7 @@ scale=...)`` then runs that layer's problem. ``layers``: indices or "all".)doc")
            nb::arg("threads") = nb::none(),
            R"doc(Greedy generation with the KV cache (as `numattn generate`): the new text (or token ids
 with ``return_ids=True``), stopping at end-of-sequence. ``attn``: the attention spec for this
-call (default exact.flash); ``chat=True`` wraps the prompt in the ChatML user/assistant turn.)doc")
+call (default exact.flash); ``chat=True`` wraps the prompt in the vocabulary's chat turns (ChatML or Gemma's).)doc")
       .def("__repr__", [](const PyModel& s) {
         const ModelHParams& h = s.model().hparams();
         return fmt::format("Model('{}', layers={}, heads={}/{}, head_dim={}, vocab={})", s.name(), h.n_layer,

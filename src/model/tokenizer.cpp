@@ -639,4 +639,19 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool render_
   return out;
 }
 
+std::int32_t Tokenizer::turn_end_id() const {
+  for (const char* t : {"<end_of_turn>", "<|im_end|>"})
+    if (auto it = token_to_id_.find(t); it != token_to_id_.end()) return it->second;
+  return -1;
+}
+
+std::string Tokenizer::chat_prompt(const std::string& user) const {
+  if (token_to_id_.count("<start_of_turn>") && token_to_id_.count("<end_of_turn>"))
+    return "<start_of_turn>user\n" + user + "<end_of_turn>\n<start_of_turn>model\n";
+  if (token_to_id_.count("<|im_start|>") && token_to_id_.count("<|im_end|>"))
+    return "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+  throw Error("this vocabulary has no chat turn tokens (neither Gemma's <start_of_turn>/<end_of_turn> nor "
+              "ChatML's <|im_start|>/<|im_end|>): the model has no chat format to wrap a prompt in");
+}
+
 }  // namespace numattn

@@ -42,7 +42,7 @@ void add_generate(CLI::App& app) {
       ->check(CLI::IsMember({"gguf", "f32"}));
   add_activations_option(*sub, &o->activations);
   sub->add_flag("--chat", o->chat,
-                "wrap the prompt in the ChatML user/assistant turn (<|im_start|>...)");
+                "wrap the prompt in the chat turns its vocabulary marks (ChatML <|im_start|>... or Gemma <start_of_turn>...) and stop at the end of the model's turn");
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o] {
     ExecContext ctx{o->threads};
@@ -63,7 +63,7 @@ void add_generate(CLI::App& app) {
     const ModelHParams hp = LlamaModel::read_hparams(*file);
     const Tokenizer tok = Tokenizer::from_gguf(*file);
     std::string prompt = o->prompt;
-    if (o->chat) prompt = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
+    if (o->chat) prompt = tok.chat_prompt(prompt);
     const auto ids = tok.encode(prompt, tok.add_bos(), true);
     check_generation(o->max_tokens, static_cast<std::int64_t>(ids.size()), &hp);
     // The prompt's prefill and the decode steps (one query over up to prompt + max-tokens keys)
@@ -84,7 +84,9 @@ void add_generate(CLI::App& app) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     ForwardProfile prof;
-    const auto out = generate_greedy(model, ids, o->max_tokens, tok.eos_id(), ctx,
+    // A chat turn ends at the vocabulary's end-of-turn token (Gemma's <end_of_turn> is not its EOS).
+    const std::int32_t stop = o->chat && tok.turn_end_id() >= 0 ? tok.turn_end_id() : tok.eos_id();
+    const auto out = generate_greedy(model, ids, o->max_tokens, stop, ctx,
                                      [&](std::int32_t id) {
                                        if (md) std::cout << tok.token_to_piece(id, false) << std::flush;
                                      },

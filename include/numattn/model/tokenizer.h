@@ -110,6 +110,14 @@ class Tokenizer {
   /// The bytes one token stands for (empty for a control token unless `render_special`).
   std::string token_to_piece(std::int32_t id, bool render_special = true) const;
 
+  /// `user` as one user turn followed by the opening of the model's turn, in the chat format
+  /// this vocabulary's control tokens mark: Gemma's `<start_of_turn>user\n…<end_of_turn>\n
+  /// <start_of_turn>model\n` or ChatML's `<|im_start|>user\n…<|im_end|>\n<|im_start|>assistant\n`.
+  /// Throws numattn::Error when the vocabulary has neither.
+  std::string chat_prompt(const std::string& user) const;
+  /// The token that ends a turn in that chat format (`<end_of_turn>` or `<|im_end|>`), -1 if none.
+  std::int32_t turn_end_id() const;
+
   /// The pre-tokenizer's split of `text` (step 2 only), for tests and debugging.
   std::vector<std::string> pre_tokenize(std::string_view text) const;
 
