@@ -55,7 +55,7 @@ std::vector<std::uint8_t> random_rows(GgmlType type, std::int64_t rows, std::int
           put_half(p, std::abs(scale(0.1f)));
           put_half(p + 2, scale(1.f));
           break;
-        case GgmlType::Q4_K:
+        case GgmlType::Q4_K: case GgmlType::Q5_K:
           put_half(p, std::abs(scale(0.01f)));
           put_half(p + 2, std::abs(scale(0.01f)));
           break;
@@ -79,7 +79,7 @@ double block_offset(GgmlType type, const std::uint8_t* p) {
     case GgmlType::Q4_0: return 8 * h(p);
     case GgmlType::Q5_0: return 16 * h(p);
     case GgmlType::Q4_1: case GgmlType::Q5_1: return h(p + 2);
-    case GgmlType::Q4_K: return 63 * h(p + 2);
+    case GgmlType::Q4_K: case GgmlType::Q5_K: return 63 * h(p + 2);
     case GgmlType::Q6_K: return 32 * 128 * h(p + 208);
     default: return 0;
   }
@@ -109,7 +109,7 @@ Ref reference(GgmlType type, const std::uint8_t* row, const float* x, std::int64
 
 const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
                            GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                           GgmlType::Q4_K, GgmlType::Q6_K};
+                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 
 // Row lengths: several block counts; for the one-element types lengths that leave a tail
 // after every vector width (16, 32) too.

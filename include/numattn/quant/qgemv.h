@@ -18,7 +18,7 @@
 /// | avx2 | AVX2, F16C, FMA | F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q6_K |
 /// | portable | C++ only | none: every type by the generic kernel |
 /// The generic kernel (every dequantizable type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-/// Q4_K, Q6_K) dequantizes one piece of a row at a time (at most 512 values, on the stack) with
+/// Q4_K, Q5_K, Q6_K) dequantizes one piece of a row at a time (at most 512 values, on the stack) with
 /// quant.h and multiplies it by x with the path's float32 dot product; the types without a
 /// specialised kernel on a vector path use it too.
 /// `NUMATTN_CPU_PATH=portable|avx2|avx512|avx512vnni` in the environment lowers the default
@@ -39,7 +39,7 @@
 /// float kernel per weight. The result is the float32 product of the dequantized weights with
 /// x̂ (the rounded x) up to summation order; its distance to the float32-activation product is
 /// |Σ w·(x − x̂)| <= Σ_blocks (d_x/2)·Σ|w| (docs/numerics.md). Every other type (F32, F16,
-/// BF16, Q5_0, Q5_1, Q4_K, Q6_K) is multiplied by x̂ with its float kernel inside the same
+/// BF16, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) is multiplied by x̂ with its float kernel inside the same
 /// product, so a product means the same thing whatever its parts' types.
 /// | path | integer kernels (x̂: int8 blocks of 32) |
 /// |---|---|
