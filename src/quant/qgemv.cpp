@@ -118,6 +118,14 @@ qkern::DotFn special(const qkern::KernelTable& t, GgmlType type) {
   }
 }
 
+qkern::DeqFn special_deq(const qkern::KernelTable& t, GgmlType type) {
+  switch (type) {
+    case GgmlType::Q8_0: return t.deq_q8_0;
+    case GgmlType::Q4_1: return t.deq_q4_1;
+    default: return nullptr;
+  }
+}
+
 // Decode products of at least this many bytes are always split over the threads (quant_linear).
 constexpr std::uint64_t kGemvSplitBytes = std::uint64_t{8} << 20;
 
@@ -215,21 +223,21 @@ std::vector<float> QuantMatrix::dequantize() const {
   return out;
 }
 
-void QuantMatrix::dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst) const {
+void QuantMatrix::dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst, CpuPath path) const {
   NUMATTN_CHECK(r0 >= 0 && r0 <= r1 && r1 <= rows(), "rows [{}, {}) outside a matrix of {} rows",
                 r0, r1, rows());
+  NUMATTN_CHECK(cpu_path_available(path) || cpu_can_run(path), "CPU path {} is not available on this machine",
+                cpu_path_name(path));
+  const qkern::KernelTable& kt = *table(path);
   std::int64_t base = 0;
   for (const Part& p : parts) {
     const std::int64_t a = std::max(r0, base), b = std::min(r1, base + p.rows);
     if (a < b) {
       const std::uint8_t* src = p.data + (a - base) * p.row_bytes;
       float* out = dst + (a - r0) * cols;
-      // The vector dequantizers of the widest path for the prefill's hot types; their values
-      // equal dequantize_row's (q·d + m in one rounding where dequantize_row may take two).
-      const qkern::KernelTable& kt = *table(default_cpu_path());
-      const qkern::DeqFn fn = p.type == GgmlType::Q8_0   ? kt.deq_q8_0
-                              : p.type == GgmlType::Q4_1 ? kt.deq_q4_1
-                                                         : nullptr;
+      // The path's vector dequantizer for the type, if any: the same floats as dequantize_row
+      // (every value is one product, exact, or one rounding of an exact sum: quant.h).
+      const qkern::DeqFn fn = special_deq(kt, p.type);
       if (fn != nullptr) {
         fn(src, out, (b - a) * cols);  // rows are contiguous: one call for all of them
       } else {

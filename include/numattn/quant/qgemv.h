@@ -90,8 +90,12 @@ struct QuantMatrix {
   std::int64_t rows() const;
   /// Bytes of all parts (what one product reads).
   std::uint64_t bytes() const;
-  /// Dequantizes rows [r0, r1) into `dst` ((r1 − r0)·cols floats, row-major).
-  void dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst) const;
+  /// Dequantizes rows [r0, r1) into `dst` ((r1 − r0)·cols floats, row-major) with path
+  /// `path`'s vector dequantizers where it has one for a part's type (the table below),
+  /// dequantize_row otherwise: the same floats bit for bit either way. Throws numattn::Error
+  /// for a path that is not available.
+  void dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst,
+                       CpuPath path = default_cpu_path()) const;
   /// Every row dequantized: rows()·cols floats, row-major (a transform's float32 copy).
   std::vector<float> dequantize() const;
   /// The first `r` rows (0 <= r <= rows()), same bytes: parts past them dropped, the last one
