@@ -113,6 +113,10 @@ qkern::DotFn special(const qkern::KernelTable& t, GgmlType type) {
     case GgmlType::Q8_0: return t.q8_0;
     case GgmlType::Q4_0: return t.q4_0;
     case GgmlType::Q4_1: return t.q4_1;
+    case GgmlType::Q5_0: return t.q5_0;
+    case GgmlType::Q5_1: return t.q5_1;
+    case GgmlType::Q4_K: return t.q4_k;
+    case GgmlType::Q5_K: return t.q5_k;
     case GgmlType::Q6_K: return t.q6_k;
     default: return nullptr;
   }
@@ -122,6 +126,10 @@ qkern::DeqFn special_deq(const qkern::KernelTable& t, GgmlType type) {
   switch (type) {
     case GgmlType::Q8_0: return t.deq_q8_0;
     case GgmlType::Q4_1: return t.deq_q4_1;
+    case GgmlType::Q5_0: return t.deq_q5_0;
+    case GgmlType::Q4_K: return t.deq_q4_k;
+    case GgmlType::Q5_K: return t.deq_q5_k;
+    case GgmlType::Q6_K: return t.deq_q6_k;
     default: return nullptr;
   }
 }
@@ -188,6 +196,7 @@ namespace qkern {
 void set_test_table(CpuPath path, const KernelTable* t) {
   g_test_tables[static_cast<int>(path)].store(t, std::memory_order_release);
 }
+const KernelTable* test_table(CpuPath path) { return numattn::test_table(path); }
 }  // namespace qkern
 
 // ---- QuantMatrix ---------------------------------------------------------------------------
@@ -516,7 +525,7 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
     }
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t a = t * tile_rows, b = std::min(out, a + tile_rows);
-      w.dequantize_rows(a, b, tile.get());
+      w.dequantize_rows(a, b, tile.get(), path);
       blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, b - a, in, 1.f, x, in, tile.get(), in,
                   beta, y + a, ldy);
     }
