@@ -21,7 +21,7 @@ const TypeRow kTypes[] = {
     {6, {"Q5_0", 32, 22, true, false}},    {7, {"Q5_1", 32, 24, true, false}},
     {8, {"Q8_0", 32, 34, true, true}},     {9, {"Q8_1", 32, 36, false, false}},
     {10, {"Q2_K", 256, 84, false, false}}, {11, {"Q3_K", 256, 110, false, false}},
-    {12, {"Q4_K", 256, 144, true, false}}, {13, {"Q5_K", 256, 176, false, false}},
+    {12, {"Q4_K", 256, 144, true, false}}, {13, {"Q5_K", 256, 176, true, false}},
     {14, {"Q6_K", 256, 210, true, false}}, {15, {"Q8_K", 256, 292, false, false}},
     {16, {"IQ2_XXS", 256, 66, false, false}}, {17, {"IQ2_XS", 256, 74, false, false}},
     {18, {"IQ3_XXS", 256, 98, false, false}}, {19, {"IQ1_S", 256, 50, false, false}},

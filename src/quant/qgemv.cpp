@@ -113,7 +113,23 @@ qkern::DotFn special(const qkern::KernelTable& t, GgmlType type) {
     case GgmlType::Q8_0: return t.q8_0;
     case GgmlType::Q4_0: return t.q4_0;
     case GgmlType::Q4_1: return t.q4_1;
+    case GgmlType::Q5_0: return t.q5_0;
+    case GgmlType::Q5_1: return t.q5_1;
+    case GgmlType::Q4_K: return t.q4_k;
+    case GgmlType::Q5_K: return t.q5_k;
     case GgmlType::Q6_K: return t.q6_k;
+    default: return nullptr;
+  }
+}
+
+qkern::DeqFn special_deq(const qkern::KernelTable& t, GgmlType type) {
+  switch (type) {
+    case GgmlType::Q8_0: return t.deq_q8_0;
+    case GgmlType::Q4_1: return t.deq_q4_1;
+    case GgmlType::Q5_0: return t.deq_q5_0;
+    case GgmlType::Q4_K: return t.deq_q4_k;
+    case GgmlType::Q5_K: return t.deq_q5_k;
+    case GgmlType::Q6_K: return t.deq_q6_k;
     default: return nullptr;
   }
 }
@@ -180,6 +196,7 @@ namespace qkern {
 void set_test_table(CpuPath path, const KernelTable* t) {
   g_test_tables[static_cast<int>(path)].store(t, std::memory_order_release);
 }
+const KernelTable* test_table(CpuPath path) { return numattn::test_table(path); }
 }  // namespace qkern
 
 // ---- QuantMatrix ---------------------------------------------------------------------------
@@ -215,21 +232,21 @@ std::vector<float> QuantMatrix::dequantize() const {
   return out;
 }
 
-void QuantMatrix::dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst) const {
+void QuantMatrix::dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst, CpuPath path) const {
   NUMATTN_CHECK(r0 >= 0 && r0 <= r1 && r1 <= rows(), "rows [{}, {}) outside a matrix of {} rows",
                 r0, r1, rows());
+  NUMATTN_CHECK(cpu_path_available(path) || cpu_can_run(path), "CPU path {} is not available on this machine",
+                cpu_path_name(path));
+  const qkern::KernelTable& kt = *table(path);
   std::int64_t base = 0;
   for (const Part& p : parts) {
     const std::int64_t a = std::max(r0, base), b = std::min(r1, base + p.rows);
     if (a < b) {
       const std::uint8_t* src = p.data + (a - base) * p.row_bytes;
       float* out = dst + (a - r0) * cols;
-      // The vector dequantizers of the widest path for the prefill's hot types; their values
-      // equal dequantize_row's (q·d + m in one rounding where dequantize_row may take two).
-      const qkern::KernelTable& kt = *table(default_cpu_path());
-      const qkern::DeqFn fn = p.type == GgmlType::Q8_0   ? kt.deq_q8_0
-                              : p.type == GgmlType::Q4_1 ? kt.deq_q4_1
-                                                         : nullptr;
+      // The path's vector dequantizer for the type, if any: the same floats as dequantize_row
+      // (every value is one product, exact, or one rounding of an exact sum: quant.h).
+      const qkern::DeqFn fn = special_deq(kt, p.type);
       if (fn != nullptr) {
         fn(src, out, (b - a) * cols);  // rows are contiguous: one call for all of them
       } else {
@@ -508,7 +525,7 @@ void quant_linear(const ExecContext& ctx, const QuantMatrix& w, const float* x, 
     }
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t a = t * tile_rows, b = std::min(out, a + tile_rows);
-      w.dequantize_rows(a, b, tile.get());
+      w.dequantize_rows(a, b, tile.get(), path);
       blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, n, b - a, in, 1.f, x, in, tile.get(), in,
                   beta, y + a, ldy);
     }

@@ -96,6 +96,10 @@ struct V512 {
     a = _mm512_broadcastss_ps(h);
     b = _mm512_broadcastss_ps(_mm_movehdup_ps(h));
   }
+  static I or16(I q, std::uint32_t bits) {
+    return _mm512_mask_or_epi32(q, static_cast<__mmask16>(bits & 0xffffu), q, _mm512_set1_epi32(16));
+  }
+  static F join8(F a, F b) { return _mm512_insertf32x8(a, _mm512_castps512_ps256(b), 1); }
   // Integer kernels: two blocks of 32 bytes per step, lanes 0-7 the first block's, 8-15 the
   // second's.
   static constexpr int kQBlocks = 2;

@@ -35,9 +35,12 @@ using DotQ8Fn = void (*)(const std::uint8_t* row, std::int64_t row_bytes, std::i
 struct KernelTable {
   DotF32Fn dot_f32 = nullptr;  // required
   DotFn f32 = nullptr, f16 = nullptr, bf16 = nullptr, q8_0 = nullptr, q4_0 = nullptr,
-        q4_1 = nullptr, q6_k = nullptr;
-  // Vector dequantizers for the prefill's panels (nullptr = dequantize_row).
-  DeqFn deq_q8_0 = nullptr, deq_q4_1 = nullptr;
+        q4_1 = nullptr, q5_0 = nullptr, q5_1 = nullptr, q4_k = nullptr, q5_k = nullptr,
+        q6_k = nullptr;
+  // Vector dequantizers for the prefill's panels (nullptr = dequantize_row), each giving
+  // dequantize_row's floats bit for bit.
+  DeqFn deq_q8_0 = nullptr, deq_q4_1 = nullptr, deq_q5_0 = nullptr, deq_q4_k = nullptr,
+        deq_q5_k = nullptr, deq_q6_k = nullptr;
   // Integer kernels against ActivationsQ8 (all three set on every path).
   DotQ8Fn q8_0_q8 = nullptr, q4_0_q8 = nullptr, q4_1_q8 = nullptr;
 };
@@ -52,5 +55,7 @@ const KernelTable* avx512vnni_table();
 // AVX-512 tables, compiled over SIMDe's portable intrinsics, in place on CPUs without AVX-512,
 // so the kernel tests check them on every machine.
 void set_test_table(CpuPath path, const KernelTable* t);
+// The table a test put in place for `path` (nullptr: none).
+const KernelTable* test_table(CpuPath path);
 
 }  // namespace numattn::qkern

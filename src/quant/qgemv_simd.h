@@ -9,7 +9,10 @@
 //   fmadd(a, b, c) = a·b + c, set1(float), hsum(F); cvt(I) -> F; u8(p) / s8(p): kLanes bytes
 //   zero- / sign-extended to int32 lanes; band(I, int), bor, srl<n>, sll<n>, isub(I, int);
 //   f16(p) / bf16(p): kLanes halves -> F; half(p): one fp16 -> float; halves2(p, a, b): the
-//   two fp16 at p and p + 2 in every lane of a and b (reads exactly the 4 bytes at p). A
+//   two fp16 at p and p + 2 in every lane of a and b (reads exactly the 4 bytes at p);
+//   or16(I q, bits): q | 16 in the lanes i whose bit i of `bits` is set (the fifth bit of a
+//   5-bit quant); join8(F a, F b): lanes 0-7 of a, the lanes from 8 on of b (a itself for 8
+//   lanes). A
 //   block's d and m with one load and one conversion: GCC 12's AVX2 Q4_1 loop then takes 23
 //   instructions per block and row instead of 29, and bench_qgemv's in-cache Q4_1 row ran
 //   5–10% more GB/s on Zen 3 (three interleaved runs).
@@ -119,6 +122,106 @@ struct Q6_K {
         }
       }
     }
+  }
+};
+
+// Q5_0 (fp16 d, u32 qh, 16 bytes of nibbles: w = (q − 16)·d) and Q5_1 (fp16 d, m, qh, nibbles:
+// w = q·d + m), q = nibble | bit j of qh << 4 for element j. Each value rebuilt as
+// dequantize_row gives it and then multiplied by x, as Q4 does; Q5_0's (q − 16)·d as q·d +
+// (−16·d): both exact (16 significant bits at most), so equal but for the sign of a zero.
+template <class V, bool kMin>
+struct Q5 {
+  static constexpr std::int64_t kElems = 32, kBytes = kMin ? 24 : 22;
+  static void block(const std::uint8_t* p, const float* x, typename V::F* acc) {
+    constexpr int kQh = kMin ? 4 : 2, kVec = 16 / V::kLanes;
+    typename V::F d, m;
+    V::halves2(p, d, m);  // Q5_0: d and two bytes of qh
+    if constexpr (!kMin) m = V::mul(d, V::set1(-16.f));
+    std::uint32_t qh;
+    __builtin_memcpy(&qh, p + kQh, 4);
+    for (int k = 0; k < kVec; ++k) {
+      const typename V::I v = V::u8(p + kQh + 4 + k * V::kLanes);
+      const typename V::I lo = V::or16(V::band(v, 15), qh >> (k * V::kLanes));
+      const typename V::I hi = V::or16(V::template srl<4>(v), qh >> (16 + k * V::kLanes));
+      acc[0] = V::fmadd(V::fmadd(V::cvt(lo), d, m), V::load(x + k * V::kLanes), acc[0]);
+      acc[1] = V::fmadd(V::fmadd(V::cvt(hi), d, m), V::load(x + 16 + k * V::kLanes), acc[1]);
+    }
+  }
+};
+
+// Q4_K / Q5_K: the 16 floats d·sc_s (s = 0..7) and −dmin·m_s of a super-block at p, into out.
+// The 6-bit fields are unpacked four at a time from the three little-endian words of scales[12]
+// (quant.h): sc_0..3 and m_0..3 are the low 6 bits of words 0 and 1; sc_4..7 / m_4..7 take
+// their low 4 bits from the low / high nibbles of word 2 and bits 4-5 from the top 2 bits of
+// each byte of word 0 / 1. d·sc and dmin·m are exact (at most 17 significant bits).
+// Always inlined: GCC 12 otherwise calls it out of line from the four-row kernels, which then
+// pass through vzeroupper and spill their accumulators once per block and row.
+template <class V>
+[[gnu::always_inline]] inline void k_scales(const std::uint8_t* p, float* out) {
+  std::uint32_t w[3];
+  __builtin_memcpy(w, p + 4, 12);
+  const std::uint32_t b[4] = {w[0] & 0x3f3f3f3fu, (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u),
+                              w[1] & 0x3f3f3f3fu, ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)};
+  std::uint8_t bytes[16];
+  __builtin_memcpy(bytes, b, 16);
+  typename V::F d, dmin;
+  V::halves2(p, d, dmin);
+  const typename V::F nm = V::mul(dmin, V::set1(-1.f));
+  for (int k = 0; k < 16; k += V::kLanes)
+    V::store(out + k, V::mul(V::cvt(V::u8(bytes + k)), k == 0 ? V::join8(d, nm) : nm));
+  // The kernels broadcast out[s] as loads from memory after this (one load each); without it,
+  // GCC 12 builds each broadcast from the vector register (two shuffles on AVX2) and ran the
+  // Q4_K and Q5_K decode kernels 5–9% slower in bench_qgemv (three interleaved runs each).
+  asm("" : "+m"(*reinterpret_cast<float(*)[16]>(out)));
+}
+
+// The fifth bit of sub-block s (0..7) of Q5_K, bit s of each qh byte in hb, as 16 or 0.
+template <class V, int kS>
+typename V::I k_bit(typename V::I hb) {
+  if constexpr (kS <= 4) {
+    return V::band(V::template sll<4 - kS>(hb), 16);
+  } else {
+    return V::band(V::template srl<kS - 4>(hb), 16);
+  }
+}
+
+// Q4_K (kHigh false) and Q5_K (true): super-blocks of 256, eight sub-blocks of 32 with their own
+// scale and min (quant.h); w = d·sc·q − dmin·m in one FMA (d·sc·q is exact, so this is
+// dequantize_row's value), then multiplied by x. Lanes are consecutive elements of a sub-block.
+// values(p, sd, use) calls use(j, chain, w) for the kLanes values from element j on (chain:
+// 0 for the even sub-blocks, 1 for the odd ones), sd being k_scales of the block.
+template <class V, bool kHigh>
+struct QK {
+  static constexpr std::int64_t kElems = 256, kBytes = kHigh ? 176 : 144;
+  static constexpr int kQs = kHigh ? 48 : 16;
+  template <int kI, class Use>
+  [[gnu::always_inline]] static void pair(const std::uint8_t* p, const float* sd, Use& use) {
+    const typename V::F d0 = V::set1(sd[2 * kI]), m0 = V::set1(sd[8 + 2 * kI]);
+    const typename V::F d1 = V::set1(sd[2 * kI + 1]), m1 = V::set1(sd[9 + 2 * kI]);
+    for (int l0 = 0; l0 < 32; l0 += V::kLanes) {
+      const typename V::I v = V::u8(p + kQs + 32 * kI + l0);
+      typename V::I lo = V::band(v, 15), hi = V::template srl<4>(v);
+      if constexpr (kHigh) {
+        const typename V::I hb = V::u8(p + 16 + l0);
+        lo = V::bor(lo, k_bit<V, 2 * kI>(hb));
+        hi = V::bor(hi, k_bit<V, 2 * kI + 1>(hb));
+      }
+      use(64 * kI + l0, 0, V::fmadd(V::cvt(lo), d0, m0));
+      use(64 * kI + 32 + l0, 1, V::fmadd(V::cvt(hi), d1, m1));
+    }
+  }
+  template <class Use>
+  [[gnu::always_inline]] static void values(const std::uint8_t* p, const float* sd, Use use) {
+    pair<0>(p, sd, use);
+    pair<1>(p, sd, use);
+    pair<2>(p, sd, use);
+    pair<3>(p, sd, use);
+  }
+  // Always inlined (as k_scales): GCC 12 calls Q5_K's out of line from the four-row kernel.
+  [[gnu::always_inline]] static void block(const std::uint8_t* p, const float* x, typename V::F* acc) {
+    alignas(64) float sd[16];
+    k_scales<V>(p, sd);
+    values(p, sd, [&](int j, int c, typename V::F w) { acc[c] = V::fmadd(w, V::load(x + j), acc[c]); });
   }
 };
 
@@ -256,6 +359,74 @@ void deq_q4_1(const std::uint8_t* row, float* dst, std::int64_t cols) {
       const typename V::I v = V::u8(p + 4 + k);
       V::store(dst + 32 * b + k, V::fmadd(V::cvt(V::band(v, 15)), d, m));
       V::store(dst + 32 * b + 16 + k, V::fmadd(V::cvt(V::template srl<4>(v)), d, m));
+    }
+  }
+}
+
+// The blocks of the larger encodings span several cache lines: each block prefetches all of its
+// lines one page ahead.
+template <std::int64_t kBytes>
+void prefetch_block_ahead(const std::uint8_t* p) {
+  for (std::int64_t o = 0; o < kBytes; o += 64) __builtin_prefetch(p + kDeqAhead + o, 0, 3);
+}
+
+// Q5_0: (q − 16)·d, the integer subtraction first as dequantize_row does it (the sign of a zero
+// value is d's, bit for bit).
+template <class V>
+void deq_q5_0(const std::uint8_t* row, float* dst, std::int64_t cols) {
+  for (std::int64_t b = 0; b < cols / 32; ++b) {
+    const std::uint8_t* p = row + b * 22;
+    __builtin_prefetch(p + kDeqAhead, 0, 3);
+    const typename V::F d = half_lanes<V>(p);
+    std::uint32_t qh;
+    __builtin_memcpy(&qh, p + 2, 4);
+    for (int k = 0; k < 16; k += V::kLanes) {
+      const typename V::I v = V::u8(p + 6 + k);
+      const typename V::I lo = V::or16(V::band(v, 15), qh >> k);
+      const typename V::I hi = V::or16(V::template srl<4>(v), qh >> (16 + k));
+      V::store(dst + 32 * b + k, V::mul(V::cvt(V::isub(lo, 16)), d));
+      V::store(dst + 32 * b + 16 + k, V::mul(V::cvt(V::isub(hi, 16)), d));
+    }
+  }
+}
+
+// Q4_K / Q5_K: QK's values (d·sc·q − dmin·m in one FMA: dequantize_row's value), stored.
+template <class V, bool kHigh>
+void deq_qk(const std::uint8_t* row, float* dst, std::int64_t cols) {
+  using K = QK<V, kHigh>;
+  for (std::int64_t b = 0; b < cols / 256; ++b) {
+    const std::uint8_t* p = row + b * K::kBytes;
+    prefetch_block_ahead<K::kBytes>(p);
+    alignas(64) float sd[16];
+    k_scales<V>(p, sd);
+    float* y = dst + 256 * b;
+    K::values(p, sd, [&](int j, int, typename V::F w) { V::store(y + j, w); });
+  }
+}
+
+// Q6_K: (d·sc)·(q − 32), as dequantize_row (every product exact).
+template <class V>
+void deq_q6_k(const std::uint8_t* row, float* dst, std::int64_t cols) {
+  for (std::int64_t b = 0; b < cols / 256; ++b) {
+    const std::uint8_t* p = row + b * 210;
+    prefetch_block_ahead<210>(p);
+    alignas(64) float sd[16];
+    const typename V::F d = V::set1(V::half(p + 208));
+    for (int k = 0; k < 16; k += V::kLanes) V::store(sd + k, V::mul(V::cvt(V::s8(p + 192 + k)), d));
+    for (int h = 0; h < 2; ++h) {
+      const std::uint8_t* ql = p + 64 * h;
+      const std::uint8_t* qh = p + 128 + 32 * h;
+      float* y = dst + 256 * b + 128 * h;
+      for (int l0 = 0; l0 < 32; l0 += V::kLanes) {
+        const typename V::I a = V::u8(ql + l0), e = V::u8(ql + 32 + l0), hb = V::u8(qh + l0);
+        const typename V::I q[4] = {
+            V::bor(V::band(a, 15), V::template sll<4>(V::band(hb, 3))),
+            V::bor(V::band(e, 15), V::template sll<4>(V::band(V::template srl<2>(hb), 3))),
+            V::bor(V::template srl<4>(a), V::template sll<4>(V::band(V::template srl<4>(hb), 3))),
+            V::bor(V::template srl<4>(e), V::template sll<4>(V::template srl<6>(hb)))};
+        for (int k = 0; k < 4; ++k)
+          V::store(y + 32 * k + l0, V::mul(V::cvt(V::isub(q[k], 32)), V::set1(sd[8 * h + 2 * k + l0 / 16])));
+      }
     }
   }
 }
@@ -430,8 +601,16 @@ constexpr KernelTable make_table() {
   t.q4_0 = rows_dot<V, Q4<V, false>>;
   t.q4_1 = rows_dot<V, Q4<V, true>>;
   t.q6_k = rows_dot<V, Q6_K<V>>;
+  t.q4_k = rows_dot<V, QK<V, false>>;
+  t.q5_k = rows_dot<V, QK<V, true>>;
+  t.q5_0 = rows_dot<V, Q5<V, false>>;
+  t.q5_1 = rows_dot<V, Q5<V, true>>;
   t.deq_q8_0 = deq_q8_0<V>;
   t.deq_q4_1 = deq_q4_1<V>;
+  t.deq_q5_0 = deq_q5_0<V>;
+  t.deq_q4_k = deq_qk<V, false>;
+  t.deq_q5_k = deq_qk<V, true>;
+  t.deq_q6_k = deq_q6_k<V>;
   t.q8_0_q8 = q8_rows_dot<V, Q8_0x8<V>>;
   t.q4_0_q8 = q8_rows_dot<V, Q4x8<V, false>>;
   t.q4_1_q8 = q8_rows_dot<V, Q4x8<V, true>>;

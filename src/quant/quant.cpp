@@ -149,6 +149,25 @@ void deq_q4_k(const std::uint8_t* b, float* y) {
   }
 }
 
+// Q5_K: Q4_K's scales and nibbles (qs at byte 48) plus a fifth bit per value: element l of
+// sub-block s (0..7) takes bit s of qh[l] (qh: 32 bytes at byte 16) as its bit 4.
+void deq_q5_k(const std::uint8_t* b, float* y) {
+  const float d = load_f16(b), dmin = load_f16(b + 2);
+  const std::uint8_t* scales = b + 4;
+  const std::uint8_t* qh = b + 16;
+  for (int s = 0; s < 8; ++s) {
+    int sc, m;
+    scale_min_k4(s, scales, &sc, &m);
+    const float ds = d * static_cast<float>(sc), ms = dmin * static_cast<float>(m);
+    const std::uint8_t* q = b + 48 + 32 * (s / 2);
+    const int shift = 4 * (s & 1);
+    for (int l = 0; l < 32; ++l) {
+      const int v = ((q[l] >> shift) & 15) | (((qh[l] >> s) & 1) << 4);
+      y[32 * s + l] = ds * static_cast<float>(v) - ms;
+    }
+  }
+}
+
 void deq_q6_k(const std::uint8_t* b, float* y) {
   const std::uint8_t* ql = b;
   const std::uint8_t* qh = b + 128;
@@ -178,7 +197,7 @@ void deq_q6_k(const std::uint8_t* b, float* y) {
 void dequantize_row(GgmlType type, const void* src, float* dst, std::int64_t n) {
   const GgmlTypeInfo& ti = ggml_type_info(type);
   NUMATTN_CHECK(ti.dequantizable, "dequantization of {} tensors is not supported (supported: F32, "
-                "F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)", ti.name);
+                "F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", ti.name);
   NUMATTN_CHECK(n >= 0 && n % ti.block_elems == 0,
                 "dequantize_row: {} elements is not a multiple of the {} block size {}", n, ti.name,
                 ti.block_elems);
@@ -205,6 +224,7 @@ void dequantize_row(GgmlType type, const void* src, float* dst, std::int64_t n) 
       case GgmlType::Q5_1: deq_q5(b, y, true); break;
       case GgmlType::Q8_0: deq_q8_0(b, y); break;
       case GgmlType::Q4_K: deq_q4_k(b, y); break;
+      case GgmlType::Q5_K: deq_q5_k(b, y); break;
       case GgmlType::Q6_K: deq_q6_k(b, y); break;
       default: NUMATTN_ASSERT(false);
     }

@@ -176,6 +176,39 @@ TEST(Dequant, Q4_KRandomBlocks) {
   }
 }
 
+TEST(Dequant, Q5_KRandomBlocks) {
+  const int nb = 3;
+  auto q = random_bytes(176 * nb, 8);
+  for (int i = 0; i < nb; ++i) {
+    put_half(&q[176 * i], 0.02f * (i + 1));
+    put_half(&q[176 * i + 2], -0.004f * (i + 2));
+  }
+  const auto y = deq(GgmlType::Q5_K, q, 256 * nb);
+  for (int i = 0; i < nb; ++i) {
+    const std::uint8_t* b = &q[176 * i];
+    const float d = half_at(b), dmin = half_at(b + 2);
+    const std::uint8_t* sc = b + 4;
+    const std::uint8_t* qh = b + 16;
+    const std::uint8_t* qs = b + 48;
+    for (int e = 0; e < 256; ++e) {
+      const int s = e / 32, l = e % 32;
+      int scale, mn;
+      if (s < 4) {
+        scale = sc[s] & 63;
+        mn = sc[s + 4] & 63;
+      } else {
+        scale = (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4);
+        mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+      }
+      const std::uint8_t byte = qs[32 * (e / 64) + l];
+      const int v = ((s % 2 == 0) ? (byte & 15) : (byte >> 4)) + 16 * ((qh[l] >> s) & 1);
+      // d·scale·v is exact in float32: one rounding, of the difference.
+      EXPECT_EQ(y[256 * i + e], static_cast<float>(static_cast<double>(d) * scale * v -
+                                                   static_cast<double>(dmin) * mn)) << i << " " << e;
+    }
+  }
+}
+
 TEST(Dequant, Q6_KRandomBlocks) {
   const int nb = 3;
   auto q = random_bytes(210 * nb, 7);

@@ -11,16 +11,21 @@
 ///
 /// Code paths, chosen at run time from the CPU's features (cpuid, with the OS's support of the
 /// vector state), never only at compile time:
-/// | path | needs | specialised kernels |
-/// |---|---|---|
-/// | avx512vnni | avx512 + AVX-512 VNNI | as avx512 (the integer kernels below use VNNI) |
-/// | avx512 | AVX-512 F/BW/VL/DQ, F16C, FMA | F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q6_K |
-/// | avx2 | AVX2, F16C, FMA | F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q6_K |
-/// | portable | C++ only | none: every type by the generic kernel |
+/// | path | needs | specialised kernels | panel dequantizers |
+/// |---|---|---|---|
+/// | avx512vnni | avx512 + AVX-512 VNNI | as avx512 (the integer kernels below use VNNI) | as avx512 |
+/// | avx512 | AVX-512 F/BW/VL/DQ, F16C, FMA | F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K | Q8_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K |
+/// | avx2 | AVX2, F16C, FMA | as avx512 | as avx512 |
+/// | portable | C++ only | none: every type by the generic kernel | none: dequantize_row |
 /// The generic kernel (every dequantizable type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-/// Q4_K, Q6_K) dequantizes one piece of a row at a time (at most 512 values, on the stack) with
-/// quant.h and multiplies it by x with the path's float32 dot product; the types without a
-/// specialised kernel on a vector path use it too.
+/// Q4_K, Q5_K, Q6_K) dequantizes one piece of a row at a time (at most 512 values, on the stack) with
+/// quant.h and multiplies it by x with the path's float32 dot product; the portable path uses it
+/// for every type. A specialised kernel of a block type rebuilds each weight in registers as
+/// dequantize_row does (the same float: quant.h) and multiplies it by x, but for Q8_0 and
+/// Q6_K, which multiply the integer quants by x and scale the block's sum (Q8_0) or each
+/// product (Q6_K) by the exact d or d·sc. The panel dequantizers
+/// (QuantMatrix::dequantize_rows, quant_linear's prefill panels) give dequantize_row's floats
+/// bit for bit; the other types' panels are dequantize_row itself.
 /// `NUMATTN_CPU_PATH=portable|avx2|avx512|avx512vnni` in the environment lowers the default
 /// path (tests, benchmarks); a path the CPU lacks is refused.
 ///
@@ -39,7 +44,7 @@
 /// float kernel per weight. The result is the float32 product of the dequantized weights with
 /// x̂ (the rounded x) up to summation order; its distance to the float32-activation product is
 /// |Σ w·(x − x̂)| <= Σ_blocks (d_x/2)·Σ|w| (docs/numerics.md). Every other type (F32, F16,
-/// BF16, Q5_0, Q5_1, Q4_K, Q6_K) is multiplied by x̂ with its float kernel inside the same
+/// BF16, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) is multiplied by x̂ with its float kernel inside the same
 /// product, so a product means the same thing whatever its parts' types.
 /// | path | integer kernels (x̂: int8 blocks of 32) |
 /// |---|---|
@@ -90,8 +95,12 @@ struct QuantMatrix {
   std::int64_t rows() const;
   /// Bytes of all parts (what one product reads).
   std::uint64_t bytes() const;
-  /// Dequantizes rows [r0, r1) into `dst` ((r1 − r0)·cols floats, row-major).
-  void dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst) const;
+  /// Dequantizes rows [r0, r1) into `dst` ((r1 − r0)·cols floats, row-major) with path
+  /// `path`'s vector dequantizers where it has one for a part's type (the table below),
+  /// dequantize_row otherwise: the same floats bit for bit either way. Throws numattn::Error
+  /// for a path that is not available.
+  void dequantize_rows(std::int64_t r0, std::int64_t r1, float* dst,
+                       CpuPath path = default_cpu_path()) const;
   /// Every row dequantized: rows()·cols floats, row-major (a transform's float32 copy).
   std::vector<float> dequantize() const;
   /// The first `r` rows (0 <= r <= rows()), same bytes: parts past them dropped, the last one
@@ -226,8 +235,8 @@ void quant_gemv(const QuantMatrix& w, std::int64_t o0, std::int64_t o1, const Ac
 /// the calling thread's GemvSplitTuner measures best. NUMATTN_GEMV_SPLIT=<bytes> in the
 /// environment replaces the tuner by a fixed rule (split from that many bytes read; `auto`,
 /// the default, = the tuner); any other value is an error.
-/// More: W is dequantized in panels of rows into a float32 tile of up to 8 MiB (one per
-/// thread, kept between calls) and each panel is one single-threaded sgemm against all n rows
+/// More: W is dequantized in panels of rows (with `path`'s panel dequantizers) into a float32
+/// tile of up to 8 MiB (one per thread, kept between calls) and each panel is one single-threaded sgemm against all n rows
 /// of x; a product large enough to split has at least one equal panel per thread. Throws
 /// numattn::Error when the matrix is empty.
 /// `act` = kQ8 applies to the few-vector products only: x is quantized once (ActivationsQ8,
