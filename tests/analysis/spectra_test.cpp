@@ -1,6 +1,6 @@
 // analysis/spectra.h and predict.h against matrices whose answers are known by hand: spectra
 // with chosen singular values, one-hot and uniform P, a planted attention sink, and the
-// predicted lower bounds against the error each method reaches; spectra and row statistics under a sliding window.
+// predicted lower bounds against the error each method reaches; the same under a sliding window.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "numattn/analysis/predict.h"
 #include "numattn/analysis/spectra.h"
 #include "numattn/attention/reference.h"
+#include "numattn/attention/registry.h"
 #include "numattn/core/rng.h"
 #include "support/test_util.h"
 
@@ -400,6 +401,60 @@ TEST(SpectraWindow, AnalyzeLayerHonoursTheLayersWindow) {
       "heads_windowed"));
   l.window = -1;
   EXPECT_THROW(analyze_layer(l, scale, {}, ExecContext{1}), Error);
+}
+
+TEST(PredictWindow, BoundsUseTheWindowedPAndMethodsThatCannotRunAreSkipped) {
+  const std::int64_t n = 48, d = 8, w = 6;
+  const Matrix q = randn(n, d, 50, 1.5), k = randn(n, d, 51, 1.5), v = randn(n, 5, 52);
+  const double scale = 1 / std::sqrt(8.0);
+  const std::vector<std::string> specs = {"lowrank.svd(rank=4)",          "lowrank.nystrom(landmarks=8)",
+                                          "sparse.topk(k=4)",             "lowrank.loki(topk_frac=0.25)",
+                                          "sparse.window(left=2,sinks=2)", "sparse.window(left=10,sinks=2)"};
+  const auto rows = predict_head(q, k, v, scale, specs, ExecContext{1}, w);
+  ASSERT_EQ(rows.size(), specs.size());
+  const Matrix pw = head_matrices(q, k, scale, Causal::kBottomRight, w).p;
+  const auto vis = visible_keys(n, n, Causal::kBottomRight, w);
+  for (const PredictRow& r : rows) {
+    SCOPED_TRACE(r.method);
+    if (r.method.rfind("lowrank.nystrom", 0) == 0) {
+      // Non-causal and windowless: it cannot run the layer's problem.
+      EXPECT_NE(r.skipped.find("window"), std::string::npos) << r.skipped;
+      EXPECT_TRUE(std::isnan(r.predicted) && std::isnan(r.measured));
+      continue;
+    }
+    EXPECT_TRUE(r.skipped.empty()) << r.skipped;
+    EXPECT_EQ(r.window, w);
+    EXPECT_STREQ(r.causal, "bottom-right");
+    EXPECT_LE(r.budget_excess, 0);
+    EXPECT_GE(r.measured, r.predicted - kF32);
+    EXPECT_TRUE(std::isfinite(r.output_rel_fro));
+  }
+  // The bounds are those of the windowed P.
+  EXPECT_NEAR(rows[0].predicted, tail_rel_fro(singular_values(pw, "P"), 4), kExact);
+  EXPECT_NEAR(rows[0].measured, rows[0].predicted, kF32);  // truncated SVD of the windowed P
+  EXPECT_NEAR(rows[2].predicted, (1.0 - topk_mass(pw, fixed_k(vis, 4)).array()).mean(), kExact);
+  EXPECT_NEAR(rows[2].measured, 2 * rows[2].predicted, kF32);
+  // sparse.window inside the layer's window: band 3 keys plus the sinks still in the window.
+  const Budget b = method_budget(*create_method("sparse.window(left=2,sinks=2)"), n, n, w);
+  EXPECT_EQ(b.window, w);
+  EXPECT_EQ(b.keys_per_row[0], 1);
+  EXPECT_EQ(b.keys_per_row[3], 4);   // window 0..3: band 1..3 and sink 0
+  EXPECT_EQ(b.keys_per_row[6], 4);   // window 1..6: band 4..6 and sink 1
+  EXPECT_EQ(b.keys_per_row[10], 3);  // window 5..10: the sinks are outside it
+  EXPECT_GT(rows[4].predicted, 0);
+  // A band wider than the window keeps every key the layer sees: exact, bound 0.
+  EXPECT_NEAR(rows[5].predicted, 0, kExact);
+  EXPECT_NEAR(rows[5].measured, 0, kF32);
+  // A window of at least Nk keys is none: the rows of an unwindowed head, Nyström included.
+  const auto wide = predict_head(q, k, v, scale, specs, ExecContext{1}, n);
+  const auto plain = predict_head(q, k, v, scale, specs, ExecContext{1});
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(wide[i].skipped.empty());
+    EXPECT_EQ(wide[i].window, 0);
+    EXPECT_EQ(wide[i].predicted, plain[i].predicted) << specs[i];
+    EXPECT_EQ(wide[i].measured, plain[i].measured) << specs[i];
+  }
+  EXPECT_THROW(predict_head(q, k, v, scale, specs, ExecContext{1}, -1), Error);
 }
 
 TEST(Predict, MeasuredErrorsRespectTheLowerBounds) {
