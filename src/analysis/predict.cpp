@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "numattn/analysis/metrics.h"
 #include "numattn/attention/registry.h"
@@ -9,12 +10,15 @@
 
 namespace numattn::analysis {
 
-Budget method_budget(const AttentionMethod& m, std::int64_t nq, std::int64_t nk) {
+Budget method_budget(const AttentionMethod& m, std::int64_t nq, std::int64_t nk, std::int64_t window) {
   const std::string& name = m.info().name;
   const ParamValues& pv = m.params();
   Budget b;
   b.causal = m.info().caps.causal ? Causal::kBottomRight : Causal::kNone;
-  const auto vis = visible_keys(nq, nk, b.causal);
+  const auto ranges = visible_ranges(nq, nk, b.causal, window);
+  // A window that leaves every row all its keys is no window (the method runs without one).
+  for (const KeyRange& r : ranges) b.window = std::max(b.window, r.begin > 0 ? window : 0);
+  const auto vis = range_sizes(ranges);
   if (name == "lowrank.svd" || name == "lowrank.nystrom") {
     const char* key = name == "lowrank.svd" ? "rank" : "landmarks";
     b.kind = BudgetKind::kRank;
@@ -31,13 +35,17 @@ Budget method_budget(const AttentionMethod& m, std::int64_t nq, std::int64_t nk)
     for (std::size_t i = 0; i < vis.size(); ++i) b.keys_per_row[i] = std::min(vis[i], std::max<std::int64_t>(1, b.keys_per_row[i]));
     b.param = fmt::format("topk_frac={}", pv.get_float("topk_frac"));
   } else if (name == "sparse.window") {
-    // Causal: the band [i + off − left, i + off] plus the first `sinks` keys before it.
+    // Causal: the band [i + off − left, i + off] plus the first `sinks` keys before it, each only
+    // where row i sees it ([lo, hi): a window narrows the band and hides the sinks it excludes).
     const std::int64_t left = pv.get_int("left"), sinks = pv.get_int("sinks"), off = nk - nq;
     b.kind = BudgetKind::kKeysPerRow;
     b.keys_per_row.resize(vis.size());
     for (std::int64_t i = 0; i < nq; ++i) {
-      const std::int64_t last = i + off, first = std::max<std::int64_t>(0, last - left);
-      b.keys_per_row[static_cast<std::size_t>(i)] = last < 0 ? 0 : (last - first + 1) + std::min(sinks, first);
+      const KeyRange r = ranges[static_cast<std::size_t>(i)];
+      const std::int64_t first = std::max<std::int64_t>(r.begin, i + off - left);
+      const std::int64_t band = std::max<std::int64_t>(0, r.end - first);
+      const std::int64_t sink = std::max<std::int64_t>(0, std::min({sinks, first, r.end}) - r.begin);
+      b.keys_per_row[static_cast<std::size_t>(i)] = band + sink;
     }
     b.param = fmt::format("left={},sinks={}", left, sinks);
   } else {
@@ -56,7 +64,8 @@ std::vector<std::string> default_predict_specs() {
 }
 
 std::vector<PredictRow> predict_head(const Matrix& q, const Matrix& k, const Matrix& v, double scale,
-                                     const std::vector<std::string>& specs, const ExecContext& ctx) {
+                                     const std::vector<std::string>& specs, const ExecContext& ctx,
+                                     std::int64_t window) {
   NUMATTN_CHECK(k.rows() == v.rows(), "predict_head: K has {} rows, V has {}", k.rows(), v.rows());
   const std::int64_t nq = q.rows(), nk = k.rows(), d = q.cols();
   // float32 copies of Q and K, the method's inputs; V = I in the probe.
@@ -67,17 +76,18 @@ std::vector<PredictRow> predict_head(const Matrix& q, const Matrix& k, const Mat
     for (std::int64_t c = 0; c < d; ++c) kf[static_cast<std::size_t>(j * d + c)] = static_cast<float>(k(j, c));
   std::vector<float> unused_v(static_cast<std::size_t>(nk)), unused_out(static_cast<std::size_t>(nq));
 
-  // P, σ(P) and the exact output P·V, per causal rule (computed once, when a method needs it).
+  // P, σ(P) and the exact output P·V, per causal rule (computed once, when a method needs it),
+  // on the keys the window leaves (the budget's window: `window`, or 0 where it hides nothing).
   struct Exact {
     bool done = false;
     Matrix p, pv;
     Vector sigma;
   };
   Exact ex[2];
-  auto exact = [&](Causal c) -> Exact& {
+  auto exact = [&](Causal c, std::int64_t w) -> Exact& {
     Exact& e = ex[c == Causal::kNone ? 0 : 1];
     if (!e.done) {
-      e.p = head_matrices(q, k, scale, c).p;
+      e.p = head_matrices(q, k, scale, c, w).p;
       e.pv = e.p * v;
       e.sigma = singular_values(e.p, "P");
       e.done = true;
@@ -88,7 +98,7 @@ std::vector<PredictRow> predict_head(const Matrix& q, const Matrix& k, const Mat
   std::vector<PredictRow> rows;
   for (const std::string& spec : specs) {
     const auto method = create_method(spec);
-    const Budget b = method_budget(*method, nq, nk);
+    const Budget b = method_budget(*method, nq, nk, window);
     AttentionProblem p;
     p.q = TensorView<const float>::contiguous(qf.data(), {1, 1, nq, d});
     p.k = TensorView<const float>::contiguous(kf.data(), {1, 1, nk, d});
@@ -96,17 +106,29 @@ std::vector<PredictRow> predict_head(const Matrix& q, const Matrix& k, const Mat
     p.out = TensorView<float>::contiguous(unused_out.data(), {1, 1, nq, 1});
     p.scale = scale;
     p.causal = b.causal;
+    if (b.window > 0) p.window_left = b.window - 1;
     AttentionProbe probe(p, 0);
-    probe.run(*method, ctx);
-    const Exact& e = exact(b.causal);
-    Matrix ph(nq, nk);
-    for (std::int64_t i = 0; i < nq; ++i)
-      for (std::int64_t j = 0; j < nk; ++j) ph(i, j) = probe.row(i)[j];
-
     PredictRow r;
     r.method = method->spec();
     r.param = b.param;
     r.causal = to_string(b.causal);
+    r.window = b.window;
+    if (b.window > 0) {
+      // A method that cannot honour the layer's window has nothing to be measured against.
+      const Status st = method->can_run(probe.problem());
+      if (!st.is_ok()) {
+        r.skipped = st.reason();
+        r.predicted = r.measured = r.output_rel_fro = std::numeric_limits<double>::quiet_NaN();
+        rows.push_back(std::move(r));
+        continue;
+      }
+    }
+    probe.run(*method, ctx);
+    const Exact& e = exact(b.causal, b.window);
+    Matrix ph(nq, nk);
+    for (std::int64_t i = 0; i < nq; ++i)
+      for (std::int64_t j = 0; j < nk; ++j) ph(i, j) = probe.row(i)[j];
+
     const double pv_norm = e.pv.norm();
     r.output_rel_fro = pv_norm > 0 ? ((ph - e.p) * v).norm() / pv_norm : 0;
     if (b.kind == BudgetKind::kRank) {

@@ -71,42 +71,59 @@ Vector singular_values(const Matrix& m, const char* what) {
   return r.s;
 }
 
-std::vector<std::int64_t> visible_keys(std::int64_t nq, std::int64_t nk, Causal causal) {
-  std::vector<std::int64_t> v(static_cast<std::size_t>(nq), nk);
-  if (causal == Causal::kNone) return v;
+std::vector<KeyRange> visible_ranges(std::int64_t nq, std::int64_t nk, Causal causal, std::int64_t window) {
+  NUMATTN_CHECK(window >= 0, "visible_ranges: the window must be >= 0 keys (0 = none), got {}", window);
+  std::vector<KeyRange> v(static_cast<std::size_t>(nq), KeyRange{0, nk});
   const std::int64_t off = causal == Causal::kBottomRight ? nk - nq : 0;
-  for (std::int64_t i = 0; i < nq; ++i) v[static_cast<std::size_t>(i)] = std::clamp<std::int64_t>(i + 1 + off, 0, nk);
+  for (std::int64_t i = 0; i < nq; ++i) {
+    KeyRange& r = v[static_cast<std::size_t>(i)];
+    if (causal != Causal::kNone) r.end = std::clamp<std::int64_t>(i + 1 + off, 0, nk);
+    if (window > 0) r.begin = std::clamp<std::int64_t>(i + off - window + 1, 0, r.end);
+  }
   return v;
 }
 
-HeadMatrices head_matrices(const Matrix& q, const Matrix& k, double scale, Causal causal) {
+std::vector<std::int64_t> range_sizes(const std::vector<KeyRange>& ranges) {
+  std::vector<std::int64_t> n(ranges.size());
+  for (std::size_t i = 0; i < ranges.size(); ++i) n[i] = ranges[i].end - ranges[i].begin;
+  return n;
+}
+
+std::vector<std::int64_t> visible_keys(std::int64_t nq, std::int64_t nk, Causal causal, std::int64_t window) {
+  return range_sizes(visible_ranges(nq, nk, causal, window));
+}
+
+HeadMatrices head_matrices(const Matrix& q, const Matrix& k, double scale, Causal causal, std::int64_t window) {
   NUMATTN_CHECK(q.cols() == k.cols(), "head_matrices: Q has d = {} columns, K has {}", q.cols(), k.cols());
   NUMATTN_CHECK(std::isfinite(scale) && scale > 0, "head_matrices: the scale must be finite and > 0, got {}", scale);
+  const auto vis = visible_ranges(q.rows(), k.rows(), causal, window);
   HeadMatrices h;
   h.s = scale * (q * k.transpose());
   NUMATTN_CHECK(h.s.allFinite(), "head_matrices: S = scale·QKᵀ has a NaN or infinite entry (non-finite Q or K?)");
-  const auto vis = visible_keys(q.rows(), k.rows(), causal);
   h.a = Matrix::Zero(h.s.rows(), h.s.cols());
   h.p = Matrix::Zero(h.s.rows(), h.s.cols());
   for (std::int64_t i = 0; i < h.s.rows(); ++i) {
-    const std::int64_t n = vis[static_cast<std::size_t>(i)];
-    if (n == 0) continue;
-    const double m = h.s.row(i).head(n).maxCoeff();
+    const KeyRange r = vis[static_cast<std::size_t>(i)];
+    const std::int64_t n = r.end - r.begin;
+    if (n <= 0) continue;
+    const double m = h.s.row(i).segment(r.begin, n).maxCoeff();
     double z = 0;
-    for (std::int64_t j = 0; j < n; ++j) z += h.a(i, j) = std::exp(h.s(i, j) - m);
-    h.p.row(i).head(n) = h.a.row(i).head(n) / z;  // z >= 1: the maximum contributes exp(0)
+    for (std::int64_t j = r.begin; j < r.end; ++j) z += h.a(i, j) = std::exp(h.s(i, j) - m);
+    h.p.row(i).segment(r.begin, n) = h.a.row(i).segment(r.begin, n) / z;  // z >= 1: the maximum contributes exp(0)
   }
   return h;
 }
 
-Matrix global_shift_a(const Matrix& s, Causal causal) {
-  const auto vis = visible_keys(s.rows(), s.cols(), causal);
+Matrix global_shift_a(const Matrix& s, Causal causal, std::int64_t window) {
+  const auto vis = visible_ranges(s.rows(), s.cols(), causal, window);
   double m = kNegInf;
   for (std::int64_t i = 0; i < s.rows(); ++i)
-    for (std::int64_t j = 0; j < vis[static_cast<std::size_t>(i)]; ++j) m = std::max(m, s(i, j));
+    for (std::int64_t j = vis[static_cast<std::size_t>(i)].begin; j < vis[static_cast<std::size_t>(i)].end; ++j)
+      m = std::max(m, s(i, j));
   Matrix a = Matrix::Zero(s.rows(), s.cols());
   for (std::int64_t i = 0; i < s.rows(); ++i)
-    for (std::int64_t j = 0; j < vis[static_cast<std::size_t>(i)]; ++j) a(i, j) = std::exp(s(i, j) - m);
+    for (std::int64_t j = vis[static_cast<std::size_t>(i)].begin; j < vis[static_cast<std::size_t>(i)].end; ++j)
+      a(i, j) = std::exp(s(i, j) - m);
   return a;
 }
 
@@ -160,27 +177,49 @@ Vector key_share(const Matrix& p) {
   return c;
 }
 
-Vector uniform_key_share(const std::vector<std::int64_t>& visible, std::int64_t nk) {
+Vector uniform_key_share(const std::vector<KeyRange>& visible, std::int64_t nk) {
   Vector u = Vector::Zero(nk);
   std::int64_t rows = 0;
-  for (std::int64_t v : visible) {
-    if (v <= 0) continue;
-    u.head(std::min(v, nk)).array() += 1.0 / static_cast<double>(v);
+  for (const KeyRange& r : visible) {
+    const std::int64_t lo = std::clamp<std::int64_t>(r.begin, 0, nk), hi = std::clamp<std::int64_t>(r.end, 0, nk);
+    if (hi <= lo) continue;
+    u.segment(lo, hi - lo).array() += 1.0 / static_cast<double>(r.end - r.begin);
     ++rows;
   }
   if (rows > 0) u /= static_cast<double>(rows);
   return u;
 }
 
-std::vector<std::int64_t> sink_columns(const Matrix& p, const std::vector<std::int64_t>& visible, double threshold,
+namespace {
+
+std::vector<KeyRange> prefix_ranges(const std::vector<std::int64_t>& visible) {
+  std::vector<KeyRange> r(visible.size());
+  for (std::size_t i = 0; i < visible.size(); ++i) r[i] = {0, std::max<std::int64_t>(visible[i], 0)};
+  return r;
+}
+
+}  // namespace
+
+Vector uniform_key_share(const std::vector<std::int64_t>& visible, std::int64_t nk) {
+  return uniform_key_share(prefix_ranges(visible), nk);
+}
+
+std::vector<std::int64_t> sink_columns(const Matrix& p, const std::vector<KeyRange>& visible, double threshold,
                                        double factor) {
-  NUMATTN_CHECK(static_cast<std::int64_t>(visible.size()) == p.rows(), "sink_columns: {} visible counts for {} rows",
+  NUMATTN_CHECK(static_cast<std::int64_t>(visible.size()) == p.rows(), "sink_columns: {} visible ranges for {} rows",
                 visible.size(), p.rows());
   const Vector c = key_share(p), u = uniform_key_share(visible, p.cols());
   std::vector<std::int64_t> out;
   for (std::int64_t j = 0; j < c.size(); ++j)
     if (c[j] >= threshold && c[j] >= factor * u[j]) out.push_back(j);
   return out;
+}
+
+std::vector<std::int64_t> sink_columns(const Matrix& p, const std::vector<std::int64_t>& visible, double threshold,
+                                       double factor) {
+  NUMATTN_CHECK(static_cast<std::int64_t>(visible.size()) == p.rows(), "sink_columns: {} visible counts for {} rows",
+                visible.size(), p.rows());
+  return sink_columns(p, prefix_ranges(visible), threshold, factor);
 }
 
 Matrix top_left_panel(const Matrix& p, std::int64_t size) {
@@ -222,6 +261,7 @@ LayerAnalysis analyze_layer(const LayerQkv& l, double scale, const std::vector<s
                 "analyze_layer: {} query heads over {} KV heads (the query heads must be a multiple)", l.heads,
                 l.kv_heads);
   NUMATTN_CHECK(l.n >= 1 && l.d >= 1, "analyze_layer: N = {}, d = {} (both must be >= 1)", l.n, l.d);
+  NUMATTN_CHECK(l.window >= 0, "analyze_layer: the window must be >= 0 keys (0 = none), got {}", l.window);
   const auto q_size = static_cast<std::size_t>(l.heads * l.n * l.d), kv_size = static_cast<std::size_t>(l.kv_heads * l.n * l.d);
   NUMATTN_CHECK(l.q_post.size() == q_size && l.k_post.size() == kv_size && l.v.size() == kv_size,
                 "analyze_layer: q_post, k_post, v hold {}, {}, {} values; [H, N, D] needs {}, {}, {}", l.q_post.size(),
@@ -245,6 +285,9 @@ LayerAnalysis analyze_layer(const LayerQkv& l, double scale, const std::vector<s
   const auto nq = static_cast<std::int64_t>(qh.size()), nkv = static_cast<std::int64_t>(kvh.size());
   const int per_q = pre ? 6 : 5, per_kv = pre ? 3 : 2;
   LayerAnalysis out;
+  out.window = l.window;
+  const auto vis = visible_ranges(l.n, l.n, Causal::kBottomRight, l.window);
+  const auto vis_n = range_sizes(vis);
   out.spectra.resize(static_cast<std::size_t>(nq * per_q + nkv * per_kv));
   out.rows.resize(static_cast<std::size_t>(nq));
   parallel_for(ctx, nq + nkv, [&](std::int64_t item) {
@@ -258,7 +301,7 @@ LayerAnalysis analyze_layer(const LayerQkv& l, double scale, const std::vector<s
     if (item < nq) {
       const std::int64_t h = qh[static_cast<std::size_t>(item)], g = h / group;
       const Matrix q = head_matrix(l.q_post, h, l.n, l.d), k = head_matrix(l.k_post, g, l.n, l.d);
-      const HeadMatrices hm = head_matrices(q, k, scale, Causal::kBottomRight);
+      const HeadMatrices hm = head_matrices(q, k, scale, Causal::kBottomRight, l.window);
       auto slot = static_cast<std::size_t>(item * per_q);
       if (pre) put(slot++, h, "q_pre", head_matrix(l.q_pre, h, l.n, l.d));
       put(slot++, h, "q_post", q);
@@ -271,14 +314,13 @@ LayerAnalysis analyze_layer(const LayerQkv& l, double scale, const std::vector<s
       r.entropy_mean = e.mean();
       r.entropy_min = e.minCoeff();
       r.entropy_max = e.maxCoeff();
-      const auto vis = visible_keys(l.n, l.n, Causal::kBottomRight);
-      r.topk_mass_k8 = topk_mass(hm.p, fixed_k(vis, 8)).mean();
-      r.topk_mass_k32 = topk_mass(hm.p, fixed_k(vis, 32)).mean();
-      r.topk_mass_frac10 = topk_mass(hm.p, fraction_k(vis, 0.1)).mean();
+      r.topk_mass_k8 = topk_mass(hm.p, fixed_k(vis_n, 8)).mean();
+      r.topk_mass_k32 = topk_mass(hm.p, fixed_k(vis_n, 32)).mean();
+      r.topk_mass_frac10 = topk_mass(hm.p, fraction_k(vis_n, 0.1)).mean();
       r.sinks = sink_columns(hm.p, vis);
       r.panel = top_left_panel(hm.p);
       if (l.n >= 20) r.block_grid = block_panel(hm.p);
-      r.sigma_a_global = singular_values(global_shift_a(hm.s, Causal::kBottomRight), "exp(S - max S)");
+      r.sigma_a_global = singular_values(global_shift_a(hm.s, Causal::kBottomRight, l.window), "exp(S - max S)");
       HeadSpectrum& ae = out.spectra[slot];
       ae.head = h;
       ae.matrix = "a_exp";
@@ -333,7 +375,7 @@ nlohmann::ordered_json section9_findings(const std::vector<LayerAnalysis>& layer
   // Per matrix name, the spectra of every head of every layer.
   std::vector<double> qk_rank, q_ratio, k_ratio, qpre_ratio, kpre_ratio, q_rank, k_rank;
   std::vector<double> a_rank, ag_rank, p_rank, a_decay, ag_decay, p_decay, a_srank, ag_srank, p_srank;
-  std::int64_t p_weaker_g = 0, p_weaker_a = 0, heads = 0;
+  std::int64_t p_weaker_g = 0, p_weaker_a = 0, heads = 0, heads_windowed = 0;
   auto ratio = [&](const Vector& s) { return s.size() >= d && s[0] > 0 ? s[d - 1] / s[0] : 0.0; };
   for (const LayerAnalysis& la : layers) {
     for (const HeadSpectrum& s : la.spectra) {
@@ -351,6 +393,7 @@ nlohmann::ordered_json section9_findings(const std::vector<LayerAnalysis>& layer
         else if (s.head == r.head && std::string(s.matrix) == "p") p = &s;
       if (a == nullptr || p == nullptr) continue;
       ++heads;
+      heads_windowed += la.window > 0;
       const SpectrumStats g = spectrum_stats(r.sigma_a_global);
       a_rank.push_back(static_cast<double>(a->stats.rank_rel));
       ag_rank.push_back(static_cast<double>(g.rank_rel));
@@ -400,8 +443,10 @@ nlohmann::ordered_json section9_findings(const std::vector<LayerAnalysis>& layer
     f["id"] = "a_strong_decay";
     f["statement"] = "all layers and heads show strong singular value decay of A_h = exp(Q_h K_h^T / sqrt(d))";
     f["holds"] = verdict(static_cast<double>(strong) / nh, 1.0);
-    f["criterion"] = "A = exp(S) (causal-masked, one global shift) has at most N/4 singular values above "
-                     "1e-2*sigma_1, in every head (partly: in at least half)";
+    f["criterion"] = std::string("A = exp(S) (causal-masked") +
+                     (heads_windowed > 0 ? ", window-masked on sliding-window layers" : "") +
+                     ", one global shift) has at most N/4 singular values above 1e-2*sigma_1, in every head (partly: "
+                     "in at least half)";
     f["evidence"] = {{"heads", heads},
                      {"heads_strong", strong},
                      {"median_rank_rel_1e-2", median_of(ag_rank)},
@@ -411,6 +456,7 @@ nlohmann::ordered_json section9_findings(const std::vector<LayerAnalysis>& layer
                      {"rowmax_shifted_a_heads_strong", strong_a},
                      {"rowmax_shifted_a_median_rank_rel_1e-2", median_of(a_rank)},
                      {"rowmax_shifted_a_max_rank_rel_1e-2", max_of(a_rank)}};
+    if (heads_windowed > 0) f["evidence"]["heads_windowed"] = heads_windowed;
     out.push_back(f);
   }
   {
@@ -430,6 +476,7 @@ nlohmann::ordered_json section9_findings(const std::vector<LayerAnalysis>& layer
                      {"median_stable_rank_a", median_of(ag_srank)},
                      {"rowmax_shifted_a_heads_p_weaker", p_weaker_a},
                      {"rowmax_shifted_a_median_mean_log10_decay", median_of(a_decay)}};
+    if (heads_windowed > 0) f["evidence"]["heads_windowed"] = heads_windowed;
     out.push_back(f);
   }
   return out;

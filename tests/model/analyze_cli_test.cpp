@@ -1,11 +1,14 @@
 // `numattn analyze` end to end on the tiny model (2 layers, 4 query heads over 2 KV heads,
 // head dim 8, a character vocabulary): every output file exists with the schema the report
 // reads (docs/analysis.md), the numbers agree with each other and with a float64 recomputation
-// from `numattn capture` of the same window, and bad requests are refused by name.
+// from `numattn capture` of the same window, and bad requests are refused by name. On the tiny
+// Gemma 3 (sliding-window layers 0 and 2, window 4) the analysis is that of the windowed
+// attention the model computes.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -82,6 +85,10 @@ TEST(AnalyzeCli, WritesTheSchemaOnATinyWindow) {
   EXPECT_EQ(a["layers"], json::array({0, 1}));
   EXPECT_EQ(a["heads"], json::array({0, 1, 2, 3}));
   EXPECT_EQ(a["head_dim"], D);
+  EXPECT_EQ(a["scale"], 1 / std::sqrt(static_cast<double>(D)));
+  EXPECT_EQ(a["layer_window"], json({{"0", 0}, {"1", 0}}));  // Llama: no sliding window
+  EXPECT_FALSE(a["findings"][1]["evidence"].contains("heads_windowed"));
+  EXPECT_FALSE(a["predict"].contains("skipped"));
   EXPECT_NE(a["precision"].get<std::string>().find("float64"), std::string::npos);
   ASSERT_EQ(a["findings"].size(), 3u);
   const std::vector<std::string> ids = {"qk_low_rank", "a_strong_decay", "p_weaker_than_a"};
@@ -169,6 +176,7 @@ TEST(AnalyzeCli, WritesTheSchemaOnATinyWindow) {
     const double p = std::stod(row[pr.col("predicted_error")]), m = std::stod(row[pr.col("measured_error")]);
     EXPECT_EQ(row[pr.col("bound")], "true") << row[2];
     EXPECT_GE(m, p - 1e-5) << row[2] << " " << row[3];
+    EXPECT_EQ(row[pr.col("window")], "0");
   }
   EXPECT_EQ(a["predict"]["bound_violations"], 0);
 
@@ -189,6 +197,129 @@ TEST(AnalyzeCli, WritesTheSchemaOnATinyWindow) {
   ASSERT_EQ(md.rc, 0) << md.out;
   EXPECT_NE(md.out.find("qk_low_rank"), std::string::npos) << md.out;
   EXPECT_FALSE(std::filesystem::exists(dir.file("md") + "/predict.csv"));
+}
+
+// The tiny Gemma 3 with the tiny model's vocabulary (written once per process).
+std::string tiny_gemma_with_vocab() {
+  static const std::string path = [] {
+    std::vector<std::string> vocab{"<s>", "</s>"};
+    for (char c : test::kTinyChars) vocab.push_back(c == ' ' ? "Ġ" : c == '\n' ? "Ċ" : std::string(1, c));
+    test::GgufEdit e;
+    e.keys.emplace_back("tokenizer.ggml.model", GgufValue::string("gpt2"));
+    e.keys.emplace_back("tokenizer.ggml.pre", GgufValue::string("gpt-2"));
+    e.keys.emplace_back("tokenizer.ggml.tokens", GgufValue::string_array(vocab));
+    e.keys.emplace_back("tokenizer.ggml.bos_token_id", GgufValue::u32(0));
+    e.keys.emplace_back("tokenizer.ggml.eos_token_id", GgufValue::u32(1));
+    e.keys.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::boolean(true));
+    e.keys.emplace_back("general.name", GgufValue::string("tiny gemma"));
+    const std::string base = test::write_gguf(test::make_tiny_gemma(), "analyze_tiny_gemma_base.gguf");
+    return test::rewrite_gguf(base, e, "analyze_tiny_gemma_vocab.gguf");
+  }();
+  return path;
+}
+
+TEST(AnalyzeCli, SlidingWindowLayersAreAnalysedWithTheirWindow) {
+  // Layers 0 and 2 local (window W = 4), layer 1 global; 4 query heads over 1 KV head, d = 16.
+  test::ScratchDir dir;
+  const std::string text = dir.file("text.txt"), out = dir.file("an");
+  std::ofstream(text) << test::tiny_text(200);
+  const std::string model = tiny_gemma_with_vocab();
+  const std::string window = " --model " + model + " --text " + text + " --tokens 24 --offset 3 --no-progress";
+  const Result r = cli("analyze" + window + " --layers all --predict --threads 2 --format json --out " + out);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const json a = json::parse(r.out);
+  const std::int64_t N = 24, D = 16, Hq = 4, W = 4;
+  EXPECT_EQ(a["layer_window"], json({{"0", W}, {"1", 0}, {"2", W}}));
+  EXPECT_EQ(a["scale"], 0.25);  // the model's attention scale, 1/sqrt(16)
+  EXPECT_EQ(a["head_dim"], D);
+  EXPECT_EQ(a["findings"][1]["evidence"]["heads"], 3 * Hq);
+  EXPECT_EQ(a["findings"][1]["evidence"]["heads_windowed"], 2 * Hq);
+  EXPECT_EQ(a["findings"][2]["evidence"]["heads_windowed"], 2 * Hq);
+
+  // rows.csv: a local row sees at most W keys: entropy ≤ ln W, the top 8 keys hold all the mass.
+  const Csv rw = read_csv(out + "/rows.csv");
+  ASSERT_EQ(rw.rows.size(), static_cast<std::size_t>(3 * Hq));
+  for (const auto& row : rw.rows) {
+    const bool local = row[0] != "1";
+    EXPECT_LE(std::stod(row[4]), std::log(static_cast<double>(local ? W : N)) + 1e-12) << row[0];
+    if (local) {
+      EXPECT_NEAR(std::stod(row[5]), 1.0, 1e-12) << row[0];
+    }
+  }
+
+  // panels.json: the top-left block of a local layer's P is a band of W keys.
+  std::ifstream pf(out + "/panels.json");
+  const json pj = json::parse(pf);
+  ASSERT_EQ(pj["panels"].size(), static_cast<std::size_t>(3 * Hq));
+  bool saw_beyond = false;
+  for (const json& p : pj["panels"]) {
+    const bool local = p["layer"] != 1;
+    for (std::int64_t i = 0; i < 20; ++i)
+      for (std::int64_t j = 0; j < 20; ++j) {
+        const double x = p["grid"][static_cast<std::size_t>(i)][static_cast<std::size_t>(j)].get<double>();
+        if (j > i || (local && j <= i - W)) {
+          EXPECT_EQ(x, 0.0) << p["layer"] << " " << i << "," << j;
+        } else if (!local && j <= i - W && x > 0) {
+          saw_beyond = true;  // the global layer attends beyond the window
+        }
+      }
+  }
+  EXPECT_TRUE(saw_beyond);
+
+  // The spectra are those of the windowed P from `numattn capture` of the same tokens, and not
+  // those of the causal one.
+  const Csv sp = read_csv(out + "/spectra.csv");
+  std::map<std::string, std::vector<double>> sig;
+  for (const auto& row : sp.rows) sig[row[0] + "/" + row[1] + "/" + row[2]].push_back(std::stod(row[4]));
+  const std::string cap = dir.file("cap");
+  ASSERT_EQ(cli("capture" + window + " --layers 0,1 --threads 2 --out " + cap).rc, 0);
+  for (const int layer : {0, 1}) {
+    const std::string l = std::to_string(layer);
+    const auto q = npy::read(cap + "/layer" + l + "_q.npy").as_f32(), k = npy::read(cap + "/layer" + l + "_k.npy").as_f32();
+    const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end());
+    const analysis::Matrix qm = analysis::head_matrix(qd, 2, N, D), km = analysis::head_matrix(kd, 0, N, D);
+    const std::int64_t w = layer == 0 ? W : 0;
+    const analysis::Vector want =
+        analysis::singular_values(analysis::head_matrices(qm, km, 0.25, Causal::kBottomRight, w).p, "P");
+    const auto& got = sig[l + "/2/p"];
+    ASSERT_EQ(got.size(), static_cast<std::size_t>(N));
+    for (std::int64_t i = 0; i < N; ++i) EXPECT_NEAR(got[static_cast<std::size_t>(i)], want[i], 1e-9 * want[0]) << l << " " << i;
+    if (layer == 0) {
+      const analysis::Vector causal =
+          analysis::singular_values(analysis::head_matrices(qm, km, 0.25, Causal::kBottomRight).p, "P");
+      double diff = 0;
+      for (std::int64_t i = 0; i < N; ++i) diff = std::max(diff, std::abs(causal[i] - got[static_cast<std::size_t>(i)]));
+      EXPECT_GT(diff, 1e-6);
+    }
+  }
+
+  // predict.csv: every method on the global layer; on the local ones every method but Nyström
+  // (non-causal, no window), which analysis.json reports as skipped there.
+  const Csv pr = read_csv(out + "/predict.csv");
+  std::map<std::string, int> per_layer;
+  for (const auto& row : pr.rows) {
+    const std::string layer = row[pr.col("layer")], method = row[pr.col("method")];
+    ++per_layer[layer];
+    EXPECT_EQ(row[pr.col("window")], layer == "1" ? "0" : "4") << method;
+    if (layer != "1") {
+      EXPECT_EQ(method.find("nystrom"), std::string::npos);
+    }
+    EXPECT_EQ(row[pr.col("bound")], "true") << method;
+    EXPECT_GE(std::stod(row[pr.col("measured_error")]), std::stod(row[pr.col("predicted_error")]) - 1e-5) << method;
+  }
+  EXPECT_EQ(per_layer["0"], Hq * 6);
+  EXPECT_EQ(per_layer["1"], Hq * 8);
+  EXPECT_EQ(per_layer["2"], Hq * 6);
+  const json& skipped = a["predict"]["skipped"];
+  ASSERT_EQ(skipped.size(), 4u);  // 2 Nyström specs × 2 local layers
+  for (const json& s : skipped) {
+    EXPECT_NE(s["layer"], 1);
+    EXPECT_EQ(s["window"], W);
+    EXPECT_NE(s["method"].get<std::string>().find("lowrank.nystrom"), std::string::npos);
+    EXPECT_NE(s["reason"].get<std::string>().find("window"), std::string::npos);
+  }
+  EXPECT_EQ(a["predict"]["rows"], Hq * 20);
+  EXPECT_EQ(a["predict"]["bound_violations"], 0);
 }
 
 TEST(AnalyzeCli, BadRequestsAreRefusedByName) {

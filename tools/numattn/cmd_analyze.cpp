@@ -1,7 +1,9 @@
 // numattn analyze: the structure of a model's attention on a text, per layer and head, in float64
 // (spectra of Q, K, V, S, A, P; ranks; row entropy, top-k mass, sinks; the §9 sparsity panels;
 // the survey's §9 findings checked), and with --predict what that structure says each
-// registered low-rank or sparse method can reach, against what it reaches. docs/analysis.md.
+// registered low-rank or sparse method can reach, against what it reaches. Each layer is analysed
+// as the model computes it: its softmax scale, and its sliding window on local layers.
+// docs/analysis.md.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -140,7 +142,10 @@ void add_analyze(CLI::App& app) {
     });
     const ModelHParams& hp = w.hp;
     const std::int64_t Hq = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    // The model's softmax scale and each layer's sliding window (0 = a global layer), as its
+    // forward pass uses them.
+    const double scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
+    auto layer_window = [&](std::int64_t layer) { return hp.is_local(layer) ? hp.sliding_window : std::int64_t{0}; };
     const bool progress = !o->w.no_progress;
     const std::vector<LayerTensors> captured = capture_layers(w, RopeState::kBoth, progress, "analyze", ctx);
 
@@ -157,10 +162,11 @@ void add_analyze(CLI::App& app) {
     if (o->predict)
       predict = std::make_unique<CsvFile>(path("predict.csv"),
                                           "layer,head,method,param,predicted_error,measured_error,metric,bound,causal,"
-                                          "output_rel_fro_error,budget_excess");
+                                          "output_rel_fro_error,budget_excess,window");
     nlohmann::ordered_json panels = nlohmann::ordered_json::array();
     std::vector<analysis::LayerAnalysis> all;
     std::int64_t predict_rows = 0, bound_violations = 0;
+    nlohmann::ordered_json skipped = nlohmann::ordered_json::array();  // per layer and method
 
     ProgressBar bar("analyze", static_cast<std::int64_t>(w.layers.size()),
                     progress ? ProgressBar::Mode::kAuto : ProgressBar::Mode::kOff);
@@ -168,7 +174,7 @@ void add_analyze(CLI::App& app) {
       const std::int64_t layer = w.layers[li];
       const LayerTensors& t = captured[li];
       analysis::LayerQkv lq;
-      lq.heads = Hq, lq.kv_heads = Hkv, lq.n = N, lq.d = D;
+      lq.heads = Hq, lq.kv_heads = Hkv, lq.n = N, lq.d = D, lq.window = layer_window(layer);
       lq.q_pre = to_double(t.q_pre), lq.k_pre = to_double(t.k_pre), lq.q_post = to_double(t.q_post);
       lq.k_post = to_double(t.k_post), lq.v = to_double(t.v);
       analysis::LayerAnalysis la = analysis::analyze_layer(lq, scale, heads, ctx);
@@ -198,15 +204,21 @@ void add_analyze(CLI::App& app) {
           const std::int64_t h = heads[i], g = h / (Hq / Hkv);
           res[i] = analysis::predict_head(analysis::head_matrix(lq.q_post, h, N, D),
                                           analysis::head_matrix(lq.k_post, g, N, D),
-                                          analysis::head_matrix(lq.v, g, N, D), scale, specs, ctx);
+                                          analysis::head_matrix(lq.v, g, N, D), scale, specs, ctx, lq.window);
         }
         for (std::size_t i = 0; i < heads.size(); ++i)
           for (const analysis::PredictRow& r : res[i]) {
+            if (!r.skipped.empty()) {
+              // The same for every head of the layer: one entry per layer and method.
+              if (i == 0)
+                skipped.push_back({{"layer", layer}, {"method", r.method}, {"window", lq.window}, {"reason", r.skipped}});
+              continue;
+            }
             // Bounds hold up to the float32 rounding of the method's P̂ (docs/numerics.md).
             const bool bound = r.budget_excess <= 0;
-            predict->line("{},{},\"{}\",\"{}\",{:.10g},{:.10g},{},{},{},{:.10g},{}", layer, heads[i], r.method, r.param,
-                          r.predicted, r.measured, r.metric, bound ? "true" : "false", r.causal, r.output_rel_fro,
-                          r.budget_excess);
+            predict->line("{},{},\"{}\",\"{}\",{:.10g},{:.10g},{},{},{},{:.10g},{},{}", layer, heads[i], r.method,
+                          r.param, r.predicted, r.measured, r.metric, bound ? "true" : "false", r.causal,
+                          r.output_rel_fro, r.budget_excess, r.window);
             ++predict_rows;
             bound_violations += bound && r.measured < r.predicted - 1e-4;
           }
@@ -215,6 +227,12 @@ void add_analyze(CLI::App& app) {
       bar.set(static_cast<std::int64_t>(li) + 1, "layer " + std::to_string(layer));
     }
     bar.finish();
+    if (progress)
+      for (const auto& sk : skipped)
+        std::fprintf(stderr, "analyze: --predict: layer %lld (window %lld): %s skipped: %s\n",
+                     static_cast<long long>(sk["layer"].get<std::int64_t>()),
+                     static_cast<long long>(sk["window"].get<std::int64_t>()), sk["method"].get<std::string>().c_str(),
+                     sk["reason"].get<std::string>().c_str());
     spectra.close();
     stats.close();
     rows.close();
@@ -244,6 +262,11 @@ void add_analyze(CLI::App& app) {
     a["head_dim"] = D;
     a["scale"] = scale;
     a["causal"] = "bottom-right";
+    nlohmann::ordered_json windows = nlohmann::ordered_json::object();
+    for (std::int64_t layer : w.layers) windows[std::to_string(layer)] = layer_window(layer);
+    a["layer_window"] = std::move(windows);
+    a["window_rule"] = "a layer with window W > 0 (sliding-window attention): query i sees keys i-W+1..i; 0 = no "
+                       "window (keys 0..i)";
     a["precision"] = "float64 analysis of the float32 Q/K/V of the model's forward pass";
     a["a_scaling"] = "a: exp(S - rowmax) (row i divided by exp(max_j S_ij)); the findings use exp(S - max S), a "
                      "scalar multiple of exp(S)";
@@ -252,6 +275,7 @@ void add_analyze(CLI::App& app) {
     a["findings"] = analysis::section9_findings(all, N, D);
     if (o->predict) {
       a["predict"] = {{"methods", specs}, {"rows", predict_rows}, {"bound_violations", bound_violations}};
+      if (!skipped.empty()) a["predict"]["skipped"] = std::move(skipped);
     }
     a["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     const std::string atext = dump_json(a, 2) + "\n";

@@ -17,6 +17,13 @@
 ///   ceil(topk_frac·visible) keys; sparse.window(left, sinks) keeps the band and the sinks.
 /// The budget of each method is its declared parameter (below), so the prediction is made from
 /// P alone, before the method runs; the measured P̂ comes from an AttentionProbe (metrics.h).
+///
+/// Sliding window. On a layer with a window of W keys (spectra.h) P is the windowed matrix, the
+/// methods run on the problem the layer computes (window_left = W − 1), the keys-per-row budgets
+/// count the window's keys (sparse.window's band is narrowed to it and its sinks count only inside
+/// it), and both the bound and the measured error use the windowed P. A method that cannot run a
+/// window (its can_run refuses; lowrank.nystrom, which is also non-causal) is reported as skipped
+/// for that head, not measured. A window of W ≥ Nk keys hides nothing and counts as none.
 #pragma once
 
 #include <string>
@@ -42,8 +49,13 @@ struct Budget {
   std::vector<std::int64_t> keys_per_row;
   Causal causal = Causal::kBottomRight;  ///< the problem it runs on: the model's, or kNone if the
                                          ///< method is non-causal (nystrom)
+  /// The window (keys) of the problem it runs on: the layer's, 0 when none or when it hides no
+  /// key under `causal`.
+  std::int64_t window = 0;
 };
-Budget method_budget(const AttentionMethod& m, std::int64_t nq, std::int64_t nk);
+/// `window`: the layer's sliding window in keys (0 = none); `keys_per_row` then counts the keys
+/// that the causal rule and the window leave each row.
+Budget method_budget(const AttentionMethod& m, std::int64_t nq, std::int64_t nk, std::int64_t window = 0);
 
 /// One row of predict.csv.
 struct PredictRow {
@@ -56,14 +68,21 @@ struct PredictRow {
   double output_rel_fro = 0;  ///< ‖(P̂ − P)·V‖_F / ‖P·V‖_F (float64, from the same P̂)
   std::int64_t budget_excess = 0;  ///< kKeysPerRow: the largest nonzero count of a row of P̂ minus
                                    ///< its budget (≤ 0 when the method kept to its budget)
+  std::int64_t window = 0;  ///< Budget::window: the window of the problem it ran on (0 = none)
+  /// Empty when the method ran; else why it did not (its can_run's reason on the windowed
+  /// problem), and predicted, measured and output_rel_fro are NaN.
+  std::string skipped;
 };
 
 /// Predicted and measured error of each method in `specs` on one head: Q (Nq×d), K (Nk×d),
-/// V (Nk×dv), `scale`; the model's causal rule is bottom-right. Each method runs on float32 copies
-/// of Q and K (exact when they came from float32 data, as a capture does). Throws numattn::Error
-/// for a spec without a budget (method_budget) or a method that cannot run the head.
+/// V (Nk×dv), `scale`; the model's causal rule is bottom-right, `window` its sliding window in
+/// keys (0 = none). Each method runs on float32 copies of Q and K (exact when they came from
+/// float32 data, as a capture does). A method that cannot run the windowed problem gives a row
+/// with `skipped` set. Throws numattn::Error for a spec without a budget (method_budget), a
+/// negative window, or a method that cannot run the head without a window.
 std::vector<PredictRow> predict_head(const Matrix& q, const Matrix& k, const Matrix& v, double scale,
-                                     const std::vector<std::string>& specs, const ExecContext& ctx);
+                                     const std::vector<std::string>& specs, const ExecContext& ctx,
+                                     std::int64_t window = 0);
 
 /// The default method list of `numattn analyze --predict`.
 std::vector<std::string> default_predict_specs();

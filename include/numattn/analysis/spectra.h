@@ -6,8 +6,14 @@
 /// Figs. 5, 7, 8). Used by `numattn analyze`
 /// (docs/analysis.md), which writes these numbers per layer and head.
 ///
-/// Matrices of one head (Q: Nq×d, K: Nk×d, `scale` explicit, causal rule of problem.h):
+/// Matrices of one head (Q: Nq×d, K: Nk×d, `scale` explicit, causal rule of problem.h and an
+/// optional sliding window of W keys):
 /// - S = scale·Q·Kᵀ (Nq×Nk), no mask: its rank is at most d.
+/// - Visibility: row i sees the keys [lo_i, hi_i) (`visible_ranges`): hi_i from the causal rule,
+///   and with a window lo_i = max(0, i + off − W + 1), the keys i + off − W + 1 .. i + off, which
+///   is problem.h's window_left = W − 1 (a sliding-window layer of a model such as Gemma 3:
+///   W = 512 keys, the query's own included). W = 0 means no window (lo_i = 0). A window of
+///   W ≥ Nk keys under a bottom-right rule hides nothing.
 /// - A_ij = exp(S_ij − m_i) on the keys row i sees (0 elsewhere), m_i = max over those keys.
 ///   Scaling: the survey's exp(S) may overflow, so each row is shifted by its own maximum;
 ///   A = diag(e^{−m})·exp(S)⊙M. A is therefore determined only up to a positive diagonal
@@ -63,21 +69,32 @@ Vector singular_values(const Matrix& m, const char* what);
 
 // ---- the matrices of one head -----------------------------------------------------------------
 
-/// Keys row i sees under `causal` (problem.h's rule, no window or mask): Nk for kNone,
-/// clamp(i + 1 + offset, 0, Nk) otherwise, offset = Nk − Nq for bottom-right, 0 for top-left.
-std::vector<std::int64_t> visible_keys(std::int64_t nq, std::int64_t nk, Causal causal);
+/// The keys each row sees, [begin, end) per row, under `causal` and a sliding window of `window`
+/// keys (0 = none): problem.h's rule (AttentionProblem::key_range) with window_left = window − 1
+/// and no window_right or mask. With off = Nk − Nq for bottom-right, 0 otherwise: end =
+/// clamp(i + 1 + off, 0, Nk) under a causal rule (Nk for kNone), begin = clamp(i + off − window
+/// + 1, 0, end) with a window (0 without). Throws numattn::Error for a negative window.
+std::vector<KeyRange> visible_ranges(std::int64_t nq, std::int64_t nk, Causal causal, std::int64_t window = 0);
+/// The number of keys each row sees (end − begin of `visible_ranges`): without a window Nk for
+/// kNone and clamp(i + 1 + off, 0, Nk) otherwise.
+std::vector<std::int64_t> visible_keys(std::int64_t nq, std::int64_t nk, Causal causal, std::int64_t window = 0);
+/// The counts of `ranges`.
+std::vector<std::int64_t> range_sizes(const std::vector<KeyRange>& ranges);
 
 struct HeadMatrices {
   Matrix s;  ///< scale·Q·Kᵀ, unmasked
   Matrix a;  ///< exp(S − m_i) on visible keys, 0 elsewhere (row-max shift, see the file comment)
   Matrix p;  ///< Z⁻¹A
 };
-/// S, A, P of one head from Q (Nq×d) and K (Nk×d). Throws numattn::Error for different d, a
-/// non-finite or non-positive scale, or a non-finite entry of S.
-HeadMatrices head_matrices(const Matrix& q, const Matrix& k, double scale, Causal causal);
+/// S, A, P of one head from Q (Nq×d) and K (Nk×d), on the keys `visible_ranges(Nq, Nk, causal,
+/// window)` leaves each row: A and P are 0 outside [lo_i, hi_i), and each row of P sums to 1 over
+/// exactly those keys. Throws numattn::Error for different d, a non-finite or non-positive scale,
+/// a negative window, or a non-finite entry of S.
+HeadMatrices head_matrices(const Matrix& q, const Matrix& k, double scale, Causal causal, std::int64_t window = 0);
 
-/// exp(S − max over all visible S)⊙M: exp(S)⊙M up to one scalar factor (see the file comment).
-Matrix global_shift_a(const Matrix& s, Causal causal);
+/// exp(S − max over all visible S)⊙M: exp(S)⊙M up to one scalar factor (see the file comment),
+/// M the causal rule and the window.
+Matrix global_shift_a(const Matrix& s, Causal causal, std::int64_t window = 0);
 
 // ---- rows of P ------------------------------------------------------------------------------
 
@@ -96,13 +113,19 @@ std::vector<std::int64_t> fraction_k(const std::vector<std::int64_t>& visible, d
 /// Mean attention each key receives, c_j = (1/R)·Σ_i P_ij over the R rows that see some key
 /// (Σ_j c_j = 1): the share of the head's total attention that lands on key j.
 Vector key_share(const Matrix& p);
-/// What key_share would be if every row attended uniformly to its visible keys (keys
-/// 0..visible_i − 1, the causal rule): u_j = (1/R)·Σ_{i : j < visible_i} 1/visible_i.
+/// What key_share would be if every row attended uniformly to its visible keys [lo_i, hi_i):
+/// u_j = (1/R)·Σ_{i : lo_i ≤ j < hi_i} 1/(hi_i − lo_i), over the R rows that see some key.
+Vector uniform_key_share(const std::vector<KeyRange>& visible, std::int64_t nk);
+/// The same for rows that see the keys 0..visible_i − 1 (a causal rule without a window).
 Vector uniform_key_share(const std::vector<std::int64_t>& visible, std::int64_t nk);
 /// Attention sinks: keys with key_share ≥ `threshold` (a tenth of all the head's attention by
-/// default, so at most 10 sinks) and ≥ `factor` × uniform_key_share (4 by default: under a causal
-/// rule early keys get more attention even from uniform rows, c_0 = H_N/N, which is 0.26 at
-/// N = 12 but 0.02 at N = 309). Ascending.
+/// default, so at most 10 sinks) and ≥ `factor` × uniform_key_share over the same visible keys
+/// (4 by default: under a causal rule early keys get more attention even from uniform rows,
+/// c_0 = H_N/N, which is 0.26 at N = 12 but 0.02 at N = 309; under a window of W keys a key gets
+/// about 1/N from uniform rows, and the first W keys more). Ascending.
+std::vector<std::int64_t> sink_columns(const Matrix& p, const std::vector<KeyRange>& visible,
+                                       double threshold = 0.1, double factor = 4.0);
+/// The same for rows that see the keys 0..visible_i − 1.
 std::vector<std::int64_t> sink_columns(const Matrix& p, const std::vector<std::int64_t>& visible,
                                        double threshold = 0.1, double factor = 4.0);
 
@@ -117,9 +140,11 @@ Matrix block_panel(const Matrix& p, std::int64_t grid = 20);
 
 /// One captured layer, float64, row-major [H, N, D] per tensor as `numattn capture` writes them:
 /// q_* have `heads` query heads, k_* and v `kv_heads` (GQA: query head h reads KV head
-/// h / (heads / kv_heads)). q_pre/k_pre may be empty (then no pre-RoPE spectra).
+/// h / (heads / kv_heads)). q_pre/k_pre may be empty (then no pre-RoPE spectra). `window`: the
+/// layer's sliding window in keys (0 = none, a global layer), as the model's forward uses it.
 struct LayerQkv {
   std::int64_t heads = 0, kv_heads = 0, n = 0, d = 0;
+  std::int64_t window = 0;
   std::vector<double> q_pre, k_pre, q_post, k_post, v;
 };
 
@@ -146,12 +171,16 @@ struct LayerAnalysis {
   std::vector<HeadSpectrum> spectra;  ///< per KV head: k_pre, k_post, v; per query head: q_pre,
                                       ///< q_post, qk, a, p, a_exp (the pre-RoPE ones only if given)
   std::vector<HeadRows> rows;         ///< per query head
+  std::int64_t window = 0;            ///< LayerQkv::window
 };
 
 /// Analyses every query head in `heads` (all if empty; KV heads are those the chosen query heads
 /// read) of one layer: the spectra, row statistics and panels above, parallel over heads on
-/// `ctx`. Causal alignment as the model (bottom-right, Nq = Nk). Throws numattn::Error for
-/// inconsistent sizes or a head out of range.
+/// `ctx`, with softmax scale `scale`. Visibility as the model: bottom-right causal (Nq = Nk) and
+/// the layer's window `l.window`, which A, P, exp(S − max S)⊙M, the row statistics (top-k
+/// budgets count the window's keys) and the sinks (uniform attention over the window's keys)
+/// all honour; S and the spectra of Q, K, V do not depend on it. Throws numattn::Error for
+/// inconsistent sizes, a negative window or a head out of range.
 LayerAnalysis analyze_layer(const LayerQkv& l, double scale, const std::vector<std::int64_t>& heads,
                             const ExecContext& ctx);
 
@@ -166,7 +195,9 @@ LayerAnalysis analyze_layer(const LayerQkv& l, double scale, const std::vector<s
 ///    every head: at most N/4 singular values above 1e-2·σ₁. Partly: in at least half the heads.
 /// 3. "p_weaker_than_a": P decays more weakly than A: the mean of log10(σ_k/σ₁) over k is larger
 ///    for P than for exp(S)⊙M, in at least 90% of the heads (partly: at least half).
-/// The evidence also gives the numbers for the row-max-shifted A (the "a" of stats.csv).
+/// The evidence also gives the numbers for the row-max-shifted A (the "a" of stats.csv). On
+/// layers with a window, M is the causal rule and the window (the matrices the model computes);
+/// findings 2 and 3 then add "heads_windowed", the heads of such layers among those counted.
 nlohmann::ordered_json section9_findings(const std::vector<LayerAnalysis>& layers, std::int64_t n, std::int64_t d);
 
 /// Mean of log10(σ_k/σ₁) over all k (a σ_k below 1e-300·σ₁ counts as that): the
