@@ -279,7 +279,12 @@ void add_bench_model(CLI::App& app) {
       // KV cache read by the average decode step (every layer's K and V, or its MLA latent
       // rows, float32).
       const double mid_ctx = static_cast<double>(n_prompt) + static_cast<double>(o->decode) / 2;
-      const double kv_bytes = static_cast<double>(model.kv_bytes_per_token()) * mid_ctx;
+      // A sliding-window layer reads at most its window's rows.
+      double kv_bytes = 0;
+      for (const DecoderLayer& d : model.layers()) {
+        const double w = static_cast<double>(d.attn->window());
+        kv_bytes += static_cast<double>(d.attn->cache_bytes_per_token()) * (w > 0 ? std::min(mid_ctx, w) : mid_ctx);
+      }
       const double bytes_tok = static_cast<double>(weight_bytes) + kv_bytes;
       const double roof = bw / bytes_tok;
       const double dec = m.decode;
