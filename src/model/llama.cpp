@@ -865,7 +865,7 @@ struct LlamaModel::Call {
     });
     const std::int64_t per_token = (post ? 3 : 2) * E + 2 * a_max + f_max + 4 * st.rope_half;
     const std::int64_t floats =
-        checked_add(checked_mul(N, per_token, what), checked_mul(n_out, h.n_vocab, what), what);
+        checked_add(checked_mul(N, per_token, what), checked_mul(n_out, opt.hidden ? E : h.n_vocab, what), what);
     check_memory(static_cast<std::uint64_t>(checked_mul(floats, 4, what)),
                  fmt::format("a forward pass of {} tokens ({} rows of logits)", N, n_out));
     x.resize(static_cast<std::size_t>(N * E));
@@ -1000,38 +1000,72 @@ void ForwardStep::lap(bool main, double ForwardProfile::*slot) const {
   t0 = t1;
 }
 
+namespace {
+
+// The first non-finite value of rows [n, width] as an error naming its position (pos0 + row)
+// and column, or nothing. float32 weights are finite (checked at load), so a NaN/Inf in the
+// logits or the final hidden rows comes from the attention method, an overflow, or (in place,
+// where load scans nothing) a non-finite weight; a perplexity or a greedy choice made from it
+// would be garbage that looks like a result. One pass, small next to the product that made them.
+void refuse_non_finite(const std::vector<float>& out, std::int64_t width, std::int64_t pos0, std::int64_t first,
+                       const char* what, const std::string& attention) {
+  const auto bad = std::find_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); });
+  if (bad == out.end()) return;
+  const auto i = static_cast<std::int64_t>(bad - out.begin());
+  const std::int64_t row = first + i / width;
+  throw Error(fmt::format(
+      "non-finite {} {} at position {} (token {} of this call), {} {}{}: the forward pass overflowed, the "
+      "attention method returned a non-finite value, or a weight is not finite (--weights f32 scans them at load)",
+      what, *bad, pos0 + row, row, std::string(what) == "logit" ? "vocabulary index" : "feature", i % width,
+      attention.empty() ? "" : ", with attention " + attention));
+}
+
+}  // namespace
+
 std::vector<float> LlamaModel::Call::logits() {
   const ModelHParams& h = m.hp_;
   const std::int64_t E = h.n_embd, n_out = st.n_tokens - opt.logits_begin;
+  if (opt.hidden) {
+    std::vector<float> out(static_cast<std::size_t>(n_out * E));
+    if (n_out > 0) m.output_norm_->apply(x.data() + opt.logits_begin * E, out.data(), n_out);
+    st.lap(true, &ForwardProfile::norm);
+    refuse_non_finite(out, E, st.pos0, opt.logits_begin, "hidden value",
+                      numattn::attention_spec(attn, h.local_layers));
+    return out;
+  }
   std::vector<float> out(static_cast<std::size_t>(n_out * h.n_vocab));
   if (n_out > 0) {
     m.output_norm_->apply(x.data() + opt.logits_begin * E, xn.data(), n_out);
     st.lap(true, &ForwardProfile::norm);
-    // Split over the vocabulary: each thread streams its part of the output matrix once.
-    const LlamaWeights& w = m.w_;
-    const blocks::Weight W = w.tied() ? blocks::Weight{&w.token_embd, &w.token_embd_q, h.n_vocab, E}
-                                      : blocks::Weight{&w.output, &w.output_q, h.n_vocab, E};
-    blocks::linear(st.team, st.act, xn.data(), n_out, W, out.data(), false);
-    if (h.logit_softcap > 0) {
-      const auto c = static_cast<float>(h.logit_softcap);
-      for (float& v : out) v = c * std::tanh(v / c);
-    }
+    m.project_logits(xn.data(), n_out, st.team, out.data());
     st.lap(true, &ForwardProfile::output_gemm);
   }
-  // float32 weights are finite (checked at load), so a NaN/Inf here comes from the attention
-  // method, an overflow, or (in place, where load scans nothing) a non-finite weight; a
-  // perplexity or a greedy choice made from it would be garbage that looks like a result. One
-  // pass over the logits, small next to the product that made them.
-  const auto bad = std::find_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); });
-  if (bad != out.end()) {
-    const auto i = static_cast<std::int64_t>(bad - out.begin());
-    const std::int64_t row = opt.logits_begin + i / h.n_vocab;
-    throw Error(fmt::format(
-        "non-finite logit {} at position {} (token {} of this call), vocabulary index {}, with "
-        "attention {}: the forward pass overflowed, the attention method returned a "
-        "non-finite value, or a weight is not finite (--weights f32 scans them at load)",
-        *bad, st.pos0 + row, row, i % h.n_vocab, numattn::attention_spec(attn, h.local_layers)));
+  refuse_non_finite(out, h.n_vocab, st.pos0, opt.logits_begin, "logit", numattn::attention_spec(attn, h.local_layers));
+  return out;
+}
+
+void LlamaModel::project_logits(const float* hidden, std::int64_t n, const ExecContext& ctx, float* out) const {
+  const ModelHParams& h = hp_;
+  const std::int64_t E = h.n_embd;
+  // Split over the vocabulary: each thread streams its part of the output matrix once.
+  const blocks::Weight W = w_.tied() ? blocks::Weight{&w_.token_embd, &w_.token_embd_q, h.n_vocab, E}
+                                     : blocks::Weight{&w_.output, &w_.output_q, h.n_vocab, E};
+  blocks::linear(ctx, act_, hidden, n, W, out, false);
+  if (h.logit_softcap > 0) {
+    const auto c = static_cast<float>(h.logit_softcap);
+    for (std::int64_t i = 0; i < n * h.n_vocab; ++i) out[i] = c * std::tanh(out[i] / c);
   }
+}
+
+std::vector<float> LlamaModel::logits_from_hidden(const float* hidden, std::int64_t n, const ExecContext& ctx,
+                                                  std::int64_t pos0) const {
+  NUMATTN_CHECK(n >= 0, "logits_from_hidden: {} rows", n);
+  constexpr const char* what = "logits size";
+  check_memory(static_cast<std::uint64_t>(checked_mul(checked_mul(n, hp_.n_vocab, what), 4, what)),
+               fmt::format("{} rows of logits", n));
+  std::vector<float> out(static_cast<std::size_t>(n * hp_.n_vocab));
+  if (n > 0) project_logits(hidden, n, ctx, out.data());
+  refuse_non_finite(out, hp_.n_vocab, pos0, 0, "logit", "");
   return out;
 }
 

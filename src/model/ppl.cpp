@@ -99,11 +99,16 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
                       a.n_head == b.n_head && a.n_head_kv == b.n_head_kv,
                   "the baseline model has other hyper-parameters than the evaluated one");
   }
+  // The chunk's final hidden rows, then their logits in blocks of at most ~256 MiB (a whole
+  // chunk's logits for a 262 144-token vocabulary at ctx 8192 would be 8.6 GB).
   ForwardOptions fo;
   fo.logits_begin = first;
+  fo.hidden = true;
   fo.attention = option_methods("attn", opt.attn, model.hparams().n_layer, model.hparams().local_layers);
   ForwardOptions fb;
   fb.logits_begin = first;
+  fb.hidden = true;
+  const std::int64_t block_rows = std::clamp<std::int64_t>((std::int64_t{256} << 20) / (4 * V), 16, std::max<std::int64_t>(n_rows, 16));
   fb.attention = opt.baseline.empty() ? fo.attention
                                       : option_methods("baseline", opt.baseline, model.hparams().n_layer,
                                                        model.hparams().local_layers);
@@ -140,31 +145,51 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
                                 n_chunk, c * n_ctx, (c + 1) * n_ctx - 1, which, e.what()));
       }
     };
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<float> logits = run(model, fo, "evaluated");
+    const std::int64_t E = model.hparams().n_embd;
+    auto t0 = std::chrono::steady_clock::now();
+    const std::vector<float> hidden = run(model, fo, "evaluated");
     r.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::vector<float> base;
-    if (kl) base = run(base_model, fb, "baseline");
-    // Row j - first of the logits (position j) predicts token j + 1.
-    parallel_for(ctx, n_rows, [&](std::int64_t i) {
-      std::vector<double> lp, lb;
-      const std::int32_t target = chunk[static_cast<std::size_t>(first + i + 1)];
-      log_softmax(logits.data() + i * V, V, lp);
-      row_nll[static_cast<std::size_t>(i)] = -lp[static_cast<std::size_t>(target)];
-      if (!kl) return;
-      log_softmax(base.data() + i * V, V, lb);
-      row_base_nll[static_cast<std::size_t>(i)] = -lb[static_cast<std::size_t>(target)];
-      double d = 0;
-      std::int64_t am = 0, bm = 0;
-      for (std::int64_t v = 0; v < V; ++v) {
-        const auto k = static_cast<std::size_t>(v);
-        d += std::exp(lb[k]) * (lb[k] - lp[k]);
-        if (lp[k] > lp[static_cast<std::size_t>(am)]) am = v;
-        if (lb[k] > lb[static_cast<std::size_t>(bm)]) bm = v;
-      }
-      row_kld[static_cast<std::size_t>(i)] = std::max(d, 0.0);  // rounding can go below 0
-      row_agree[static_cast<std::size_t>(i)] = am == bm;
-    });
+    std::vector<float> base_hidden;
+    if (kl) base_hidden = run(base_model, fb, "baseline");
+    for (std::int64_t b0 = 0; b0 < n_rows; b0 += block_rows) {
+      const std::int64_t nb = std::min(block_rows, n_rows - b0);
+      auto logits_of = [&](const LlamaModel& m, const std::vector<float>& h, const char* which) {
+        try {
+          return m.logits_from_hidden(h.data() + b0 * E, nb, ctx, first + b0);
+        } catch (const Error& e) {
+          throw Error(fmt::format("perplexity chunk {} of {} (text tokens {}..{}), {} pass: {}", c, n_chunk,
+                                  c * n_ctx, (c + 1) * n_ctx - 1, which, e.what()));
+        }
+      };
+      t0 = std::chrono::steady_clock::now();
+      const std::vector<float> logits = logits_of(model, hidden, "evaluated");
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.seconds += dt;
+      r.profile.output_gemm += dt;
+      std::vector<float> base;
+      if (kl) base = logits_of(base_model, base_hidden, "baseline");
+      // Row j - first of the logits (position j) predicts token j + 1.
+      parallel_for(ctx, nb, [&](std::int64_t bi) {
+        const std::int64_t i = b0 + bi;
+        std::vector<double> lp, lb;
+        const std::int32_t target = chunk[static_cast<std::size_t>(first + i + 1)];
+        log_softmax(logits.data() + bi * V, V, lp);
+        row_nll[static_cast<std::size_t>(i)] = -lp[static_cast<std::size_t>(target)];
+        if (!kl) return;
+        log_softmax(base.data() + bi * V, V, lb);
+        row_base_nll[static_cast<std::size_t>(i)] = -lb[static_cast<std::size_t>(target)];
+        double d = 0;
+        std::int64_t am = 0, bm = 0;
+        for (std::int64_t v = 0; v < V; ++v) {
+          const auto k = static_cast<std::size_t>(v);
+          d += std::exp(lb[k]) * (lb[k] - lp[k]);
+          if (lp[k] > lp[static_cast<std::size_t>(am)]) am = v;
+          if (lb[k] > lb[static_cast<std::size_t>(bm)]) bm = v;
+        }
+        row_kld[static_cast<std::size_t>(i)] = std::max(d, 0.0);  // rounding can go below 0
+        row_agree[static_cast<std::size_t>(i)] = am == bm;
+      });
+    }
     for (std::int64_t i = 0; i < n_rows; ++i) {
       const double v = row_nll[static_cast<std::size_t>(i)];
       nll_sum += v;

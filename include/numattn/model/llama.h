@@ -208,6 +208,11 @@ struct ForwardOptions {
   /// changed, so evaluations with other methods need no mutable model and cannot leave it
   /// altered when they throw.
   AttentionMethods attention;
+  /// Return the final normalised hidden rows `[N − logits_begin, E]` (RMSNorm(x) ⊙ output_norm)
+  /// instead of logits: logits_from_hidden makes logits from them in any blocks of rows, so a
+  /// long chunk's V-wide logits never need to exist at once (Gemma's 262 144 × 8192 rows are
+  /// 8.6 GB).
+  bool hidden = false;
 };
 
 class LlamaModel {
@@ -292,6 +297,12 @@ class LlamaModel {
   std::vector<float> forward(const std::vector<std::int32_t>& tokens, KvCache& cache,
                              const ExecContext& ctx, const ForwardOptions& opt = {}) const;
 
+  /// Logits `[n, V]` of n final hidden rows (ForwardOptions::hidden): the output matrix and the
+  /// soft-cap, the same products forward() applies. Throws numattn::Error for a non-finite logit
+  /// (naming position pos0 + row) or when the rows do not fit in the available memory.
+  std::vector<float> logits_from_hidden(const float* hidden, std::int64_t n, const ExecContext& ctx,
+                                        std::int64_t pos0 = 0) const;
+
   /// Linear-layer weights applied to every token (all layers, not the output matrix).
   /// (MLA layers count their own projections: model/mla_model.h MlaLayer::weights.)
   std::int64_t body_weights() const;
@@ -301,6 +312,8 @@ class LlamaModel {
  private:
   void check_shapes() const;
   void build_blocks();
+  /// out `[n, V]` = the output matrix times n hidden rows, soft-capped.
+  void project_logits(const float* hidden, std::int64_t n, const ExecContext& ctx, float* out) const;
   /// The work of forward() after its checks (model/llama.cpp).
   struct Call;
   ModelHParams hp_;
