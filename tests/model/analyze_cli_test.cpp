@@ -201,20 +201,9 @@ TEST(AnalyzeCli, WritesTheSchemaOnATinyWindow) {
 
 // The tiny Gemma 3 with the tiny model's vocabulary (written once per process).
 std::string tiny_gemma_with_vocab() {
-  static const std::string path = [] {
-    std::vector<std::string> vocab{"<s>", "</s>"};
-    for (char c : test::kTinyChars) vocab.push_back(c == ' ' ? "Ġ" : c == '\n' ? "Ċ" : std::string(1, c));
-    test::GgufEdit e;
-    e.keys.emplace_back("tokenizer.ggml.model", GgufValue::string("gpt2"));
-    e.keys.emplace_back("tokenizer.ggml.pre", GgufValue::string("gpt-2"));
-    e.keys.emplace_back("tokenizer.ggml.tokens", GgufValue::string_array(vocab));
-    e.keys.emplace_back("tokenizer.ggml.bos_token_id", GgufValue::u32(0));
-    e.keys.emplace_back("tokenizer.ggml.eos_token_id", GgufValue::u32(1));
-    e.keys.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::boolean(true));
-    e.keys.emplace_back("general.name", GgufValue::string("tiny gemma"));
-    const std::string base = test::write_gguf(test::make_tiny_gemma(), "analyze_tiny_gemma_base.gguf");
-    return test::rewrite_gguf(base, e, "analyze_tiny_gemma_vocab.gguf");
-  }();
+  static const std::string path =
+      test::add_tiny_vocab(test::write_gguf(test::make_tiny_gemma(), "analyze_tiny_gemma_base.gguf"),
+                           "analyze_tiny_gemma_vocab.gguf", "tiny gemma");
   return path;
 }
 

@@ -172,23 +172,25 @@ const TinyTensors& tiny_tensors() {
 
 const std::string kTinyChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,!?;:'-\n";
 
+std::string add_tiny_vocab(const std::string& base, const std::string& name, const std::string& model_name) {
+  // BPE symbols: ' ' is "Ġ", '\n' is "Ċ".
+  std::vector<std::string> vocab{"<s>", "</s>"};
+  for (char c : kTinyChars) vocab.push_back(c == ' ' ? "Ġ" : c == '\n' ? "Ċ" : std::string(1, c));
+  EXPECT_EQ(vocab.size(), 64u);
+  GgufEdit e;
+  e.keys.emplace_back("tokenizer.ggml.model", GgufValue::string("gpt2"));
+  e.keys.emplace_back("tokenizer.ggml.pre", GgufValue::string("gpt-2"));
+  e.keys.emplace_back("tokenizer.ggml.tokens", GgufValue::string_array(vocab));
+  e.keys.emplace_back("tokenizer.ggml.bos_token_id", GgufValue::u32(0));
+  e.keys.emplace_back("tokenizer.ggml.eos_token_id", GgufValue::u32(1));
+  e.keys.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::boolean(true));
+  e.keys.emplace_back("general.name", GgufValue::string(model_name));
+  return rewrite_gguf(base, e, name);
+}
+
 std::string tiny_model_with_vocab() {
-  static const std::string path = [] {
-    // BPE symbols: ' ' is "Ġ", '\n' is "Ċ".
-    std::vector<std::string> vocab{"<s>", "</s>"};
-    for (char c : kTinyChars) vocab.push_back(c == ' ' ? "Ġ" : c == '\n' ? "Ċ" : std::string(1, c));
-    EXPECT_EQ(vocab.size(), 64u);
-    GgufEdit e;
-    e.keys.emplace_back("tokenizer.ggml.model", GgufValue::string("gpt2"));
-    e.keys.emplace_back("tokenizer.ggml.pre", GgufValue::string("gpt-2"));
-    e.keys.emplace_back("tokenizer.ggml.tokens", GgufValue::string_array(vocab));
-    e.keys.emplace_back("tokenizer.ggml.bos_token_id", GgufValue::u32(0));
-    e.keys.emplace_back("tokenizer.ggml.eos_token_id", GgufValue::u32(1));
-    e.keys.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::boolean(true));
-    e.keys.emplace_back("general.name", GgufValue::string("tiny"));
-    const std::string base = write_gguf(tiny_tensors(), "capture_tiny_base.gguf");
-    return rewrite_gguf(base, e, "capture_tiny_vocab.gguf");
-  }();
+  static const std::string path =
+      add_tiny_vocab(write_gguf(tiny_tensors(), "capture_tiny_base.gguf"), "capture_tiny_vocab.gguf", "tiny");
   return path;
 }
 

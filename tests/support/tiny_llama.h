@@ -73,6 +73,9 @@ extern const std::string kTinyChars;
 /// `analyze`, `ppl`) run on it. Written once per process.
 std::string tiny_model_with_vocab();
 
+/// The tiny model file `base` with that vocabulary, written to temp_path(name).
+std::string add_tiny_vocab(const std::string& base, const std::string& name, const std::string& model_name);
+
 /// The first n characters of repeated English prose in that vocabulary.
 std::string tiny_text(std::size_t n);
 
