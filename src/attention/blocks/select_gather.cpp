@@ -32,7 +32,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr index_t kSlack = 16;     // the split loop stores whole vectors
 constexpr index_t kSample = 64;    // entries sampled to bracket the k-th largest
 constexpr index_t kSmall = 128;    // rows this short: one nth_element over a copy
-constexpr std::int64_t kChunk = 64;  // keys per chunk of attend_chosen: 16 KB of k (or v) rows at Dk = 64
+constexpr std::int64_t kChunk = 128;  // keys per chunk of attend_chosen: 32 KB of k (or v) rows at Dk = 64
 
 /// The positions (base + u, increasing) of the k largest entries of s when thr is the k-th largest
 /// value and `above` entries exceed it: every entry above thr, and the first of those equal to it.
@@ -80,12 +80,15 @@ index_t select_top(const float* s, index_t n, index_t k, std::int32_t base, std:
       const double margin = 2 * std::sqrt(rho) + 2;
       const auto r_lo = static_cast<index_t>(std::ceil(rho + margin));
       const auto r_hi = static_cast<index_t>(std::floor(rho - margin));
+      // The r_lo-th largest first; the r_hi-th (r_hi < r_lo) is then among the values before it.
+      auto hi_end = w.vals.end();
       if (r_lo <= mv) {
         std::nth_element(w.vals.begin(), w.vals.begin() + (r_lo - 1), w.vals.end(), std::greater<float>());
         a = w.vals[static_cast<std::size_t>(r_lo - 1)];
+        hi_end = w.vals.begin() + (r_lo - 1);
       }
       if (r_hi >= 1) {
-        std::nth_element(w.vals.begin(), w.vals.begin() + (r_hi - 1), w.vals.end(), std::greater<float>());
+        std::nth_element(w.vals.begin(), w.vals.begin() + (r_hi - 1), hi_end, std::greater<float>());
         b = w.vals[static_cast<std::size_t>(r_hi - 1)];
       }
     }

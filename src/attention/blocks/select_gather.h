@@ -71,7 +71,7 @@ struct AttendScratch {
 };
 
 /// `softmax_gather_values` ∘ `gather_logits` (+ the additive mask) for each of `nrows` rows over
-/// the same k and v rows, computed chunk by chunk of 64 keys: a chunk's k rows (then its v rows)
+/// the same k and v rows, computed chunk by chunk of 128 keys: a chunk's k rows (then its v rows)
 /// are read from memory once and used by every row that chose keys in it, so that rows sharing
 /// keys (neighbours, the heads of a GQA group) run from the L1 cache instead of the memory
 /// bandwidth. Two passes (logits, then weighted values) with the softmax in between.
