@@ -166,6 +166,10 @@ void gather_logits(const float* q, index_t dk, const float* k, index_t ldk, cons
   if (n > 0) ops_now().logits(q, dk, k, ldk, idx, n, scale, l);
 }
 
+void gather_rows(const float* src, index_t ld, const std::int32_t* idx, index_t n, index_t d, float* dst) {
+  if (n > 0 && d > 0) ops_now().gather_rows(src, ld, idx, n, d, dst);
+}
+
 float softmax_gather_values(float* l, index_t n, const float* v, index_t ldv, index_t dv, const std::int32_t* idx,
                             float* out) {
   if (n == 0) {

@@ -47,6 +47,9 @@ void panel_scores(const float* q, index_t ldq, index_t m, index_t dk, const floa
 void gather_logits(const float* q, index_t dk, const float* k, index_t ldk, const std::int32_t* idx, index_t n,
                    float scale, float* l);
 
+/// dst[t·d + c] = src[idx[t]·ld + c] for t < n, c < d: rows idx gathered into a contiguous buffer.
+void gather_rows(const float* src, index_t ld, const std::int32_t* idx, index_t n, index_t d, float* dst);
+
 /// Softmax over the n logits l (overwritten with their weights), applied to the gathered value
 /// rows: out = Σ_t e^{l_t − m} v_{idx[t]} / Σ_t e^{l_t − m}. Returns log Σ_t e^{l_t} (the LSE of
 /// the chosen keys). n = 0 gives out = 0 and −inf; a logit that is NaN or +inf (an overflow, an

@@ -319,11 +319,10 @@ void forward_block(const AttentionProblem& p, const ExecContext& ctx, const Bloc
       // the exact.flash kernel.
       w.kcat.resize(static_cast<std::size_t>(nk * dk));
       w.vcat.resize(static_cast<std::size_t>(nk * dv));
-      for (index_t c = 0; c < nk; ++c) {
-        const index_t j = c < nf ? w.far[static_cast<std::size_t>(c)] : bk.near + (c - nf);
-        std::copy(p.k.row(b, hk, j), p.k.row(b, hk, j) + dk, w.kcat.data() + c * dk);
-        std::copy(p.v.row(b, hk, j), p.v.row(b, hk, j) + dv, w.vcat.data() + c * dv);
-      }
+      w.far.resize(static_cast<std::size_t>(nk));
+      for (index_t c = nf; c < nk; ++c) w.far[static_cast<std::size_t>(c)] = static_cast<std::int32_t>(bk.near + (c - nf));
+      blocks::gather_rows(p.k.row(b, hk, 0), p.k.stride[2], w.far.data(), nk, dk, w.kcat.data());
+      blocks::gather_rows(p.v.row(b, hk, 0), p.v.stride[2], w.far.data(), nk, dv, w.vcat.data());
       AttentionProblem sub;
       sub.q = TensorView<const float>(p.q.row(b, hk * g, i0), {1, g, rows, dk}, {0, p.q.stride[1], p.q.stride[2], 1});
       sub.k = TensorView<const float>::contiguous(w.kcat.data(), {1, 1, nk, dk});

@@ -1,7 +1,7 @@
 // blocks/select_gather on every CPU path this machine runs: select_top against a stable sort
 // (ties, −inf and NaN never taken, +inf first, short and long rows, k ≥ n); gather_logits,
 // softmax_gather_values, attend_chosen and panel_scores against float64 loops (odd Dk and Dv,
-// strided rows, an additive mask, an empty row, a NaN logit).
+// strided rows, an additive mask, an empty row, a NaN logit); gather_rows copies exactly.
 #include "attention/blocks/select_gather.h"
 
 #include <gtest/gtest.h>
@@ -193,6 +193,25 @@ TEST(SelectGather, PanelScoresMatchFloat64OnEveryPath) {
                   << cpu_path_name(path) << " dk " << dk << " nk " << nk << " m " << m << " r " << r << " j " << j;
             }
         }
+  }
+}
+
+TEST(SelectGather, GatherRowsCopiesTheChosenRowsOnEveryPath) {
+  for (CpuPath path : runnable_cpu_paths()) {
+    const CpuPathScope scope(path);
+    for (index_t d : {1, 7, 16, 64, 70}) {
+      const index_t n = 50, ld = d + 5;
+      std::vector<float> src(static_cast<std::size_t>(n * ld));
+      fill_normal(std::span<float>(src), test::base_seed() + 9400, static_cast<std::uint64_t>(d));
+      const std::vector<std::int32_t> idx = {49, 0, 3, 3, 17, 48, 1};
+      std::vector<float> dst(idx.size() * static_cast<std::size_t>(d) + 1, -7.f);
+      blocks::gather_rows(src.data(), ld, idx.data(), static_cast<index_t>(idx.size()), d, dst.data());
+      for (std::size_t t = 0; t < idx.size(); ++t)
+        for (index_t c = 0; c < d; ++c)
+          ASSERT_EQ(dst[t * static_cast<std::size_t>(d) + static_cast<std::size_t>(c)], src[static_cast<std::size_t>(idx[t] * ld + c)])
+              << cpu_path_name(path) << " d " << d;
+      EXPECT_EQ(dst.back(), -7.f) << "wrote past the rows";
+    }
   }
 }
 
