@@ -12,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "attention/lowrank/loki.h"
 #include "numattn/attention/registry.h"
 #include "numattn/decomp/dense.h"
 #include "support/method_problem.h"
@@ -28,7 +29,9 @@ ProblemConfig config(index_t h, index_t hk, index_t n, index_t nk, index_t d, Ca
 }
 
 /// The float64 Loki output of every row; `use_true_scores` selects by the exact logits instead.
-std::vector<double> transcription(const AttentionProblem& p, double rank_frac, double topk_frac, bool use_true_scores = false) {
+/// `chosen` (if given) receives each row's T_i, increasing, rows in (b, h, i) order.
+std::vector<double> transcription(const AttentionProblem& p, double rank_frac, double topk_frac, bool use_true_scores = false,
+                                  std::vector<std::vector<index_t>>* chosen = nullptr) {
   const index_t nk = p.n_kv(), d = p.d_qk(), dv = p.d_v();
   const index_t r = static_cast<index_t>(std::ceil(rank_frac * static_cast<double>(d) - 1e-9));
   std::vector<double> out;
@@ -68,6 +71,12 @@ std::vector<double> transcription(const AttentionProblem& p, double rank_frac, d
             return sel[static_cast<std::size_t>(a)] > sel[static_cast<std::size_t>(c)];
           });
           idx.resize(static_cast<std::size_t>(k));
+          if (chosen) {
+            std::vector<index_t> keys;
+            for (index_t u : idx) keys.push_back(vis[static_cast<std::size_t>(u)]);
+            std::sort(keys.begin(), keys.end());
+            chosen->push_back(keys);
+          }
           double m = -INFINITY, z = 0;
           for (index_t u : idx) m = std::max(m, logit[static_cast<std::size_t>(u)]);
           for (index_t u : idx) {
@@ -77,6 +86,7 @@ std::vector<double> transcription(const AttentionProblem& p, double rank_frac, d
           }
           for (double& x : o) x /= z;
         }
+        if (chosen && nv == 0) chosen->emplace_back();
         out.insert(out.end(), o.begin(), o.end());
       }
     }
@@ -98,11 +108,63 @@ double rel_error(const AttentionProblem& p, const std::vector<double>& ref) {
 }
 
 TEST(Loki, EqualsItsFloat64Transcription) {
-  for (Causal c : {Causal::kNone, Causal::kTopLeft, Causal::kBottomRight}) {
-    RandomProblem prob(config(4, 2, 45, 80, 16, c, test::base_seed() + static_cast<std::uint64_t>(c)));
-    create_method("lowrank.loki(rank_frac=0.25,topk_frac=0.2)")->run(prob.problem(), ExecContext{3});
-    EXPECT_LT(rel_error(prob.problem(), transcription(prob.problem(), 0.25, 0.2)), 1e-5) << to_string(c);
-  }
+  // Short rows (one nth_element), and long ones (the sampled bracket of blocks/select_gather, the
+  // gathered keys in several chunks), the selected keys themselves checked too.
+  struct Shape {
+    index_t h, hk, n, nk, d;
+    double rank, topk;
+  };
+  for (const Shape& s : {Shape{4, 2, 45, 80, 16, 0.25, 0.2}, Shape{3, 1, 150, 700, 24, 0.125, 0.1}, Shape{2, 2, 70, 900, 59, 0.5, 0.3}})
+    for (Causal c : {Causal::kNone, Causal::kTopLeft, Causal::kBottomRight}) {
+      RandomProblem prob(config(s.h, s.hk, s.n, s.nk, s.d, c, test::base_seed() + static_cast<std::uint64_t>(c) + 10 * s.nk));
+      const AttentionProblem& p = prob.problem();
+      const auto spec = fmt::format("lowrank.loki(rank_frac={},topk_frac={})", s.rank, s.topk);
+      const auto m = create_method(spec);
+      m->run(p, ExecContext{3});
+      std::vector<std::vector<index_t>> chosen;
+      EXPECT_LT(rel_error(p, transcription(p, s.rank, s.topk, false, &chosen)), 1e-5) << spec << " " << to_string(c);
+      const auto& loki = dynamic_cast<const LokiAttention&>(*m);
+      std::size_t row = 0, same = 0;
+      for (index_t b = 0; b < p.batch(); ++b)
+        for (index_t h = 0; h < p.heads(); ++h)
+          for (index_t i = 0; i < p.n_q(); ++i, ++row) same += loki.chosen_keys(p, b, h, i) == chosen[row];
+      EXPECT_EQ(same, chosen.size()) << spec << " " << to_string(c) << ": rows whose T_i differs from the float64 one";
+    }
+}
+
+TEST(Loki, PoisonedFutureKeysNeverReachTheOutput) {
+  // Under a causal rule a row chooses among the keys it sees and gathers only those: future keys
+  // set to 1e30 (k and v) never enter its output, which stays a convex combination of the values
+  // it sees. They do enter the self-calibrated basis (Loki's P comes from calibration keys, here
+  // all of the problem's), so the choice, not the reach, may change.
+  for (Causal c : {Causal::kTopLeft, Causal::kBottomRight})
+    for (index_t t : {0, 13, 40}) {
+      RandomProblem prob(config(4, 2, 70, 90, 16, c, test::base_seed() + 300 + static_cast<std::uint64_t>(t)));
+      const AttentionProblem& p = prob.problem();
+      const index_t off = p.diag_offset();
+      for (index_t b = 0; b < p.batch(); ++b)
+        for (index_t hk = 0; hk < p.kv_heads(); ++hk)
+          for (index_t j = std::max<index_t>(t + off + 1, 0); j < p.n_kv(); ++j) {
+            float* k = prob.k_data().data() + (p.k.row(b, hk, j) - p.k.data);
+            float* v = prob.v_data().data() + (p.v.row(b, hk, j) - p.v.data);
+            std::fill(k, k + p.d_qk(), 1e30f);
+            std::fill(v, v + p.d_v(), 1e30f);
+          }
+      const auto m = create_method("lowrank.loki(rank_frac=0.25,topk_frac=0.3)");
+      m->run(p, ExecContext{2});
+      const auto& loki = dynamic_cast<const LokiAttention&>(*m);
+      for (index_t b = 0; b < p.batch(); ++b)
+        for (index_t h = 0; h < p.heads(); ++h)
+          for (index_t i = 0; i <= t; ++i) {
+            for (index_t j : loki.chosen_keys(p, b, h, i)) ASSERT_LE(j, i + off) << to_string(c) << " row " << i;
+            for (index_t d = 0; d < p.d_v(); ++d) {
+              double lo = INFINITY, hi = -INFINITY;
+              for (index_t j = 0; j <= i + off; ++j) lo = std::min<double>(lo, p.v(b, h / p.group(), j, d)), hi = std::max<double>(hi, p.v(b, h / p.group(), j, d));
+              const double o = p.out(b, h, i, d);
+              ASSERT_TRUE(o >= lo - 1e-5 && o <= hi + 1e-5) << to_string(c) << " row " << i << " value " << o;
+            }
+          }
+    }
 }
 
 TEST(Loki, MaskedAndWindowedVariantsEqualTheDenseMaskedComputation) {

@@ -3,13 +3,14 @@
 #include <Eigen/Core>
 
 #include <algorithm>
-#include <bit>
+#include <cfloat>
 #include <cstdint>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <vector>
 
+#include "attention/blocks/select_gather.h"
 #include "attention/method_def.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/simd.h"
@@ -19,7 +20,7 @@ namespace numattn {
 
 namespace {
 
-constexpr index_t kRowBlock = 64;
+constexpr index_t kRowBlock = 32;  // query rows per task: their approximate scores stay in L2
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -32,10 +33,8 @@ struct KvBasis {
   index_t r = 0;
   std::vector<float> P;     ///< Dk × r, row-major: the leading eigenvectors of Σ kⱼᵀkⱼ
   std::vector<float> kr;    ///< Nk × r: K·P_r
+  std::vector<float> krt;   ///< K·P_r packed in panels of 16 keys (blocks::pack_key_panels)
   std::vector<index_t> bad; ///< keys whose k or v row is not finite
-  /// With bad keys only: V with those rows zeroed. The P·V product runs over a block's whole key
-  /// span, and a hidden key's non-finite value times its weight 0 would still be NaN.
-  std::vector<float> vclean;
 };
 
 KvBasis make_basis(const AttentionProblem& p, index_t b, index_t hk, index_t r) {
@@ -66,19 +65,12 @@ KvBasis make_basis(const AttentionProblem& p, index_t b, index_t hk, index_t r) 
   for (index_t c = 0; c < d; ++c)
     for (index_t t = 0; t < r; ++t)
       kb.P[static_cast<std::size_t>(c * r + t)] = static_cast<float>(eig.vectors(c, d - 1 - t));
-  if (!kb.bad.empty()) {
-    const index_t dv = p.d_v();
-    kb.vclean.resize(static_cast<std::size_t>(nk * dv));
-    for (index_t j = 0; j < nk; ++j) {
-      const float* v = p.v.row(b, hk, j);
-      const bool fin = simd::all_finite(v, dv);
-      for (index_t c = 0; c < dv; ++c) kb.vclean[static_cast<std::size_t>(j * dv + c)] = fin ? v[c] : 0.f;
-    }
-  }
   kb.kr.resize(static_cast<std::size_t>(nk * r));
   if (nk > 0)
     blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, nk, r, d, 1.f, p.k.row(b, hk, 0), p.k.stride[2], kb.P.data(), r,
                 0.f, kb.kr.data(), r);
+  kb.krt.resize(static_cast<std::size_t>(16 * r * ((nk + 15) / 16)));
+  blocks::pack_key_panels(kb.kr.data(), r, nk, r, kb.krt.data());
   return kb;
 }
 
@@ -89,39 +81,95 @@ bool sees(const AttentionProblem& p, index_t i, index_t j) {
   return true;
 }
 
-/// Monotone map of a float to an unsigned key (larger float, larger key).
-inline std::uint32_t order_key(float f) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+/// Room for one row's chosen keys when the block's key span is `span` (select_top's slack included).
+index_t key_capacity(index_t span, double kfrac) {
+  return std::min<index_t>(span, static_cast<index_t>(std::ceil(kfrac * static_cast<double>(span))) + 1) + 16;
 }
 
-/// The k-th largest of x (1 ≤ k ≤ x.size()): a radix pass over the top 11 bits of the order
-/// keys finds the bin holding it, then nth_element over that bin only (a few elements instead of
-/// Nk; selection is Loki's hot loop besides the exact part).
-float kth_largest(const std::vector<float>& x, index_t k, std::vector<std::uint32_t>& hist, std::vector<float>& tmp) {
-  constexpr int kShift = 21;
-  hist.assign(std::size_t{1} << (32 - kShift), 0u);
-  for (float f : x) ++hist[order_key(f) >> kShift];
-  index_t above = 0;
-  std::size_t bin = hist.size();
-  while (bin-- > 0) {
-    if (above + static_cast<index_t>(hist[bin]) >= k) break;
-    above += hist[bin];
-  }
-  tmp.clear();
-  for (float f : x)
-    if ((order_key(f) >> kShift) == bin) tmp.push_back(f);
-  const index_t need = k - above;  // the need-th largest inside the bin
-  std::nth_element(tmp.begin(), tmp.begin() + (need - 1), tmp.end(), std::greater<float>());
-  return tmp[static_cast<std::size_t>(need - 1)];
-}
+enum class RowKind : std::uint8_t { kEmpty, kNaN, kChosen };
 
-struct RowScratch {
-  std::vector<std::uint32_t> hist;
-  std::vector<float> qr, s, e, sel_scores, tmp, inv;
-  std::vector<std::uint8_t> keep;
-  std::vector<index_t> vis;
+struct Scratch {
+  std::vector<float> qr, s, sel;
+  std::vector<std::int32_t> keys;  ///< the block's chosen keys, row after row (capacity `cap` each)
+  std::vector<blocks::ChosenRow> rows;
+  std::vector<RowKind> kinds;
+  blocks::SelectScratch sw;
+  blocks::AttendScratch aw;
 };
+
+/// Where a block's approximate scores lie: row i − i0 at w.s + (i − i0)·ld, key j at offset
+/// j − origin, for the keys [begin, end) any row of the block sees.
+struct BlockScores {
+  index_t begin = 0, end = 0, origin = 0, ld = 0;
+};
+
+/// Approximate scores of rows [i0, i1) of query head h over the block's key span:
+/// sign(scale)·(q_i P_r)·(k_j P_r), by the packed-panel kernel (blocks::panel_scores: r-long dot
+/// products, no per-block packing). Ranking needs only the sign of the scale; leaving out its
+/// magnitude keeps huge scales from overflowing.
+BlockScores block_scores(const AttentionProblem& p, const KvBasis& kb, index_t b, index_t h, index_t i0, index_t i1,
+                         Scratch& w) {
+  const index_t rows = i1 - i0, r = kb.r;
+  BlockScores bs;
+  bs.begin = p.n_kv();
+  for (index_t i = i0; i < i1; ++i) {
+    const KeyRange kr = p.key_range(i);
+    if (kr.empty()) continue;
+    bs.begin = std::min(bs.begin, kr.begin);
+    bs.end = std::max(bs.end, kr.end);
+  }
+  if (bs.end <= bs.begin) return bs;
+  const index_t pb = bs.begin / 16, pe = (bs.end + 15) / 16;
+  bs.origin = 16 * pb;
+  bs.ld = 16 * (pe - pb);
+  w.qr.resize(static_cast<std::size_t>(rows * r));
+  w.s.resize(static_cast<std::size_t>(rows * bs.ld));
+  const float sgn = p.effective_scale() < 0 ? -1.f : 1.f;
+  blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, r, p.d_qk(), 1.f, p.q.row(b, h, i0), p.q.stride[2], kb.P.data(),
+              r, 0.f, w.qr.data(), r);
+  blocks::panel_scores(w.qr.data(), r, rows, r, kb.krt.data() + pb * 16 * r, pe - pb, sgn, w.s.data(), bs.ld);
+  return bs;
+}
+
+/// Loki's choice for row i (T_i, written to out[0..*count), increasing): the
+/// ceil(topk_frac·visible) keys of largest approximate logit, with `srow[j]` the row's scores
+/// (block_scores) of key j. `out` has room for key_capacity(span) entries.
+RowKind choose_row(const AttentionProblem& p, const KvBasis& kb, index_t b, index_t h, index_t i, const float* srow,
+                   double kfrac, Scratch& w, std::int32_t* out, index_t* count) {
+  const KeyRange kr = p.key_range(i);
+  if (kr.empty()) return RowKind::kEmpty;
+  const index_t n = kr.end - kr.begin;
+  const float* cand = srow + kr.begin;
+  index_t nv = n;
+  if (p.mask.kind != MaskKind::kNone) {
+    // Selection scores of the visible keys: approximate logit + additive mask (float64, then
+    // clamped: an overflow must not read as a hidden key); −inf for the hidden ones.
+    const double as = std::abs(p.effective_scale());
+    w.sel.resize(static_cast<std::size_t>(n));
+    nv = 0;
+    for (index_t j = kr.begin; j < kr.end; ++j) {
+      float& x = w.sel[static_cast<std::size_t>(j - kr.begin)];
+      if (!sees(p, i, j)) {
+        x = kNegInf;
+        continue;
+      }
+      double y = as * srow[j];
+      if (p.mask.kind == MaskKind::kAdditive) y += p.mask.additive[i * p.mask.ld + j];
+      x = static_cast<float>(std::clamp(y, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX)));
+      ++nv;
+    }
+    cand = w.sel.data();
+  }
+  if (nv == 0) return RowKind::kEmpty;
+  // A non-finite value the row reads (q, or a key it sees) must reach its output.
+  if (!simd::all_finite(p.q.row(b, h, i), p.d_qk())) return RowKind::kNaN;
+  for (index_t j : kb.bad)
+    if (sees(p, i, j)) return RowKind::kNaN;
+  const index_t k = std::clamp<index_t>(static_cast<index_t>(std::ceil(kfrac * static_cast<double>(nv) - 1e-9)), 1, nv);
+  *count = blocks::select_top(cand, n, k, static_cast<std::int32_t>(kr.begin), out, w.sw);
+  // Nothing chosen among visible keys: the approximate scores overflowed (an Error from run()).
+  return *count > 0 ? RowKind::kChosen : RowKind::kNaN;
+}
 
 }  // namespace
 
@@ -132,8 +180,8 @@ const MethodInfo& LokiAttention::describe() {
     m.family = "lowrank";
     m.summary = "PCA-reduced scores choose the top-k keys per query; exact softmax over them";
     m.citation = "Singhania, Singh, He, Feizi, Bhatele, Loki: Low-rank Keys for Efficient Sparse Attention, NeurIPS 2024";
-    m.time_complexity = "O(Nq·Nk·(Dk+Dv+r)) here (GEMM over the span, unchosen keys masked); Loki's gather form O(Nq·Nk·r + Nq·k·(Dk+Dv))";
-    m.memory_complexity = "O(Nk·r) per kv head + O(threads·64·Nk)";
+    m.time_complexity = "O(Nq·Nk·r + Nq·Nk + Nq·k·(Dk+Dv)) (gather form: reduced scores, selection, exact part over k chosen keys) + O(Nk·Dk²) basis";
+    m.memory_complexity = "O(Nk·r) per kv head + O(threads·32·(Hq/Hkv)·Nk)";
     m.params = {
         {"rank_frac", ParamType::kFloat, "0.25", 0.01, 1, {}, "fraction of Dk kept for the approximate scores (r = ceil(rank_frac·Dk))"},
         {"topk_frac", ParamType::kFloat, "0.25", 0.01, 1, {}, "fraction of each row's visible keys attended (k = ceil(topk_frac·visible)); 1 = exact"},
@@ -162,148 +210,105 @@ const MethodInfo& LokiAttention::describe() {
   return info;
 }
 
+double LokiAttention::flops(const AttentionProblem& p) const {
+  const double kfrac = params().get_float("topk_frac");
+  const index_t dk = p.d_qk(), dv = p.d_v();
+  const auto r = static_cast<double>(reduced_rank(params().get_float("rank_frac"), dk));
+  double per_head = 2.0 * static_cast<double>(p.n_q()) * static_cast<double>(dk) * r;  // q·P_r
+  for (index_t i = 0; i < p.n_q(); ++i) {
+    const KeyRange kr = p.key_range(i);
+    if (kr.empty()) continue;
+    const auto n = static_cast<double>(kr.end - kr.begin);
+    const double k = std::clamp(std::ceil(kfrac * n - 1e-9), 1.0, n);
+    per_head += 2.0 * (r * n + k * static_cast<double>(dk + dv));  // reduced scores; exact part
+  }
+  // The basis per kv head: Σ kⱼᵀkⱼ and K·P_r.
+  const double basis = 2.0 * static_cast<double>(p.n_kv()) * static_cast<double>(dk) * (static_cast<double>(dk) + r);
+  return static_cast<double>(p.batch()) * (static_cast<double>(p.heads()) * per_head + static_cast<double>(p.kv_heads()) * basis);
+}
+
 std::size_t LokiAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
-  const index_t d = p.d_qk(), nk = p.n_kv();
-  const auto r = static_cast<std::size_t>(reduced_rank(params().get_float("rank_frac"), d));
+  const auto d = static_cast<std::size_t>(p.d_qk()), nk = static_cast<std::size_t>(p.n_kv());
+  const auto r = static_cast<std::size_t>(reduced_rank(params().get_float("rank_frac"), p.d_qk()));
   const auto kv = static_cast<std::size_t>(p.batch() * p.kv_heads());
   const auto nt = static_cast<std::size_t>(ctx.num_threads());
-  return kv * 4 * (static_cast<std::size_t>(nk) * r + static_cast<std::size_t>(d) * r) +
-         std::min(kv, nt) * 8 * static_cast<std::size_t>((nk + 2 * d) * d) +
-         nt * (4 * static_cast<std::size_t>(kRowBlock + 3) * static_cast<std::size_t>(nk) + 8 * static_cast<std::size_t>(2 * nk));
+  const auto rb = static_cast<std::size_t>(kRowBlock);
+  // Bases (P_r, K·P_r and its packed panels), the float64 keys and Gram matrix of the bases being
+  // built, and per thread one head's scores and reduced queries, the group's chosen keys and their
+  // logits, and one row's selection buffers.
+  const auto g = static_cast<std::size_t>(p.group());
+  return kv * 4 * (2 * nk * r + d * r + 16 * r) + std::min(kv, nt) * 8 * ((nk + 2 * d) * d) +
+         nt * 4 * (rb * (nk + 16 + r) + g * rb * (nk + 16) * 2 + 6 * (nk + 32));
 }
 
 void LokiAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
   const double kfrac = params().get_float("topk_frac");
-  const index_t nq = p.n_q(), nk = p.n_kv(), dk = p.d_qk(), dv = p.d_v(), hkv = p.kv_heads();
+  const index_t nq = p.n_q(), dk = p.d_qk(), dv = p.d_v(), hkv = p.kv_heads();
   const index_t r = reduced_rank(params().get_float("rank_frac"), dk);
   const float scale = static_cast<float>(p.effective_scale());
   std::vector<KvBasis> basis(static_cast<std::size_t>(p.batch() * hkv));
   parallel_for(ctx, static_cast<std::int64_t>(basis.size()), [&](std::int64_t t) {
     basis[static_cast<std::size_t>(t)] = make_basis(p, t / hkv, t % hkv, r);
   });
-  const index_t nblk = (nq + kRowBlock - 1) / kRowBlock;
-  std::vector<RowScratch> scratch(static_cast<std::size_t>(ctx.num_threads()));
-  parallel_for(ctx, p.batch() * p.heads() * nblk, [&](std::int64_t t) {
-    const index_t blk = t % nblk, bh = t / nblk, b = bh / p.heads(), h = bh % p.heads(), hk = h / p.group();
+  // Tasks: (batch, kv head, block of rows), the group's query heads together, so that the keys
+  // they gather are read once for all of them. Blocks in the order 0, last, 1, last − 1, ...:
+  // causal blocks grow with their index, and parallel_for's static chunks get equal work.
+  const index_t nblk = (nq + kRowBlock - 1) / kRowBlock, g = p.group(), nkv = p.batch() * hkv;
+  std::vector<Scratch> scratch(static_cast<std::size_t>(ctx.num_threads()));
+  parallel_for(ctx, nkv * nblk, [&](std::int64_t t) {
+    const index_t z = t / nkv, bkv = t % nkv, b = bkv / hkv, hk = bkv % hkv;
+    const index_t blk = z % 2 == 0 ? z / 2 : nblk - 1 - z / 2;
     const index_t i0 = blk * kRowBlock, i1 = std::min(nq, i0 + kRowBlock), rows = i1 - i0;
-    const KvBasis& kb = basis[static_cast<std::size_t>(b * hkv + hk)];
-    RowScratch& w = scratch[worker_slot(scratch.size())];
-    // Keys any row of the block may see, and the approximate scores over them (one sgemm).
-    index_t j0 = nk, j1 = 0;
-    for (index_t i = i0; i < i1; ++i) {
-      const KeyRange kr = p.key_range(i);
-      if (kr.empty()) continue;
-      j0 = std::min(j0, kr.begin);
-      j1 = std::max(j1, kr.end);
+    const KvBasis& kb = basis[static_cast<std::size_t>(bkv)];
+    Scratch& w = scratch[worker_slot(scratch.size())];
+    w.rows.assign(static_cast<std::size_t>(g * rows), blocks::ChosenRow{});
+    w.kinds.assign(static_cast<std::size_t>(g * rows), RowKind::kEmpty);
+    index_t cap = 0;
+    for (index_t h = hk * g; h < (hk + 1) * g; ++h) {
+      const BlockScores bs = block_scores(p, kb, b, h, i0, i1, w);
+      const index_t span = bs.end - bs.begin;
+      if (h == hk * g) {  // every head of the group has the same key span
+        cap = key_capacity(std::max<index_t>(span, 0), kfrac);
+        w.keys.resize(static_cast<std::size_t>(g * rows * cap));
+      }
+      for (index_t i = i0; i < i1; ++i) {
+        const auto u = static_cast<std::size_t>((h - hk * g) * rows + (i - i0));
+        blocks::ChosenRow& row = w.rows[u];
+        row.q = p.q.row(b, h, i);
+        row.out = p.out.row(b, h, i);
+        row.keys = w.keys.data() + static_cast<index_t>(u) * cap;
+        if (p.mask.kind == MaskKind::kAdditive) row.add = p.mask.additive + i * p.mask.ld;
+        if (span > 0)
+          w.kinds[u] = choose_row(p, kb, b, h, i, w.s.data() + (i - i0) * bs.ld - bs.origin, kfrac, w,
+                                  w.keys.data() + static_cast<index_t>(u) * cap, &row.n);
+        if (w.kinds[u] != RowKind::kChosen) row.n = 0;
+      }
     }
-    const index_t span = std::max<index_t>(j1 - j0, 0);
-    const auto sz = static_cast<std::size_t>(rows * std::max<index_t>(span, 1));
-    w.qr.resize(static_cast<std::size_t>(rows * r));
-    w.s.resize(sz);
-    w.e.resize(sz);
-    w.keep.resize(static_cast<std::size_t>(std::max<index_t>(span, 1)));
-    w.inv.resize(static_cast<std::size_t>(rows));
-    if (span > 0) {
-      // Approximate logits in the PCA coordinates, and the exact logits of the block's key span.
-      blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, r, dk, 1.f, p.q.row(b, h, i0), p.q.stride[2], kb.P.data(), r,
-                  0.f, w.qr.data(), r);
-      blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, span, r, scale, w.qr.data(), r,
-                  kb.kr.data() + j0 * r, r, 0.f, w.s.data(), span);
-      blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, span, dk, scale, p.q.row(b, h, i0), p.q.stride[2],
-                  p.k.row(b, hk, j0), p.k.stride[2], 0.f, w.e.data(), span);
-    }
-    for (index_t i = i0; i < i1; ++i) {
-      const float* q = p.q.row(b, h, i);
-      const float* srow = w.s.data() + (i - i0) * span;
-      float* erow = w.e.data() + (i - i0) * span;
-      float& inv = w.inv[static_cast<std::size_t>(i - i0)];
-      const KeyRange kr = p.key_range(i);
-      // Visible keys and their selection scores (approximate logit + additive mask). Without a
-      // mask they are the contiguous key range: no per-key test, no index list.
-      const bool plain = p.mask.kind == MaskKind::kNone;
-      w.vis.clear();
-      w.sel_scores.clear();
-      if (plain) {
-        if (!kr.empty()) w.sel_scores.assign(srow + (kr.begin - j0), srow + (kr.end - j0));
-      } else {
-        for (index_t j = kr.begin; j < kr.end; ++j) {
-          if (!sees(p, i, j)) continue;
-          float sc = srow[j - j0];
-          if (p.mask.kind == MaskKind::kAdditive) sc += p.mask.additive[i * p.mask.ld + j];
-          w.vis.push_back(j);
-          w.sel_scores.push_back(sc);
-        }
+    // Exact softmax over each T_i: full-dimensional logits of the chosen keys, gathered.
+    blocks::attend_chosen(w.rows.data(), g * rows, p.k.row(b, hk, 0), p.k.stride[2], p.v.row(b, hk, 0), p.v.stride[2],
+                          dk, dv, scale, w.aw);
+    for (index_t u = 0; u < g * rows; ++u)  // NaN for run() to settle
+      if (w.kinds[static_cast<std::size_t>(u)] == RowKind::kNaN) {
+        float* o = p.out.row(b, hk * g + u / rows, i0 + u % rows);
+        std::fill(o, o + dv, kNaN);
       }
-      const index_t nv = static_cast<index_t>(w.sel_scores.size());
-      const auto key_at = [&](index_t u) { return plain ? kr.begin + u : w.vis[static_cast<std::size_t>(u)]; };
-      // A non-finite value the row reads (q, or a key it sees) must reach its output.
-      bool nan = nv > 0 && !simd::all_finite(q, dk);
-      for (index_t j : kb.bad) nan |= sees(p, i, j);
-      if (nv == 0 || nan) {  // no key: an empty row (0); NaN for run() to settle
-        std::fill(erow, erow + span, 0.f);
-        inv = nan ? kNaN : 0.f;
-        continue;
-      }
-      // T_i: the k best selection scores (every key above the k-th, then ties in index order).
-      const index_t k = std::clamp<index_t>(static_cast<index_t>(std::ceil(kfrac * static_cast<double>(nv) - 1e-9)), 1, nv);
-      // Branch-free marking (a quarter of random keys is chosen: a branch would mispredict).
-      std::uint8_t* keep = w.keep.data();
-      const float* sel = w.sel_scores.data();
-      std::fill(keep, keep + span, std::uint8_t{0});
-      if (k >= nv) {
-        for (index_t u = 0; u < nv; ++u) keep[key_at(u) - j0] = 1;
-      } else {
-        const float thr = kth_largest(w.sel_scores, k, w.hist, w.tmp);
-        index_t above = 0;
-        if (plain) {
-          std::uint8_t* kk = keep + (kr.begin - j0);
-          for (index_t u = 0; u < nv; ++u) kk[u] = sel[u] > thr;
-        } else {
-          for (index_t u = 0; u < nv; ++u) keep[w.vis[static_cast<std::size_t>(u)] - j0] = sel[u] > thr;
-        }
-        for (index_t u = 0; u < nv; ++u) above += sel[u] > thr;
-        for (index_t u = 0, ties = k - above; u < nv && ties > 0; ++u)
-          if (sel[u] == thr) {
-            keep[key_at(u) - j0] = 1;
-            --ties;
-          }
-      }
-      // Exact softmax over T_i: the other keys of the span get weight 0.
-      float m = kNegInf;
-      bool finite = true;
-      const float* add = p.mask.kind == MaskKind::kAdditive ? p.mask.additive + i * p.mask.ld + j0 : nullptr;
-      for (index_t t = 0; t < span; ++t) {
-        const float l = erow[t] + (add && keep[t] ? add[t] : 0.f);
-        finite &= !keep[t] || std::isfinite(l);
-        erow[t] = keep[t] ? l : kNegInf;
-        m = std::max(m, erow[t]);
-      }
-      if (!finite) {  // an overflowing logit or a +inf mask entry: NaN, settled by run()
-        std::fill(erow, erow + span, 0.f);
-        inv = kNaN;
-        continue;
-      }
-      for (index_t t = 0; t < span; ++t) erow[t] -= m;
-      simd::exp_f32(erow, erow, span);
-      float z = 0;
-      for (index_t t = 0; t < span; ++t) z += erow[t];
-      inv = 1.f / z;
-    }
-    float* o = p.out.row(b, h, i0);
-    const index_t ldo = p.out.stride[2];
-    const bool clean = !kb.vclean.empty();
-    if (span > 0)
-      blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, dv, span, 1.f, w.e.data(), span,
-                  clean ? kb.vclean.data() + j0 * dv : p.v.row(b, hk, j0), clean ? dv : p.v.stride[2], 0.f, o, ldo);
-    for (index_t u = 0; u < rows; ++u) {
-      float* orow = o + u * ldo;
-      const float f = w.inv[static_cast<std::size_t>(u)];
-      if (span == 0 || f == 0.f) std::fill(orow, orow + dv, 0.f);
-      else if (std::isnan(f)) std::fill(orow, orow + dv, kNaN);
-      else
-        for (index_t c = 0; c < dv; ++c) orow[c] *= f;
-    }
   });
+}
+
+std::vector<index_t> LokiAttention::chosen_keys(const AttentionProblem& p, index_t b, index_t h, index_t i) const {
+  const index_t r = reduced_rank(params().get_float("rank_frac"), p.d_qk());
+  const KvBasis kb = make_basis(p, b, h / p.group(), r);
+  Scratch w;
+  index_t cnt = 0;
+  const BlockScores bs = block_scores(p, kb, b, h, i, i + 1, w);
+  const index_t span = bs.end - bs.begin;
+  std::vector<index_t> keys;
+  const double kfrac = params().get_float("topk_frac");
+  w.keys.resize(static_cast<std::size_t>(key_capacity(span, kfrac)));
+  if (span > 0 && choose_row(p, kb, b, h, i, w.s.data() - bs.origin, kfrac, w, w.keys.data(), &cnt) == RowKind::kChosen)
+    keys.assign(w.keys.begin(), w.keys.begin() + cnt);
+  std::sort(keys.begin(), keys.end());
+  return keys;
 }
 
 NUMATTN_DEFINE_METHOD(LokiAttention)

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <vector>
+
 #include "numattn/attention/method.h"
 
 namespace numattn {
@@ -26,22 +28,29 @@ namespace numattn {
 /// away, a bias), plus keys ranked out by the r-dimensional scores. Limit case: topk_frac = 1 is
 /// exact softmax attention for any rank_frac.
 ///
-/// Cost. Loki's own saving is to compute exact logits only for the k = topk_frac·Nk chosen keys
-/// (O(Nq·Nk·r + Nq·k·(Dk+Dv)), on GPUs with gather kernels). On a CPU, gathering k scattered
-/// keys per query runs far below GEMM speed, so here each 64-row block computes the exact
-/// logits of its whole key span by one sgemm and gives the unchosen keys weight 0 before the
-/// P·V sgemm: the same result (the chosen keys' logits are the same float32 dot products),
-/// O(Nq·Nk·(Dk + Dv + r)) time plus an O(Nq·Nk) selection (radix pass + nth_element per row).
-/// It is therefore slower than `exact.flash` (about 10× at N = 4096, D = 64, 2 threads); it measures
-/// Loki's accuracy, not its GPU speed-up. Memory: O(Nk·r) per kv head and O(64·Nk) per thread.
-/// No LSE (the softmax over T_i is not the row's log-sum-exp).
+/// Algorithm: Loki's gather form. Per task (batch, kv head, 32 query rows, the group's query
+/// heads together): the rows' approximate scores over the block's key span by a packed-panel
+/// kernel (blocks::panel_scores over K·P_r packed once per kv head: r-long dot products); per row
+/// an exact selection (blocks::select_top: a sample brackets the k-th largest, vector counting
+/// passes narrow the bracket, nth_element runs on the band left; the keys of a stable sort) picks
+/// T_i; then blocks::attend_chosen gathers the chosen keys' k and v rows chunk by chunk of keys,
+/// so that the rows sharing keys read them from L1, for full-dimensional logits and the
+/// softmax-weighted sum of values. Cost per query head: O(Nq·Nk·r) approximate scores + O(Nq·Nk)
+/// selection + O(Nq·k·(Dk+Dv)) exact part (half of the first two with causal), plus O(Nk·Dk²)
+/// per kv head for the basis; `flops` counts the scores, the exact part and the basis. Memory:
+/// O(Nk·r) per kv head and O(32·Nk) per thread and query head of a group. No LSE (the softmax
+/// over T_i is not the row's log-sum-exp).
 class LokiAttention final : public AttentionMethod {
  public:
   using AttentionMethod::AttentionMethod;
   static const MethodInfo& describe();
   const MethodInfo& info() const override { return describe(); }
+  double flops(const AttentionProblem& p) const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
+
+  /// T_i of row (b, h, i) as `forward` chooses it (increasing): for tests.
+  std::vector<index_t> chosen_keys(const AttentionProblem& p, index_t b, index_t h, index_t i) const;
 };
 
 }  // namespace numattn

@@ -6,8 +6,10 @@
 #include <limits>
 #include <vector>
 
+#include "attention/blocks/select_gather.h"
 #include "attention/method_def.h"
 #include "attention/sparse/kept_keys_budget.h"
+#include "numattn/attention/blocks/dense_softmax.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/simd.h"
 
@@ -15,19 +17,26 @@ namespace numattn {
 
 namespace {
 
-constexpr index_t kRowBlock = 64;
+constexpr index_t kRowBlock = 64;  // query rows per task of the exact selection
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
+// ---------------------------------------------------------------------------------------------
+// select=exact: every visible logit by one sgemm per block, exact top-k per row.
+
 struct Scratch {
-  std::vector<float> s;                    ///< rows × span logits
-  std::vector<float> tmp, w;               ///< selection copy; chosen weights
-  std::vector<std::vector<index_t>> sel;   ///< chosen keys per row, increasing
-  std::vector<std::uint8_t> bad;           ///< row saw a non-finite logit
+  std::vector<float> s;                  ///< rows × span logits
+  std::vector<float> w;                  ///< chosen weights
+  std::vector<std::int32_t> sel;         ///< chosen keys, row after row (`cap` each), increasing
+  std::vector<index_t> count;            ///< chosen keys per row
+  std::vector<std::uint8_t> bad;         ///< row saw a non-finite logit
+  index_t cap = 0;
+  blocks::SelectScratch sw;
 };
 
 /// Logits of rows [i0, i1) of (b, h) over their visible key span and each row's top-k keys
-/// (ws.sel[r], increasing; ws.bad[r] when a visible logit is not finite). Returns the span start.
+/// (ws.sel + r·ws.cap, ws.count[r] of them; ws.bad[r] when a visible logit is not finite).
+/// Returns the span start.
 index_t select_block(const AttentionProblem& p, index_t b, index_t h, index_t i0, index_t i1, index_t k,
                      Scratch& ws) {
   const index_t rows = i1 - i0, hk = h / p.group(), dk = p.d_qk();
@@ -38,11 +47,12 @@ index_t select_block(const AttentionProblem& p, index_t b, index_t h, index_t i0
     j0 = std::min(j0, kr.begin);
     j1 = std::max(j1, kr.end);
   }
-  ws.sel.resize(static_cast<std::size_t>(rows));
+  ws.count.assign(static_cast<std::size_t>(rows), 0);
   ws.bad.assign(static_cast<std::size_t>(rows), 0);
-  for (auto& v : ws.sel) v.clear();
   if (j0 >= j1) return 0;
   const index_t span = j1 - j0;
+  ws.cap = std::min(k, span) + 16;
+  ws.sel.resize(static_cast<std::size_t>(rows * ws.cap));
   ws.s.resize(static_cast<std::size_t>(rows * span));
   blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, span, dk, static_cast<float>(p.effective_scale()),
               p.q.row(b, h, i0), p.q.stride[2], p.k.row(b, hk, j0), p.k.stride[2], 0.f, ws.s.data(), span);
@@ -50,106 +60,42 @@ index_t select_block(const AttentionProblem& p, index_t b, index_t h, index_t i0
     const index_t i = i0 + r;
     float* s = ws.s.data() + r * span - j0;  // s[j], j in [j0, j1)
     const KeyRange kr = p.key_range(i);
+    if (kr.empty()) continue;
     // Hidden keys become -inf; a visible key's logit that is not finite (NaN or ±inf input,
     // +inf mask, float32 overflow) flags the row so that it comes out NaN and run() settles it.
-    index_t n = 0;
-    bool bad = false;
-    for (index_t j = kr.begin; j < kr.end; ++j) {
-      if (p.mask.kind == MaskKind::kBool && !p.mask.allowed[i * p.mask.ld + j]) {
-        s[j] = kNegInf;
-        continue;
-      }
-      if (p.mask.kind == MaskKind::kAdditive) {
-        const float a = p.mask.additive[i * p.mask.ld + j];
-        if (!(a > kNegInf)) {
+    bool finite = true;
+    if (p.mask.kind == MaskKind::kNone) {
+      finite = simd::all_finite(s + kr.begin, kr.end - kr.begin);
+    } else {
+      for (index_t j = kr.begin; j < kr.end; ++j) {
+        if (p.mask.kind == MaskKind::kBool && !p.mask.allowed[i * p.mask.ld + j]) {
           s[j] = kNegInf;
           continue;
         }
-        s[j] += a;
+        if (p.mask.kind == MaskKind::kAdditive) {
+          const float a = p.mask.additive[i * p.mask.ld + j];
+          if (!(a > kNegInf)) {
+            s[j] = kNegInf;
+            continue;
+          }
+          s[j] += a;
+        }
+        finite &= std::isfinite(s[j]);
       }
-      bad |= !std::isfinite(s[j]);
-      ++n;
     }
-    auto& sel = ws.sel[static_cast<std::size_t>(r)];
-    if (bad) {
+    if (!finite) {
       ws.bad[static_cast<std::size_t>(r)] = 1;
       continue;
     }
-    if (n <= k) {
-      for (index_t j = kr.begin; j < kr.end; ++j)
-        if (s[j] != kNegInf) sel.push_back(j);
-      continue;
-    }
-    // Partial selection: the k-th largest visible logit, then the keys above it and, among
-    // the keys equal to it, the lowest indices.
-    ws.tmp.clear();
-    for (index_t j = kr.begin; j < kr.end; ++j)
-      if (s[j] != kNegInf) ws.tmp.push_back(s[j]);
-    std::nth_element(ws.tmp.begin(), ws.tmp.begin() + (k - 1), ws.tmp.end(), std::greater<float>());
-    const float thr = ws.tmp[static_cast<std::size_t>(k - 1)];
-    index_t above = 0;
-    for (index_t c = 0; c < k - 1; ++c) above += ws.tmp[static_cast<std::size_t>(c)] > thr;
-    index_t ties = k - above;
-    for (index_t j = kr.begin; j < kr.end; ++j) {
-      if (s[j] > thr) sel.push_back(j);
-      else if (s[j] == thr && ties > 0) sel.push_back(j), --ties;
-    }
+    // The k largest visible logits (ties: lower index), increasing.
+    ws.count[static_cast<std::size_t>(r)] =
+        blocks::select_top(s + kr.begin, kr.end - kr.begin, k, static_cast<std::int32_t>(kr.begin),
+                           ws.sel.data() + r * ws.cap, ws.sw);
   }
   return j0;
 }
 
-}  // namespace
-
-const MethodInfo& TopkAttention::describe() {
-  static const MethodInfo info = [] {
-    MethodInfo m;
-    m.name = "sparse.topk";
-    m.family = "sparse";
-    m.summary = "exact top-k keys per query (all logits by GEMM, partial selection), exact softmax over them";
-    m.citation = "Gupta, Dar, Goodman, Ciprut, Berant, Memory-efficient Transformers via Top-k Attention, 2021";
-    m.time_complexity = "O(Nq·Nk·Dk + Nq·Nk + Nq·k·Dv), about half with causal";
-    m.memory_complexity = "O(threads·64·Nk)";
-    m.params = {{"k", ParamType::kInt, "64", 1, 1e9, {}, "keys attended per query row (ties: lower index)"}};
-    m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = true, .decode = false};
-    AccuracyContract& a = m.accuracy;
-    a.max_rel_fro_error = [](const BudgetInput& in) {
-      const index_t k = in.params.get_int("k");
-      // Calibrated on the conformance matrix (see kept_keys_budget): measured errors are at most
-      // 0.73 (window) and 0.62 (topk) times 1 + sqrt(n/c − 1), worst on the 2000-key decode row.
-      return sparse_detail::kept_keys_budget(in, 1.5, 1.5, [&](index_t, KeyRange) { return k; });
-    };
-    a.limit_case = [](const AttentionProblem& p) {
-      return ParamOverrides{{"k", std::to_string(std::max<index_t>(p.n_kv(), 1))}};
-    };
-    a.convergence.param = "k";
-    a.convergence.values = [](const AttentionProblem& p) {
-      const index_t n = std::max<index_t>(p.n_kv(), 8);
-      return std::vector<std::string>{"1", std::to_string(n / 8), std::to_string(n / 2), std::to_string(n)};
-    };
-    a.samples = {{{"k", "3"}}, {{"k", "17"}}};
-    return m;
-  }();
-  return info;
-}
-
-std::vector<index_t> TopkAttention::selected_keys(const AttentionProblem& p, index_t b, index_t h, index_t i,
-                                                  index_t k) {
-  Scratch ws;
-  const index_t i0 = i / kRowBlock * kRowBlock, i1 = std::min(p.n_q(), i0 + kRowBlock);
-  select_block(p, b, h, i0, i1, k, ws);
-  return ws.sel[static_cast<std::size_t>(i - i0)];
-}
-
-std::size_t TopkAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
-  const auto nk = static_cast<std::size_t>(p.n_kv());
-  const auto k = static_cast<std::size_t>(std::min<index_t>(params().get_int("k"), p.n_kv()));
-  return static_cast<std::size_t>(ctx.num_threads()) *
-         (sizeof(float) * (kRowBlock + 1) * nk + sizeof(float) * k + sizeof(index_t) * kRowBlock * k);
-}
-
-void TopkAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
-  const index_t k = params().get_int("k");
+void forward_exact(const AttentionProblem& p, const ExecContext& ctx, index_t k) {
   const index_t nq = p.n_q(), dv = p.d_v(), H = p.heads();
   const index_t nblk = (nq + kRowBlock - 1) / kRowBlock;
   std::vector<Scratch> scratch(static_cast<std::size_t>(ctx.num_threads()));
@@ -165,34 +111,391 @@ void TopkAttention::forward(const AttentionProblem& p, const ExecContext& ctx) c
       const auto r = static_cast<std::size_t>(i - i0);
       float* o = p.out.row(b, h, i);
       float lse = kNegInf;
-      const auto& sel = ws.sel[r];
+      const index_t n = ws.count[r];
+      const std::int32_t* sel = ws.sel.data() + static_cast<index_t>(r) * ws.cap;
       if (ws.bad[r]) {
         std::fill(o, o + dv, kNaN);
         lse = kNaN;
-      } else if (sel.empty()) {
+      } else if (n == 0) {
         std::fill(o, o + dv, 0.f);
       } else {
+        // The chosen keys' logits are already computed: softmax over them, gathered values.
         const float* s = ws.s.data() + static_cast<index_t>(r) * span - j0;
-        float m = kNegInf;
-        for (index_t j : sel) m = std::max(m, s[j]);
-        ws.w.resize(sel.size());
-        for (std::size_t c = 0; c < sel.size(); ++c) ws.w[c] = s[sel[c]] - m;
-        simd::exp_f32(ws.w.data(), ws.w.data(), static_cast<index_t>(sel.size()));
-        float sum = 0;
-        for (float x : ws.w) sum += x;
-        std::fill(o, o + dv, 0.f);
-        for (std::size_t c = 0; c < sel.size(); ++c) {
-          const float w = ws.w[c];
-          const float* v = p.v.row(b, hk, sel[c]);
-          for (index_t d = 0; d < dv; ++d) o[d] += w * v[d];
-        }
-        const float inv = 1.f / sum;  // sum ≥ 1: the maximum's own weight
-        for (index_t d = 0; d < dv; ++d) o[d] *= inv;
-        lse = m + std::log(sum);
+        ws.w.resize(static_cast<std::size_t>(n));
+        for (index_t c = 0; c < n; ++c) ws.w[static_cast<std::size_t>(c)] = s[sel[c]];
+        lse = blocks::softmax_gather_values(ws.w.data(), n, p.v.row(b, hk, 0), p.v.stride[2], dv, sel, o);
       }
       if (!p.lse.empty()) p.lse(b, h, i, 0) = lse;
     }
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// select=block: one choice of keys per block of query rows and GQA group (see topk.h).
+
+struct BlockParams {
+  index_t k, block, local, samples;
+};
+
+/// Per (batch, kv head): its keys packed in panels of 16 for the sampled rows' logits
+/// (blocks::pack_key_panels, once per call rather than per block), and the keys whose k or v row
+/// is not finite. One parallel loop over chunks of keys.
+struct KvPrep {
+  index_t panel = 0;  ///< floats per kv head in kt
+  std::vector<float> kt;
+  std::vector<std::vector<index_t>> bad;
+};
+
+KvPrep prepare_kv(const AttentionProblem& p, const ExecContext& ctx) {
+  constexpr index_t kChunk = 1024;  // keys per task (a multiple of 16)
+  const index_t nk = p.n_kv(), dk = p.d_qk(), hkv = p.kv_heads(), nkv = p.batch() * hkv;
+  const index_t nchunk = std::max<index_t>((nk + kChunk - 1) / kChunk, 1);
+  KvPrep kp;
+  kp.panel = 16 * ((nk + 15) / 16) * dk;
+  kp.kt.resize(static_cast<std::size_t>(nkv * kp.panel));
+  std::vector<std::vector<index_t>> bad(static_cast<std::size_t>(nkv * nchunk));
+  parallel_for(ctx, nkv * nchunk, [&](std::int64_t t) {
+    const index_t bkv = t / nchunk, c = t % nchunk, b = bkv / hkv, hk = bkv % hkv;
+    const index_t j0 = c * kChunk, j1 = std::min(nk, j0 + kChunk);
+    if (j0 >= j1) return;
+    blocks::pack_key_panels(p.k.row(b, hk, j0), p.k.stride[2], j1 - j0, dk, kp.kt.data() + bkv * kp.panel + j0 * dk);
+    for (index_t j = j0; j < j1; ++j)
+      if (!simd::all_finite(p.k.row(b, hk, j), dk) || !simd::all_finite(p.v.row(b, hk, j), p.d_v()))
+        bad[static_cast<std::size_t>(t)].push_back(j);
+  });
+  kp.bad.resize(static_cast<std::size_t>(nkv));
+  for (index_t t = 0; t < nkv * nchunk; ++t)
+    kp.bad[static_cast<std::size_t>(t / nchunk)].insert(kp.bad[static_cast<std::size_t>(t / nchunk)].end(),
+                                                        bad[static_cast<std::size_t>(t)].begin(), bad[static_cast<std::size_t>(t)].end());
+  return kp;
+}
+
+/// Whether row i sees key j (causal rule, window, boolean mask, additive −inf/NaN hide).
+bool sees(const AttentionProblem& p, index_t i, index_t j) {
+  if (!p.visible(i, j)) return false;
+  if (p.mask.kind == MaskKind::kAdditive) return p.mask.additive[i * p.mask.ld + j] > kNegInf;
+  return true;
+}
+
+struct BlockScratch {
+  std::vector<float> qs, s, a, kcat, vcat;
+  std::vector<std::int32_t> far, keys;
+  std::vector<index_t> samp;  ///< sampled rows, as h·Nq + i
+  std::vector<blocks::ChosenRow> rows;
+  std::vector<std::uint8_t> nan_row;
+  blocks::SelectScratch sw;
+  blocks::AttendScratch aw;
+};
+
+/// Where a block's keys lie: far keys [begin, near) compete for the k slots, near keys
+/// [near, end) are attended by every row that sees them.
+struct BlockKeys {
+  index_t begin = 0, near = 0, end = 0;
+  bool any = false;    ///< some row of the block sees a key
+  bool dense = false;  ///< no mask or window, every row sees [begin, its end), the ends step by 1 or
+                       ///< are all equal: the block is one dense causal (or full) sub-problem
+};
+
+BlockKeys block_keys(const AttentionProblem& p, index_t i0, index_t i1, index_t local) {
+  BlockKeys bk;
+  index_t emin = p.n_kv();
+  bk.begin = p.n_kv();
+  bool empty_row = false;
+  for (index_t i = i0; i < i1; ++i) {
+    const KeyRange kr = p.key_range(i);
+    if (kr.empty()) {
+      empty_row = true;
+      continue;
+    }
+    bk.any = true;
+    bk.begin = std::min(bk.begin, kr.begin);
+    bk.end = std::max(bk.end, kr.end);
+    emin = std::min(emin, kr.end);
+  }
+  if (!bk.any) return bk;
+  bk.near = std::clamp(emin - local, bk.begin, emin);
+  bool dense = !empty_row && p.mask.kind == MaskKind::kNone && p.window_left < 0 && p.window_right < 0;
+  for (index_t i = i0; i < i1 && dense; ++i) {
+    const KeyRange kr = p.key_range(i);
+    const bool stepping = kr.end == bk.end - (i1 - 1 - i), full = kr.end == bk.end;
+    dense = kr.begin == bk.begin && (p.causal == Causal::kNone ? full : stepping);
+  }
+  bk.dense = dense;
+  return bk;
+}
+
+/// The block's k far keys (w.far, increasing): the largest estimated attention mass
+/// a_j = Σ_{sampled rows i} softmax_i(j) over the far keys, sampled rows = `samples` rows evenly
+/// spread over the block in each head of the group. All far keys when there are at most k.
+/// `kt`: the kv head's keys packed in panels (blocks::pack_key_panels).
+index_t choose_far(const AttentionProblem& p, index_t b, index_t hk, index_t i0, index_t i1, const BlockKeys& bk,
+                   const BlockParams& prm, const float* kt, BlockScratch& w) {
+  const index_t nfar = bk.near - bk.begin, dk = p.d_qk(), g = p.group(), rows = i1 - i0;
+  w.far.resize(static_cast<std::size_t>(std::min(prm.k, nfar) + 16));
+  if (nfar <= prm.k) {
+    for (index_t j = 0; j < nfar; ++j) w.far[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(bk.begin + j);
+    return nfar;
+  }
+  // The sampled rows (distinct, finite q, seeing a key), gathered.
+  std::vector<index_t>& sr = w.samp;
+  sr.clear();
+  const index_t ns = std::min(prm.samples, rows);
+  for (index_t h = hk * g; h < (hk + 1) * g; ++h)
+    for (index_t t = 0; t < ns; ++t) {
+      const index_t i = i0 + (ns == 1 ? rows / 2 : (t * (rows - 1) + (ns - 1) / 2) / (ns - 1));
+      if (p.key_range(i).empty() || !simd::all_finite(p.q.row(b, h, i), dk)) continue;
+      sr.push_back(h * p.n_q() + i);
+    }
+  const auto m = static_cast<index_t>(sr.size());
+  w.qs.resize(static_cast<std::size_t>(std::max<index_t>(m, 1) * dk));
+  for (index_t u = 0; u < m; ++u) {
+    const index_t h = sr[static_cast<std::size_t>(u)] / p.n_q(), i = sr[static_cast<std::size_t>(u)] % p.n_q();
+    std::copy(p.q.row(b, h, i), p.q.row(b, h, i) + dk, w.qs.data() + u * dk);
+  }
+  // Their logits over the panels that hold the far keys (kt: the kv head's packed keys).
+  const index_t pb = bk.begin / 16, pe = (bk.near + 15) / 16, lds = 16 * (pe - pb);
+  w.s.resize(static_cast<std::size_t>(std::max<index_t>(m, 1) * lds));
+  w.a.assign(static_cast<std::size_t>(nfar), 0.f);
+  blocks::panel_scores(w.qs.data(), dk, m, dk, kt + pb * 16 * dk, pe - pb, static_cast<float>(p.effective_scale()),
+                       w.s.data(), lds);
+  for (index_t u = 0; u < m; ++u) {
+    const index_t i = sr[static_cast<std::size_t>(u)] % p.n_q();
+    float* s = w.s.data() + u * lds - 16 * pb;  // s[j]
+    if (!bk.dense)
+      for (index_t j = bk.begin; j < bk.near; ++j) {
+        if (!sees(p, i, j)) s[j] = kNegInf;
+        else if (p.mask.kind == MaskKind::kAdditive) s[j] += p.mask.additive[i * p.mask.ld + j];
+      }
+    const float mx = simd::max_f32(s + bk.begin, nfar);
+    if (!(std::abs(mx) < std::numeric_limits<float>::infinity())) continue;  // sees no far key, or a NaN one
+    const double z = simd::exp_shift(s + bk.begin, nfar, -mx);
+    const auto inv = static_cast<float>(1 / z);
+    float* a = w.a.data();
+    const float* e = s + bk.begin;
+    for (index_t j = 0; j < nfar; ++j) a[j] += e[j] * inv;
+  }
+  return blocks::select_top(w.a.data(), nfar, prm.k, static_cast<std::int32_t>(bk.begin), w.far.data(), w.sw);
+}
+
+void forward_block(const AttentionProblem& p, const ExecContext& ctx, const BlockParams& prm) {
+  const index_t nq = p.n_q(), dk = p.d_qk(), dv = p.d_v(), g = p.group(), hkv = p.kv_heads();
+  const index_t nblk = (nq + prm.block - 1) / prm.block;
+  const KvPrep kp = prepare_kv(p, ctx);
+  const float scale = static_cast<float>(p.effective_scale());
+  const index_t nkv = p.batch() * hkv;
+  std::vector<BlockScratch> scratch(static_cast<std::size_t>(ctx.num_threads()));
+  parallel_for(ctx, nkv * nblk, [&](std::int64_t t) {
+    // Blocks in the order 0, last, 1, last − 1, ...: causal blocks grow with their index, and
+    // the static chunks of parallel_for then get equal shares of work.
+    const index_t z = t / nkv, bkv = t % nkv, b = bkv / hkv, hk = bkv % hkv;
+    const index_t blk = z % 2 == 0 ? z / 2 : nblk - 1 - z / 2;
+    const index_t i0 = blk * prm.block, i1 = std::min(nq, i0 + prm.block), rows = i1 - i0;
+    BlockScratch& w = scratch[worker_slot(scratch.size())];
+    const BlockKeys bk = block_keys(p, i0, i1, prm.local);
+    const std::vector<index_t>& badk = kp.bad[static_cast<std::size_t>(bkv)];
+    // A row that sees a non-finite k or v row reads it: NaN, for run() to settle.
+    // So does a dense row (it sees keys) whose q row is not finite.
+    w.nan_row.assign(static_cast<std::size_t>(g * rows), 0);
+    for (index_t u = 0; u < g * rows; ++u) {
+      const index_t h = hk * g + u / rows, i = i0 + u % rows;
+      std::uint8_t& nan = w.nan_row[static_cast<std::size_t>(u)];
+      if (bk.dense) nan = !simd::all_finite(p.q.row(b, h, i), dk);
+      for (index_t j : badk)
+        if (!nan && sees(p, i, j)) nan = 1;
+    }
+    if (!bk.any) {
+      for (index_t h = hk * g; h < (hk + 1) * g; ++h)
+        for (index_t i = i0; i < i1; ++i) {
+          std::fill(p.out.row(b, h, i), p.out.row(b, h, i) + dv, 0.f);
+          if (!p.lse.empty()) p.lse(b, h, i, 0) = kNegInf;
+        }
+      return;
+    }
+    const index_t nf = choose_far(p, b, hk, i0, i1, bk, prm, kp.kt.data() + bkv * kp.panel, w);
+    const index_t nnear = bk.end - bk.near, nk = nf + nnear;
+    if (bk.dense) {
+      // One dense sub-problem: the group's rows over [chosen far keys | near keys], causal
+      // bottom-right (row i sees every far key and the near keys up to its own end), run by
+      // the exact.flash kernel.
+      w.kcat.resize(static_cast<std::size_t>(nk * dk));
+      w.vcat.resize(static_cast<std::size_t>(nk * dv));
+      w.far.resize(static_cast<std::size_t>(nk));
+      for (index_t c = nf; c < nk; ++c) w.far[static_cast<std::size_t>(c)] = static_cast<std::int32_t>(bk.near + (c - nf));
+      blocks::gather_rows(p.k.row(b, hk, 0), p.k.stride[2], w.far.data(), nk, dk, w.kcat.data());
+      blocks::gather_rows(p.v.row(b, hk, 0), p.v.stride[2], w.far.data(), nk, dv, w.vcat.data());
+      AttentionProblem sub;
+      sub.q = TensorView<const float>(p.q.row(b, hk * g, i0), {1, g, rows, dk}, {0, p.q.stride[1], p.q.stride[2], 1});
+      sub.k = TensorView<const float>::contiguous(w.kcat.data(), {1, 1, nk, dk});
+      sub.v = TensorView<const float>::contiguous(w.vcat.data(), {1, 1, nk, dv});
+      sub.out = TensorView<float>(p.out.row(b, hk * g, i0), {1, g, rows, dv}, {0, p.out.stride[1], p.out.stride[2], 1});
+      if (!p.lse.empty())
+        sub.lse = TensorView<float>(p.lse.row(b, hk * g, i0), {1, g, rows, 1}, {0, p.lse.stride[1], p.lse.stride[2], 1});
+      sub.scale = p.effective_scale();
+      sub.causal = p.causal == Causal::kNone ? Causal::kNone : Causal::kBottomRight;
+      blocks::dense_softmax_attention(sub, ExecContext{1});
+    } else {
+      // Any other shape: each row attends to the chosen far keys and the near keys it sees.
+      const index_t cap = nk;
+      w.keys.resize(static_cast<std::size_t>(g * rows * std::max<index_t>(cap, 1)));
+      w.rows.assign(static_cast<std::size_t>(g * rows), blocks::ChosenRow{});
+      for (index_t u = 0; u < g * rows; ++u) {
+        const index_t h = hk * g + u / rows, i = i0 + u % rows;
+        blocks::ChosenRow& row = w.rows[static_cast<std::size_t>(u)];
+        std::int32_t* keys = w.keys.data() + u * cap;
+        row.q = p.q.row(b, h, i);
+        row.out = p.out.row(b, h, i);
+        row.lse = p.lse.empty() ? nullptr : &p.lse(b, h, i, 0);
+        row.keys = keys;
+        if (p.mask.kind == MaskKind::kAdditive) row.add = p.mask.additive + i * p.mask.ld;
+        if (p.key_range(i).empty()) continue;
+        for (index_t c = 0; c < nf; ++c)
+          if (sees(p, i, w.far[static_cast<std::size_t>(c)])) keys[row.n++] = w.far[static_cast<std::size_t>(c)];
+        for (index_t j = bk.near; j < bk.end; ++j)
+          if (sees(p, i, j)) keys[row.n++] = static_cast<std::int32_t>(j);
+        if (!simd::all_finite(row.q, dk)) w.nan_row[static_cast<std::size_t>(u)] = row.n > 0;
+      }
+      blocks::attend_chosen(w.rows.data(), g * rows, p.k.row(b, hk, 0), p.k.stride[2], p.v.row(b, hk, 0), p.v.stride[2],
+                            dk, dv, scale, w.aw);
+    }
+    for (index_t u = 0; u < g * rows; ++u)
+      if (w.nan_row[static_cast<std::size_t>(u)]) {
+        const index_t h = hk * g + u / rows, i = i0 + u % rows;
+        std::fill(p.out.row(b, h, i), p.out.row(b, h, i) + dv, kNaN);
+        if (!p.lse.empty()) p.lse(b, h, i, 0) = kNaN;
+      }
+  });
+}
+
+BlockParams block_params(const ParamValues& v) {
+  return {v.get_int("k"), v.get_int("block"), v.get_int("local"), v.get_int("samples")};
+}
+
+}  // namespace
+
+const MethodInfo& TopkAttention::describe() {
+  static const MethodInfo info = [] {
+    MethodInfo m;
+    m.name = "sparse.topk";
+    m.family = "sparse";
+    m.summary = "top-k keys per query, exact softmax over them: chosen by every exact logit (select=exact) or per block of rows by sampled rows' attention (select=block)";
+    m.citation = "Gupta, Dar, Goodman, Ciprut, Berant, Memory-efficient Transformers via Top-k Attention, 2021; select=block: the vertical-slash pattern of Jiang et al., MInference 1.0, NeurIPS 2024";
+    m.time_complexity = "exact: O(Nq·Nk·Dk + Nq·Nk + Nq·k·Dv); block: O((samples·Hq/block)·Nq·Nk·Dk + Nq·(k + local + block)·(Dk+Dv)); about half with causal";
+    m.memory_complexity = "exact: O(threads·64·Nk); block: O(threads·(samples·Hq/Hkv + 1)·Nk + threads·(k + local + block)·(Dk+Dv))";
+    m.params = {
+        {"k", ParamType::kInt, "64", 1, 1e9, {}, "keys attended per query row (exact: ties to the lower index; block: far keys per block of rows)"},
+        {"select", ParamType::kString, "exact", 0, 0, {"exact", "block"}, "how the keys are chosen: exact = each row's k largest logits (all logits computed); block = per block of rows and GQA group, the k far keys of largest attention mass among sampled rows, plus the local keys"},
+        {"block", ParamType::kInt, "64", 1, 1e9, {}, "select=block: query rows sharing one choice of keys"},
+        {"local", ParamType::kInt, "64", 0, 1e9, {}, "select=block: the last keys before a block's first row that every row of the block attends (with the block's own diagonal keys)"},
+        {"samples", ParamType::kInt, "4", 1, 1e9, {}, "select=block: rows per query head whose exact softmax over the far keys estimates their attention mass"},
+    };
+    m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
+              .window = true, .lse = true, .decode = false};
+    AccuracyContract& a = m.accuracy;
+    a.max_rel_fro_error = [](const BudgetInput& in) {
+      const index_t k = in.params.get_int("k");
+      if (in.params.get_string("select") == "block") {
+        // Each row keeps the block's far keys and the near keys it sees: at least k + local + 1 of
+        // its visible keys, or all. The choice is the block's, not the row's, so a row can miss
+        // its own heaviest keys: a wider envelope than the exact choice (calibrated on the
+        // conformance matrix with a margin of 2).
+        const index_t kept = k + in.params.get_int("local") + 1;
+        return sparse_detail::kept_keys_budget(in, 2.0, 2.0, [&](index_t, KeyRange) { return kept; });
+      }
+      // Calibrated on the conformance matrix (see kept_keys_budget): measured errors are at most
+      // 0.73 (window) and 0.62 (topk) times 1 + sqrt(n/c − 1), worst on the 2000-key decode row.
+      return sparse_detail::kept_keys_budget(in, 1.5, 1.5, [&](index_t, KeyRange) { return k; });
+    };
+    a.limit_case = [](const AttentionProblem& p) {
+      return ParamOverrides{{"k", std::to_string(std::max<index_t>(p.n_kv(), 1))}};
+    };
+    a.convergence.param = "k";
+    a.convergence.values = [](const AttentionProblem& p) {
+      const index_t n = std::max<index_t>(p.n_kv(), 8);
+      return std::vector<std::string>{"1", std::to_string(n / 8), std::to_string(n / 2), std::to_string(n)};
+    };
+    a.samples = {{{"k", "3"}}, {{"k", "17"}}, {{"k", "9"}, {"select", "block"}, {"block", "16"}, {"local", "8"}, {"samples", "2"}}};
+    return m;
+  }();
+  return info;
+}
+
+std::vector<index_t> TopkAttention::selected_keys(const AttentionProblem& p, index_t b, index_t h, index_t i,
+                                                  index_t k) {
+  Scratch ws;
+  const index_t i0 = i / kRowBlock * kRowBlock, i1 = std::min(p.n_q(), i0 + kRowBlock);
+  select_block(p, b, h, i0, i1, k, ws);
+  const std::int32_t* sel = ws.sel.data() + (i - i0) * ws.cap;
+  return {sel, sel + ws.count[static_cast<std::size_t>(i - i0)]};
+}
+
+std::vector<index_t> TopkAttention::block_keys_of_row(const AttentionProblem& p, index_t b, index_t h, index_t i) const {
+  const BlockParams prm = block_params(params());
+  const index_t i0 = i / prm.block * prm.block, i1 = std::min(p.n_q(), i0 + prm.block);
+  const BlockKeys bk = block_keys(p, i0, i1, prm.local);
+  std::vector<index_t> keys;
+  if (!bk.any) return keys;
+  BlockScratch w;
+  const index_t hk = h / p.group();
+  std::vector<float> kt(static_cast<std::size_t>(16 * ((p.n_kv() + 15) / 16) * p.d_qk()));
+  blocks::pack_key_panels(p.k.row(b, hk, 0), p.k.stride[2], p.n_kv(), p.d_qk(), kt.data());
+  const index_t nf = choose_far(p, b, hk, i0, i1, bk, prm, kt.data(), w);
+  for (index_t c = 0; c < nf; ++c)
+    if (sees(p, i, w.far[static_cast<std::size_t>(c)])) keys.push_back(w.far[static_cast<std::size_t>(c)]);
+  for (index_t j = bk.near; j < bk.end; ++j)
+    if (sees(p, i, j)) keys.push_back(j);
+  return keys;
+}
+
+double TopkAttention::flops(const AttentionProblem& p) const {
+  const index_t k = params().get_int("k"), dk = p.d_qk(), dv = p.d_v();
+  double per_head = 0;
+  if (params().get_string("select") == "exact") {
+    for (index_t i = 0; i < p.n_q(); ++i) {  // every visible logit, then k values
+      const KeyRange kr = p.key_range(i);
+      const index_t n = std::max<index_t>(kr.end - kr.begin, 0);
+      per_head += 2.0 * (static_cast<double>(n) * static_cast<double>(dk) + static_cast<double>(std::min(n, k)) * static_cast<double>(dv));
+    }
+    return static_cast<double>(p.batch() * p.heads()) * per_head;
+  }
+  const BlockParams prm = block_params(params());
+  for (index_t i0 = 0; i0 < p.n_q(); i0 += prm.block) {
+    const index_t i1 = std::min(p.n_q(), i0 + prm.block);
+    const BlockKeys bk = block_keys(p, i0, i1, prm.local);
+    if (!bk.any) continue;
+    const index_t nfar = bk.near - bk.begin, nf = std::min(nfar, k);
+    if (nfar > k)  // the sampled rows' logits over the far keys
+      per_head += 2.0 * static_cast<double>(std::min(prm.samples, i1 - i0)) * static_cast<double>(nfar) * static_cast<double>(dk);
+    for (index_t i = i0; i < i1; ++i) {  // each row: the chosen far keys and the near keys it sees
+      const KeyRange kr = p.key_range(i);
+      if (kr.empty()) continue;
+      const index_t near = std::max<index_t>(std::min(kr.end, bk.end) - std::max(kr.begin, bk.near), 0);
+      per_head += 2.0 * static_cast<double>(nf + near) * static_cast<double>(dk + dv);
+    }
+  }
+  return static_cast<double>(p.batch() * p.heads()) * per_head;
+}
+
+std::size_t TopkAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
+  const auto nk = static_cast<std::size_t>(p.n_kv()), nt = static_cast<std::size_t>(ctx.num_threads());
+  const auto k = static_cast<std::size_t>(std::min<index_t>(params().get_int("k"), p.n_kv()));
+  if (params().get_string("select") == "exact")
+    return nt * (sizeof(float) * (kRowBlock + 1) * nk + sizeof(float) * k + sizeof(std::int32_t) * kRowBlock * (k + 16) +
+                 sizeof(std::int32_t) * 2 * (nk + 16));
+  const BlockParams prm = block_params(params());
+  const auto g = static_cast<std::size_t>(p.group()), rows = static_cast<std::size_t>(std::min(prm.block, p.n_q()));
+  const auto m = g * static_cast<std::size_t>(std::min(prm.samples, prm.block));
+  const std::size_t keys = std::min(nk, k + static_cast<std::size_t>(prm.local) + rows);
+  const auto d = static_cast<std::size_t>(p.d_qk() + p.d_v());
+  return nt * (sizeof(float) * ((m + 2) * nk + m * static_cast<std::size_t>(p.d_qk()) + keys * d) +
+               sizeof(std::int32_t) * (3 * nk + 48)) +
+         (p.mask.kind == MaskKind::kNone && p.window_left < 0 && p.window_right < 0
+              ? 0
+              : nt * g * rows * (sizeof(std::int32_t) + sizeof(float)) * keys);
+}
+
+void TopkAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
+  if (params().get_string("select") == "exact") forward_exact(p, ctx, params().get_int("k"));
+  else forward_block(p, ctx, block_params(params()));
 }
 
 NUMATTN_DEFINE_METHOD(TopkAttention)
