@@ -61,8 +61,9 @@ namespace numattn {
 /// Targets: softmax, or the Gaussian kernel (lowrank.skyformer): then the exact parts and the
 /// normaliser estimates run on augmented inputs q̃ = [q, 1], k̃ = [k, −‖k‖²/2], whose softmax is
 /// the normalised Gaussian kernel (target.h); the LSE output is that of the logits
-/// s·(q·k − ‖k‖²/2), as the float64 reference defines it for that target. Other targets (polynomial, feature maps) are refused at construction:
-/// those methods have their own causal forms.
+/// s·(q·k − ‖k‖²/2), as the float64 reference defines it for that target. Other targets
+/// (polynomial, feature maps) are refused at construction: those methods have their own causal
+/// forms.
 ///
 /// Refuses (can_run): boolean and additive masks (an off-diagonal block would need the inner
 /// method to take the mask); any off-diagonal block the inner method (or the normaliser method)
