@@ -73,8 +73,10 @@ namespace numattn {
 /// Edges: the NaN/±inf guard of blocks/nonfinite_rows.h runs first on the whole problem; keys no
 /// row sees are never handed to any part. Each block is run in turn, each parallel inside (the
 /// project's parallel_for over batch × heads × row blocks), then merged into the output rows in
-/// float64 (lse_merge_into), in a fixed order: deterministic at a fixed thread count, and across
-/// thread counts when the inner method is.
+/// float64 (lse_merge_into), in a fixed order: bitwise deterministic at a fixed thread count
+/// (the exact parts use exact.flash, whose automatic key splitting depends on it). Many small
+/// parallel regions per call: on a machine whose cores are taken by other work it slows down
+/// more than exact.flash's single region does.
 ///
 /// Error: the inner method's on blocks smaller than the problem; measured on random and real
 /// inputs comparable to the inner method's non-causal error on the same inputs
