@@ -122,12 +122,24 @@ ParsedSpec parse_spec(std::string_view spec) {
   if (open == std::string::npos) return out;
   NUMATTN_CHECK(s.back() == ')', "spec '{}': missing closing ')'", s);
   const std::string body = s.substr(open + 1, s.size() - open - 2);
-  NUMATTN_CHECK(body.find_first_of("()") == std::string::npos, "spec '{}': unbalanced parentheses", s);
+  // Parameters are separated by the commas outside parentheses: a value may be a nested spec
+  // (auto.causal(inner=lowrank.nystrom(landmarks=64,iters=4))), balanced.
+  std::vector<std::size_t> commas;
+  int depth = 0;
+  for (std::size_t i = 0; i < body.size(); ++i) {
+    if (body[i] == '(') {
+      ++depth;
+    } else if (body[i] == ')') {
+      NUMATTN_CHECK(--depth >= 0, "spec '{}': unbalanced parentheses", s);
+    } else if (body[i] == ',' && depth == 0) {
+      commas.push_back(i);
+    }
+  }
+  NUMATTN_CHECK(depth == 0, "spec '{}': unbalanced parentheses", s);
+  commas.push_back(body.size());
   if (trim(body).empty()) return out;
   std::size_t start = 0;
-  while (start <= body.size()) {
-    std::size_t comma = body.find(',', start);
-    if (comma == std::string::npos) comma = body.size();
+  for (const std::size_t comma : commas) {
     const std::string item = trim(std::string_view(body).substr(start, comma - start));
     const auto eq = item.find('=');
     NUMATTN_CHECK(eq != std::string::npos, "spec '{}': parameter '{}' must be key=value", s, item);

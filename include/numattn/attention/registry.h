@@ -5,7 +5,9 @@
 ///   spec   := name [ "(" [ param { "," param } ] ")" ]
 ///   name   := family "." ident            e.g. exact.flash, lowrank.nystrom
 ///           | "auto"                      short for auto.select
-///   param  := ident "=" value             value: number, true/false, or identifier
+///   param  := ident "=" value             value: number, true/false, identifier, or a nested
+///                                         spec (auto.causal(inner=lowrank.nystrom(landmarks=64)));
+///                                         only commas outside parentheses separate params
 ///
 /// Every registered method is listed once in `src/attention/methods.inc`; from there it reaches
 /// the CLI, the conformance tests and the benchmarks by itself.
