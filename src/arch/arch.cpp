@@ -107,10 +107,10 @@ ModelHParams read_model_hparams(const GgufFile& f) {
   const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
   NUMATTN_CHECK(emb != nullptr, "{}: tensor token_embd.weight is missing (it gives the vocabulary)", f.path());
   hp.n_vocab = emb->ne.size() >= 2 ? emb->ne[1] : 0;
-  hp.validate(f.path(), arch);  // the counts first: the features read them
+  hp.validate(f.path());  // the counts first: the features read them
   if (const ArchSpec* a = find_architecture(arch); a->features != nullptr) {
     a->features(f, hp);
-    hp.validate(f.path(), arch);
+    hp.validate(f.path());
   }
   return hp;
 }

@@ -40,9 +40,8 @@ std::string ModelHParams::attention_extras() const {
   return s;
 }
 
-void ModelHParams::validate(const std::string& source, const std::string& arch) const {
+void ModelHParams::validate(const std::string& source) const {
   const std::string at = source.empty() ? "" : source + ": ";
-  auto key = [&](const char* field) { return arch + "." + field; };
   auto at_least_1 = [&](std::int64_t v, const std::string& k, const char* field) {
     NUMATTN_CHECK(v >= 1, "{}{} ({}) = {}: must be at least 1", at, k, field, v);
   };

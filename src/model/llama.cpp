@@ -377,7 +377,7 @@ std::vector<std::string> split_spec_list(const std::string& specs) {
 }
 
 LlamaModel::LlamaModel(ModelHParams hp, LlamaWeights w) : hp_(hp), w_(std::move(w)) {
-  hp_.validate("", hp_.arch);
+  hp_.validate();
   check_shapes();
   mla_exec_ = MlaExec::kAbsorbed;
   auto freqs = [&](double base) {
@@ -1007,10 +1007,12 @@ namespace {
 // logits or the final hidden rows comes from the attention method, an overflow, or (in place,
 // where load scans nothing) a non-finite weight; a perplexity or a greedy choice made from it
 // would be garbage that looks like a result. One pass, small next to the product that made them.
+// `attn` (may be null) names the attention in the message; its spec is built only on an error.
 void refuse_non_finite(const std::vector<float>& out, std::int64_t width, std::int64_t pos0, std::int64_t first,
-                       const char* what, const std::string& attention) {
+                       const char* what, const AttentionMethods* attn, const std::vector<std::uint8_t>& local) {
   const auto bad = std::find_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); });
   if (bad == out.end()) return;
+  const std::string attention = attn ? attention_spec(*attn, local) : "";
   const auto i = static_cast<std::int64_t>(bad - out.begin());
   const std::int64_t row = first + i / width;
   throw Error(fmt::format(
@@ -1029,8 +1031,7 @@ std::vector<float> LlamaModel::Call::logits() {
     std::vector<float> out(static_cast<std::size_t>(n_out * E));
     if (n_out > 0) m.output_norm_->apply(x.data() + opt.logits_begin * E, out.data(), n_out);
     st.lap(true, &ForwardProfile::norm);
-    refuse_non_finite(out, E, st.pos0, opt.logits_begin, "hidden value",
-                      numattn::attention_spec(attn, h.local_layers));
+    refuse_non_finite(out, E, st.pos0, opt.logits_begin, "hidden value", &attn, h.local_layers);
     return out;
   }
   std::vector<float> out(static_cast<std::size_t>(n_out * h.n_vocab));
@@ -1040,7 +1041,7 @@ std::vector<float> LlamaModel::Call::logits() {
     m.project_logits(xn.data(), n_out, st.team, out.data());
     st.lap(true, &ForwardProfile::output_gemm);
   }
-  refuse_non_finite(out, h.n_vocab, st.pos0, opt.logits_begin, "logit", numattn::attention_spec(attn, h.local_layers));
+  refuse_non_finite(out, h.n_vocab, st.pos0, opt.logits_begin, "logit", &attn, h.local_layers);
   return out;
 }
 
@@ -1065,7 +1066,7 @@ std::vector<float> LlamaModel::logits_from_hidden(const float* hidden, std::int6
                fmt::format("{} rows of logits", n));
   std::vector<float> out(static_cast<std::size_t>(n * hp_.n_vocab));
   if (n > 0) project_logits(hidden, n, ctx, out.data());
-  refuse_non_finite(out, hp_.n_vocab, pos0, 0, "logit", "");
+  refuse_non_finite(out, hp_.n_vocab, pos0, 0, "logit", nullptr, hp_.local_layers);
   return out;
 }
 

@@ -114,9 +114,9 @@ struct ModelHParams {
   /// sliding_window >= 1 when a layer is local;
   /// and every weight size fits in 64 bits. After it, qkv_rows() and layer_weights() cannot
   /// overflow.
-  /// `arch` is the key prefix of the messages (`general.architecture`: "llama", or numattn's own
-  /// architectures, which keep the llama keys under their own name).
-  void validate(const std::string& source = "", const std::string& arch = "llama") const;
+  /// The keys are named with `arch` (numattn's own architectures keep the llama keys under their
+  /// own name).
+  void validate(const std::string& source = "") const;
 };
 
 }  // namespace numattn

@@ -167,7 +167,8 @@ void gather_logits(const float* q, index_t dk, const float* k, index_t ldk, cons
 }
 
 void gather_rows(const float* src, index_t ld, const std::int32_t* idx, index_t n, index_t d, float* dst) {
-  if (n > 0 && d > 0) ops_now().gather_rows(src, ld, idx, n, d, dst);
+  // A row copy: memcpy is already as fast as the memory allows, no kernel per instruction set.
+  for (index_t t = 0; t < n; ++t) std::copy_n(src + static_cast<index_t>(idx[t]) * ld, d, dst + t * d);
 }
 
 float softmax_gather_values(float* l, index_t n, const float* v, index_t ldv, index_t dv, const std::int32_t* idx,

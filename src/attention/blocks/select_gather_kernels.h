@@ -31,8 +31,6 @@ struct Ops {
   /// l[t] = scale·(q · k_{idx[t]}).
   void (*logits)(const float* q, index_t dk, const float* k, index_t ldk, const std::int32_t* idx, index_t n,
                  float scale, float* l);
-  /// dst[t·d + c] = src[idx[t]·ld + c] for t < n, c < d: rows gathered contiguous.
-  void (*gather_rows)(const float* src, index_t ld, const std::int32_t* idx, index_t n, index_t d, float* dst);
   /// out[0..dv) += Σ_t w[t]·v_{idx[t]}.
   void (*accumulate)(const float* w, index_t n, const float* v, index_t ldv, index_t dv, const std::int32_t* idx,
                      float* out);
@@ -221,16 +219,6 @@ void logits(const float* q, index_t dk, const float* k, index_t ldk, const std::
   }
 }
 
-void gather_rows(const float* src, index_t ld, const std::int32_t* idx, index_t n, index_t d, float* dst) {
-  const index_t full = d / 16, rest = d % 16;
-  const __mmask16 mr = tail_mask(rest);
-  for (index_t t = 0; t < n; ++t, dst += d) {
-    const float* r = src + static_cast<index_t>(idx[t]) * ld;
-    for (index_t c = 0; c < full; ++c) _mm512_storeu_ps(dst + 16 * c, _mm512_loadu_ps(r + 16 * c));
-    if (rest) _mm512_mask_storeu_ps(dst + 16 * full, mr, _mm512_maskz_loadu_ps(mr, r + 16 * full));
-  }
-}
-
 void accumulate(const float* w, index_t n, const float* v, index_t ldv, index_t dv, const std::int32_t* idx,
                 float* out) {
   // Blocks of 64 value lanes (4 registers), four keys in flight (16 accumulators).
@@ -404,16 +392,6 @@ void logits(const float* q, index_t dk, const float* k, index_t ldk, const std::
   }
 }
 
-void gather_rows(const float* src, index_t ld, const std::int32_t* idx, index_t n, index_t d, float* dst) {
-  const index_t full = d / 8, rest = d % 8;
-  const __m256i mr = tail_imask(rest);
-  for (index_t t = 0; t < n; ++t, dst += d) {
-    const float* r = src + static_cast<index_t>(idx[t]) * ld;
-    for (index_t c = 0; c < full; ++c) _mm256_storeu_ps(dst + 8 * c, _mm256_loadu_ps(r + 8 * c));
-    if (rest) _mm256_maskstore_ps(dst + 8 * full, mr, _mm256_maskload_ps(r + 8 * full, mr));
-  }
-}
-
 void accumulate(const float* w, index_t n, const float* v, index_t ldv, index_t dv, const std::int32_t* idx,
                 float* out) {
   // Blocks of 32 value lanes (4 registers), two keys in flight (8 accumulators).
@@ -504,11 +482,6 @@ void logits(const float* q, index_t dk, const float* k, index_t ldk, const std::
   }
 }
 
-void gather_rows(const float* src, index_t ld, const std::int32_t* idx, index_t n, index_t d, float* dst) {
-  for (index_t t = 0; t < n; ++t)
-    for (index_t c = 0; c < d; ++c) dst[t * d + c] = src[static_cast<index_t>(idx[t]) * ld + c];
-}
-
 void accumulate(const float* w, index_t n, const float* v, index_t ldv, index_t dv, const std::int32_t* idx,
                 float* out) {
   for (index_t t = 0; t < n; ++t) {
@@ -532,7 +505,7 @@ void accumulate(const float* w, index_t n, const float* v, index_t ldv, index_t 
 namespace numattn::blocks::select_gather_ops::NUMATTN_ISA_NS {
 const Ops* ops() {
 #if NUMATTN_ISA_COMPILED
-  static constexpr Ops k{count2, split, band_values, panel_scores, logits, gather_rows, accumulate};
+  static constexpr Ops k{count2, split, band_values, panel_scores, logits, accumulate};
   return &k;
 #else
   return nullptr;
