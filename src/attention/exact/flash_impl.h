@@ -343,13 +343,25 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
       for (int r = 0; r < BR; ++r) rescale |= cbuf[r] != 1.f;
     }
     R sum[CI];
-    for (int c = 0; c < CI; ++c) sum[c] = Vec::zero();
-    for (index_t j = 0; j < cols; ++j) {
-      NUMATTN_UNROLL for (int c = 0; c < CI; ++c) {
-        const R e = Vec::exp_cut(Vec::sub(Vec::load(s + j * BR + c * W), mu[c]));
-        Vec::store(s + j * BR + c * W, e);
-        sum[c] = Vec::add(sum[c], e);
+    for (int c = 0; c < CI; ++c) {
+      const R m = mu[c];
+      R a0 = Vec::zero(), a1 = Vec::zero();
+      float* sc = s + c * W;
+      index_t j = 0;
+      for (; j + 2 <= cols; j += 2) {
+        const R e0 = Vec::exp_cut(Vec::sub(Vec::load(sc + j * BR), m));
+        const R e1 = Vec::exp_cut(Vec::sub(Vec::load(sc + (j + 1) * BR), m));
+        Vec::store(sc + j * BR, e0);
+        Vec::store(sc + (j + 1) * BR, e1);
+        a0 = Vec::add(a0, e0);
+        a1 = Vec::add(a1, e1);
       }
+      if (j < cols) {
+        const R e0 = Vec::exp_cut(Vec::sub(Vec::load(sc + j * BR), m));
+        Vec::store(sc + j * BR, e0);
+        a0 = Vec::add(a0, e0);
+      }
+      sum[c] = Vec::add(a0, a1);
     }
     for (int c = 0; c < CI; ++c)
       Vec::store(st.l + c * W, Vec::fmadd(Vec::load(st.l + c * W), corr[c], sum[c]));
