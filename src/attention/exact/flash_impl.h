@@ -342,6 +342,8 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
       for (int c = 0; c < CI; ++c) Vec::store(cbuf + c * W, corr[c]);
       for (int r = 0; r < BR; ++r) rescale |= cbuf[r] != 1.f;
     }
+    // One query vector at a time, two independent sums: with all CI vectors in flight, AVX2's
+    // 16 registers cannot hold the shifts, the sums and the exp's constants at once.
     R sum[CI];
     for (int c = 0; c < CI; ++c) {
       const R m = mu[c];
