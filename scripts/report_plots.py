@@ -16,6 +16,7 @@ import html
 import json
 import math
 import os
+import re
 import statistics
 import sys
 
@@ -331,6 +332,180 @@ def section_ppl(rep, root, meta):
     rep.commands([s["command"] for s in steps])
 
 
+# ---------------------------------------------------------------- long context
+
+LONG_TOL = 0.10  # error level at which each family's best configuration is chosen
+
+
+def crossover_n(series):
+    """Smallest N at which a configuration is at least as fast as exact.flash, interpolated
+    log-linearly in N between the two measured lengths around speed-up 1 (None: never within the
+    measured lengths; the first N when it is faster everywhere)."""
+    pts = sorted((n, sp) for n, sp in series if sp is not None and sp == sp and sp > 0)
+    for i, (n, sp) in enumerate(pts):
+        if sp >= 1.0:
+            if i == 0:
+                return ("≤", n)
+            n0, s0 = pts[i - 1]
+            t = math.log(s0) / (math.log(s0) - math.log(sp))
+            return ("", math.exp(math.log(n0) + t * (math.log(n) - math.log(n0))))
+    return None
+
+
+def long_choices(root, step):
+    """Per-layer choices of auto(tol=E) from the step's stderr, in the order they were made."""
+    path = os.path.join(root, "logs", step["id"] + ".stderr")
+    out = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f.read().replace("\r", "\n").splitlines():
+                m = re.match(r"auto: selection (\d+) \(([^)]*)\): (\S+) \((.*)\)$", line.strip())
+                if m:
+                    out.append((int(m.group(1)), m.group(3), m.group(4)))
+    except OSError:
+        pass
+    return out
+
+
+def section_long(rep, root, meta, families):
+    steps = steps_in(meta, "long")
+    if not steps:
+        return
+    st = meta["settings"]
+    rep.heading("Long context")
+    rep.para(f"Each family's budget swept, on the model's own Q/K/V of layer {st.get('long_layer')} (causal, "
+             f"bottom-right) at N = {st.get('long_n')}, timed against exact.flash in the same run, errors on "
+             f"sampled rows against the float64 reference; then in the model at ctx {st.get('long_ctx')} (one "
+             "chunk), where perplexity, KL and throughput show what each budget buys.")
+    bench_steps = [s for s in steps if s["id"].startswith("long_bench_")]
+    rows = []
+    for s in bench_steps:
+        rows += ok_output(root, s) or []
+    failed_note(rep, [s for s in steps if s["id"].startswith(("long_bench_", "long_capture_"))])
+    skipped = {}
+    pts = bench_points(rows, families, skipped)
+    if pts:
+        ns = sorted({p["n"] for p in pts})
+        exact = {p["n"]: p for p in pts if p["method"].startswith("exact.flash")}
+        by_fam = {}
+        for p in pts:
+            if p["method"].startswith("exact."):
+                continue
+            by_fam.setdefault(p["method"].split("(")[0], []).append(p)
+        # The best configuration of each family at each N: the fastest within LONG_TOL, else the
+        # most accurate (marked).
+        best = {}
+        for fam, fp in by_fam.items():
+            for n in ns:
+                cand = [p for p in fp if p["n"] == n]
+                if not cand:
+                    continue
+                ok = [p for p in cand if p["err"] <= LONG_TOL]
+                best[(fam, n)] = (min(ok, key=lambda p: p["ms"]), True) if ok else (min(cand, key=lambda p: p["err"]), False)
+        rep.heading("Time and error against N", 3)
+        rep.para(f"Per family, at each N, the fastest configuration whose error is at most {LONG_TOL:g} "
+                 "(marked * where none is: then the most accurate): speed-up over exact.flash / relative "
+                 "Frobenius error, and the configuration.")
+        trows = []
+        for fam in sorted(by_fam):
+            cells = []
+            for n in ns:
+                b = best.get((fam, n))
+                if b is None:
+                    cells.append(skipped.get(next((m for (m, nn) in skipped if m.split("(")[0] == fam and nn == n), None), ""))
+                    continue
+                p, ok = b
+                cells.append(f"{fmt(p['speedup'], '{:.2f}')}× / {fmt(p['err'], '{:.2e}')}{'' if ok else ' *'} "
+                             f"{p['method'][len(fam):]}")
+            trows.append([fam] + cells)
+        if exact:
+            trows.insert(0, ["exact.flash (ms)"] + [fmt(exact[n]["ms"], "{:.1f}") if n in exact else "" for n in ns])
+        rep.table(["family"] + [f"N = {n}" for n in ns], trows)
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+        for fam in sorted(by_fam):
+            xs = [n for n in ns if (fam, n) in best]
+            if not xs:
+                continue
+            col = FAMILY_COLORS.get(fam.split(".")[0], "#7f7f7f")
+            axes[0].plot(xs, [best[(fam, n)][0]["ms"] for n in xs], "o-", color=col, label=fam, ms=4)
+            axes[1].plot(xs, [best[(fam, n)][0]["err"] for n in xs], "o-", color=col, label=fam, ms=4)
+        if exact:
+            xs = sorted(exact)
+            axes[0].plot(xs, [exact[n]["ms"] for n in xs], "k--", label="exact.flash")
+        for ax, yl in zip(axes, ["time (ms, median)", "relative Frobenius error vs softmax"]):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("N (tokens)")
+            ax.set_ylabel(yl)
+            ax.grid(True, which="major", alpha=0.3)
+        axes[0].legend(fontsize=7)
+        rep.plot(fig, "long_time_error", f"Time and error against N of each family's best configuration (error ≤ {LONG_TOL:g})")
+        rep.heading("Crossover against exact.flash", 3)
+        rep.para("The length from which each configuration is at least as fast as exact.flash (interpolated "
+                 "in log N between the measured lengths), and its error at the largest N.")
+        crows = []
+        for m in sorted({p["method"] for p in pts if not p["method"].startswith("exact.")}):
+            ser = [(p["n"], p["speedup"]) for p in pts if p["method"] == m]
+            c = crossover_n(ser)
+            last = max((p for p in pts if p["method"] == m), key=lambda p: p["n"])
+            crows.append([m, "not within the measured N" if c is None else f"{c[0]}{c[1]:.0f}",
+                          f"{fmt(last['speedup'], '{:.2f}')}×", fmt(last["err"], "{:.2e}"), last["n"]])
+        for (m, n), why in sorted(skipped.items()):
+            if not any(r[0] == m for r in crows):
+                crows.append([m, why, "", "", n])
+        rep.table(["configuration", "crossover N", "speed-up at largest N", "error at largest N", "largest N"], crows)
+        rep.commands([s["command"] for s in bench_steps])
+    # In the model.
+    ppl_steps = [s for s in steps if s["id"].startswith("long_ppl_")]
+    base = ok_output(root, step_by_id(meta, "long_ppl_exact.flash"))
+    base_att = num(((base or {}).get("profile_s") or {}).get("attention"))
+    mrows, mpts = [], []
+    for s in ppl_steps + [s for s in steps if s["id"].startswith("long_auto_")]:
+        d = ok_output(root, s)
+        if d is None:
+            why = s["status"]
+            if s.get("stderr"):
+                why += ": " + s["stderr"].strip().splitlines()[-1]
+            mrows.append([s["title"].split(": ", 1)[-1], "", "", "", "", "", "", why])
+            continue
+        att = num((d.get("profile_s") or {}).get("attention"))
+        mrows.append([d.get("attn", ""), f"{fmt(d.get('ppl'), '{:.4f}')}", fmt(d.get("kld_mean")),
+                      fmt(d.get("top1_agreement"), "{:.4f}"), fmt(d.get("tokens_per_s"), "{:.0f}"),
+                      fmt(att, "{:.2f}"), fmt(att / base_att if att is not None and base_att else None, "{:.2f}"), "ok"])
+        if num(d.get("kld_mean")) is not None and num(d.get("tokens_per_s")) is not None:
+            fam = d["attn"].split("(")[0].removeprefix("global:")
+            mpts.append((fam, d["attn"], max(num(d["kld_mean"]), ERROR_FLOOR), num(d["tokens_per_s"])))
+    if mrows:
+        rep.heading(f"In the model at ctx {st.get('long_ctx')}", 3)
+        rep.para("Perplexity, mean KL and top-1 agreement against exact.flash in the same run, whole-forward "
+                 "tokens/s, the attention's seconds (profile) and their ratio to exact.flash's.")
+        rep.table(["attention", "PPL", "KL mean", "top-1", "tokens/s", "attention s", "attention / exact", "status"],
+                  mrows)
+    if mpts:
+        fig, ax = plt.subplots(figsize=(7.5, 4.6))
+        for fam in sorted({p[0] for p in mpts}):
+            fp = sorted([p for p in mpts if p[0] == fam], key=lambda p: p[3])
+            col = FAMILY_COLORS.get(fam.split(".")[0], "#7f7f7f")
+            ax.plot([p[3] for p in fp], [p[2] for p in fp], "o-", color=col, label=fam, ms=4)
+            for p in fp:
+                ax.annotate(p[1].split("(", 1)[-1].rstrip(")")[:28], (p[3], p[2]), fontsize=6, xytext=(3, 2),
+                            textcoords="offset points")
+        if base and num(base.get("tokens_per_s")):
+            ax.axvline(num(base["tokens_per_s"]), color="k", ls="--", lw=1, label="exact.flash")
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens/s (whole forward pass)")
+        ax.set_ylabel("mean KL vs exact.flash (nats)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        rep.plot(fig, "long_ppl_pareto", f"KL against throughput in the model at ctx {st.get('long_ctx')}: each family's budgets")
+    for s in [s for s in steps if s["id"].startswith("long_auto_")]:
+        ch = long_choices(root, s)
+        if ch:
+            rep.heading(f"Per-layer choice of {s['title'].split('per-layer ', 1)[-1]}", 3)
+            rep.table(["selection", "choice", "why"], [[i, c, w] for i, c, w in ch])
+    rep.commands([s["command"] for s in ppl_steps + [s for s in steps if s["id"].startswith("long_auto_")]])
+
+
 # ---------------------------------------------------------------- BDA, MLA
 
 def section_bda(rep, root, meta):
@@ -511,6 +686,7 @@ def main():
              f"{meta['hardware_threads']}; load average at the end: {meta.get('loadavg', '').strip()}.")
     section_pareto(rep, root, meta, families)
     section_ppl(rep, root, meta)
+    section_long(rep, root, meta, families)
     section_bda(rep, root, meta)
     section_mla(rep, root, meta)
     if meta.get("model"):

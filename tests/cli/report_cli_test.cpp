@@ -196,7 +196,8 @@ TEST(ReportCli, SpecListsReachEveryCommandWhole) {
               " --n 64 --heads 1 --d 8 --reps 1 --check-rows 8 --gemm-size 32 --tokens 64 --layers "
               "0 --ctx 64" +
               " --chunks 1 --bd-seeds 1 --bd-tokens 8 --mla-ranks 4 --analyze-tokens 16 "
-              "--analyze-layers 0" +
+              "--analyze-layers 0 --long-n 32,64 --long-ctx 64 --long-methods "
+              "'sparse.window(left=16,sinks=4),lowrank.loki(topk_frac=0.5)' --long-tol 0.5" +
               " --python " + fake_python(dir),
           &rc);
   const auto meta = read_json(dir.file("r/data/steps.json"));
@@ -236,10 +237,55 @@ TEST(ReportCli, SpecListsReachEveryCommandWhole) {
   EXPECT_EQ(nys["status"], "failed") << nys.dump();
   EXPECT_EQ(nys["required"], false);
   EXPECT_NE(nys["stderr"].get<std::string>().find("cannot run"), std::string::npos) << nys.dump();
+  // The long-context section: a capture and a bench per length with every configuration whole,
+  // each configuration and auto(tol=E) in the model.
+  for (const char* id : {"long_capture_n32", "long_bench_n32", "long_capture_n64", "long_bench_n64",
+                         "long_ppl_exact.flash", "long_ppl_sparse.window_left=16_sinks=4",
+                         "long_ppl_lowrank.loki_topk_frac=0.5", "long_auto_tol0.5"}) {
+    ASSERT_TRUE(steps.count(id)) << id << "\n" << out;
+    EXPECT_EQ(steps[id]["status"], "ok") << steps[id].dump();
+  }
+  EXPECT_NE(steps["long_bench_n64"]["command"].get<std::string>().find(
+                "--method exact.flash --method 'sparse.window(left=16,sinks=4)' --method "
+                "'lowrank.loki(topk_frac=0.5)' "),
+            std::string::npos)
+      << steps["long_bench_n64"].dump();
+  EXPECT_NE(steps["long_auto_tol0.5"]["command"].get<std::string>().find("--attn 'auto(tol=0.5)' --baseline exact.flash"),
+            std::string::npos)
+      << steps["long_auto_tol0.5"].dump();
+  const auto lrows = read_json(dir.file("r/data/long/bench_n64.json"));
+  ASSERT_EQ(lrows.size(), 4u) << lrows.dump();  // sgemm, exact.flash and the two configurations
+  for (std::size_t i = 1; i < lrows.size(); ++i) EXPECT_EQ(lrows[i]["status"], "ok") << lrows[i].dump();
+  EXPECT_EQ(meta["settings"]["long_n"], "32,64");
+  EXPECT_EQ(meta["settings"]["long_ctx"], 64);
   // Nothing else failed that was required, so the report succeeded.
   for (const auto& [id, s] : steps)
     if (s["required"] == true) EXPECT_EQ(s["status"], "ok") << s.dump();
   EXPECT_EQ(rc, 0) << out;
+}
+
+// The long-context options are checked before any measurement: lengths beyond the model's
+// context, targets outside (0, 1).
+TEST(ReportCli, LongContextOptionsAreRefusedBeforeAnyMeasurement) {
+  test::ScratchDir dir;
+  const std::string text = dir.file("text.txt");
+  std::ofstream(text) << test::tiny_text(400);
+  const std::string base = "report --no-progress --threads 1 --model " + test::tiny_model_with_vocab() +
+                           " --text " + text + " --python " + fake_python(dir) + " --out " + dir.file("r");
+  const std::pair<std::string, std::string> cases[] = {
+      {" --long-n 512", "error: --long-n: 512 is beyond the model's context of 256 tokens"},
+      {" --long-n 64,x", "error: --long-n: 'x' is not a sequence length"},
+      {" --long-tol 0.05,2", "error: --long-tol: '2' is not an error target in (0, 1)"},
+      {" --long-ctx 512", "--long-ctx: 512 is beyond the model's context of 256 tokens"},
+      {" --long-methods 'nosuch.method'", "error: --long-methods: unknown method 'nosuch.method'"},
+  };
+  for (const auto& [args, want] : cases) {
+    int rc = 0;
+    const std::string out = run(base + args, &rc);
+    EXPECT_EQ(rc, 1) << args << "\n" << out;
+    EXPECT_NE(out.find(want), std::string::npos) << args << "\n" << out;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("r/data/steps.json"))) << args;
+  }
 }
 
 }  // namespace NUMATTN_UNITY_ID

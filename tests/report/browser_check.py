@@ -152,7 +152,8 @@ def console_errors(events):
 
 def expected_plots(report_dir):
     """The plots report_plots.py draws for the steps that succeeded: two per input kind of the
-    benchmark (time, memory), one for the perplexity table, two for analyze (spectra, panels)."""
+    benchmark (time, memory), one for the perplexity table, two for analyze (spectra, panels), two
+    for the long-context section."""
     with open(os.path.join(report_dir, "data", "steps.json"), encoding="utf-8") as f:
         steps = json.load(f)["steps"]
     ok = {s["id"] for s in steps if s["status"] == "ok"}
@@ -161,6 +162,9 @@ def expected_plots(report_dir):
     n += 2 * any(i.startswith("bench_captured_") for i in ok)
     n += any(i.startswith("ppl_") and i != "ppl_exact.flash" for i in ok)
     n += 2 * ("analyze" in ok)
+    # Long context: time and error against N, and KL against throughput in the model.
+    n += any(i.startswith("long_bench_") for i in ok)
+    n += any((i.startswith("long_ppl_") and i != "long_ppl_exact.flash") or i.startswith("long_auto_") for i in ok)
     return n
 
 
@@ -173,7 +177,9 @@ def build_tiny_report(numattn, work):
            "--threads", "2", "--n", "64,128", "--heads", "2", "--d", "16", "--tokens", "64", "--layers", "0",
            "--reps", "1", "--check-rows", "16", "--gemm-size", "128", "--ctx", "64", "--chunks", "1",
            "--ppl-methods", ppl, "--bd-setups", "mha768", "--bd-seeds", "1",
-           "--bd-tokens", "16", "--mla-ranks", "32", "--analyze-tokens", "48", "--analyze-layers", "0"]
+           "--bd-tokens", "16", "--mla-ranks", "32", "--analyze-tokens", "48", "--analyze-layers", "0",
+           "--long-n", "64,128", "--long-ctx", "128",
+           "--long-methods", "sparse.window(left=32,sinks=4),sparse.topk(k=32,select=block)"]
     if quick:
         cmd += ["--bench-methods", "exact.flash,exact.naive,lowrank.nystrom,kernel.performer,sparse.window"]
     print("building the report:", " ".join(cmd), flush=True)

@@ -43,11 +43,38 @@ namespace fs = std::filesystem;
 // cores; --full is the thorough one. Every field can be overridden by its flag.
 struct Settings {
   std::string n, heads, d, tokens, layers, ppl_methods, bench_methods, bd_setups, mla_ranks,
-      analyze_layers;
+      analyze_layers, long_n, long_methods, long_tol;
   int reps = 0, bd_seeds = 0;
   long long check_rows = 0, gemm_size = 0, bd_tokens = 0, analyze_tokens = 0;
-  std::int64_t ctx = 0, chunks = 0;
+  std::int64_t ctx = 0, chunks = 0, long_ctx = 0;
 };
+
+// The long-context section's configurations: each family's budget parameter swept, smallest
+// budget first. All of them are timed on captured Q/K/V at every length; the model runs all of
+// them in a full report and the middle budget of each family in a quick one. Methods without a
+// causal kernel of their own reach the causal problems through their causal form.
+struct LongFamily {
+  const char* family;
+  std::vector<std::string> specs;
+};
+const std::vector<LongFamily>& long_sweep() {
+  static const std::vector<LongFamily> sweep{
+      {"sparse.window", {"sparse.window(left=256,sinks=4)", "sparse.window(left=1024,sinks=4)",
+                         "sparse.window(left=2048,sinks=4)"}},
+      {"sparse.topk", {"sparse.topk(k=256,select=block)", "sparse.topk(k=512,select=block)",
+                       "sparse.topk(k=1024,select=block)"}},
+      {"lowrank.loki", {"lowrank.loki(topk_frac=0.0625)", "lowrank.loki(topk_frac=0.125)",
+                        "lowrank.loki(topk_frac=0.25)"}},
+      {"sparse.hyper", {"sparse.hyper(block=64,samples=64,min_seq_len=1024)",
+                        "sparse.hyper(block=256,samples=256,min_seq_len=1024)",
+                        "sparse.hyper(block=512,samples=512,min_seq_len=1024)"}},
+      {"kernel.performer", {"kernel.performer(features=64)", "kernel.performer(features=256)",
+                            "kernel.performer(features=1024)"}},
+      {"lowrank.nystrom", {"lowrank.nystrom(landmarks=32)", "lowrank.nystrom(landmarks=64)",
+                           "lowrank.nystrom(landmarks=256)"}},
+  };
+  return sweep;
+}
 
 Settings preset(bool full) {
   Settings s;
@@ -68,13 +95,18 @@ Settings preset(bool full) {
   s.mla_ranks = full ? "64,128" : "128";
   s.analyze_tokens = 309;  // the survey's §9 experiment
   s.analyze_layers = full ? "all" : "0,15,29";
+  // Long context: N doubles from 1k (to the model's context, at most 32k, in a full report).
+  s.long_n = full ? "1024,2048,4096,8192" : "1024,2048";
+  s.long_ctx = full ? 8192 : 2048;
+  // auto(tol=E) times its candidates on every layer's first problem: a full report's work.
+  s.long_tol = full ? "0.05" : "";
   return s;
 }
 
 struct ReportOptions {
   std::string model = "default", text = "default", out, python = "/usr/bin/python3", plots_script,
               format = "md";
-  bool full = false, no_progress = false, no_model = false;
+  bool full = false, no_progress = false, no_model = false, no_long = false;
   int threads = 0;
   Settings user;  // empty / 0: the preset's value
 };
@@ -361,6 +393,19 @@ void add_report(CLI::App& app) {
   sub->add_option("--analyze-tokens", u.analyze_tokens, "tokens of `numattn analyze` (309, the survey's §9)")
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--analyze-layers", u.analyze_layers, "layers of `numattn analyze` (quick 0, the captured layer, L-1; full all)");
+  sub->add_option("--long-n", u.long_n,
+                  "sequence lengths of the long-context section (list; quick 1024,2048, full 1024 "
+                  "doubling to the model's context, at most 32768)");
+  sub->add_option("--long-ctx", u.long_ctx,
+                  "perplexity context of the long-context section (quick 2048, full 8192; at most the model's)")
+      ->check(CLI::Range(4, 1 << 20));
+  sub->add_option("--long-methods", u.long_methods,
+                  "configurations of the long-context section (comma-separated specs; default: each "
+                  "family's budget swept)");
+  sub->add_option("--long-tol", u.long_tol,
+                  "error targets of auto(tol=E) in the model in the long-context section, with its "
+                  "per-layer choice (list; quick none, full 0.05)");
+  sub->add_flag("--no-long", o->no_long, "leave out the long-context section");
   sub->add_option("--python", o->python, "Python with matplotlib that draws the plots")->capture_default_str();
   sub->add_option("--plots-script", o->plots_script,
                   "report_plots.py to use (default: found beside the executable or in its source tree)");
@@ -389,6 +434,10 @@ void add_report(CLI::App& app) {
     s.mla_ranks = pick(u.mla_ranks, p.mla_ranks);
     s.analyze_tokens = pick(u.analyze_tokens, p.analyze_tokens);
     s.analyze_layers = pick(u.analyze_layers, p.analyze_layers);
+    s.long_n = pick(u.long_n, p.long_n);
+    s.long_ctx = pick(u.long_ctx, p.long_ctx);
+    s.long_methods = u.long_methods;
+    s.long_tol = pick(u.long_tol, p.long_tol);
     ExecContext ctx{o->threads};  // checks --threads
     (void)ctx.num_threads();
 
@@ -409,6 +458,20 @@ void add_report(CLI::App& app) {
     const std::vector<std::string> bench_specs = s.bench_methods.empty()
                                                      ? std::vector<std::string>{}
                                                      : specs_of("bench-methods", s.bench_methods);
+    const std::vector<std::string> user_long_specs = s.long_methods.empty() || o->no_long
+                                                         ? std::vector<std::string>{}
+                                                         : specs_of("long-methods", s.long_methods);
+    for (const std::string& t : split_list(s.long_tol)) {
+      double v = 0;
+      try {
+        std::size_t used = 0;
+        v = std::stod(t, &used);
+        if (used != t.size()) v = -1;
+      } catch (const std::exception&) {
+        v = -1;
+      }
+      if (!(v > 0 && v < 1)) throw OptionError("long-tol", fmt::format("'{}' is not an error target in (0, 1)", t));
+    }
     const std::vector<std::string> user_ppl_specs = s.ppl_methods.empty() || o->no_model
                                                         ? std::vector<std::string>{}
                                                         : specs_of("ppl-methods", s.ppl_methods);
@@ -430,6 +493,7 @@ void add_report(CLI::App& app) {
     // refuses it is expected to be refused by ppl (an optional row with the reason); any other
     // failed perplexity run fails the report.
     std::optional<ModelHParams> hp;
+    std::int64_t long_layer = 0;
     if (!o->no_model) {
       hp = LlamaModel::read_hparams(GgufFile::open(model_path));
       // Default layers from the model's depth L: captured L/2 (quick; the global layer nearest
@@ -450,6 +514,27 @@ void add_report(CLI::App& app) {
       if (u.layers.empty())
         s.layers = o->full ? list({0, L / 4, L / 2, (3 * L) / 4, L - 1}) : std::to_string(mid);
       if (u.analyze_layers.empty() && !o->full) s.analyze_layers = list({0, mid, L - 1});
+      // Long context: one layer (the mid global one), lengths within the trained context.
+      long_layer = mid;
+      const std::int64_t n_train = hp->n_ctx_train > 0 ? hp->n_ctx_train : std::int64_t{1} << 15;
+      if (u.long_n.empty() && o->full) {
+        std::vector<std::int64_t> ns;
+        for (std::int64_t n = 1024; n <= std::min<std::int64_t>(n_train, 32768); n *= 2) ns.push_back(n);
+        s.long_n = list(ns);
+      }
+      std::vector<std::int64_t> long_ns;
+      for (const std::string& t : split_list(s.long_n)) {
+        const long long n = std::atoll(t.c_str());
+        if (n < 2 || std::to_string(n) != t)
+          throw OptionError("long-n", fmt::format("'{}' is not a sequence length", t));
+        if (!u.long_n.empty() && n > n_train)
+          throw OptionError("long-n", fmt::format("{} is beyond the model's context of {} tokens", n, n_train));
+        if (n <= n_train) long_ns.push_back(n);  // a preset's lengths stop at the model's context
+      }
+      s.long_n = list(long_ns);
+      if (u.long_ctx == 0) s.long_ctx = std::min(s.long_ctx, n_train);
+      NUMATTN_CHECK(s.long_ctx <= n_train, "--long-ctx: {} is beyond the model's context of {} tokens", s.long_ctx,
+                    n_train);
     }
     auto runs_on_model = [&](const std::string& spec) {
       try {
@@ -553,6 +638,65 @@ void add_report(CLI::App& app) {
         for (const auto& r : split_list(s.mla_ranks))
           ppl_step("mla_rank" + r, "mla", "MLA at latent rank " + r, {"--mla-rank", r}, false);
       }
+      if (!o->no_long) {
+        // Long context: the swept configurations against exact.flash on the model's own Q/K/V
+        // at each length, then in the model at long_ctx (PPL/KL against tokens/s) and the
+        // per-layer choice of auto(tol=E).
+        fs::create_directories(dir / "data" / "long", ec);
+        std::vector<std::string> long_specs = user_long_specs, long_ppl_specs = user_long_specs;
+        if (long_specs.empty())
+          for (const LongFamily& f : long_sweep()) {
+            long_specs.insert(long_specs.end(), f.specs.begin(), f.specs.end());
+            if (o->full)
+              long_ppl_specs.insert(long_ppl_specs.end(), f.specs.begin(), f.specs.end());
+            else
+              long_ppl_specs.push_back(f.specs[f.specs.size() / 2]);
+          }
+        const std::string ll = std::to_string(long_layer);
+        for (const std::string& nn : split_list(s.long_n)) {
+          const std::string qdir = (dir / "data" / "long" / ("qkv_n" + nn)).string();
+          add({"long_capture_n" + nn, "long", "capture Q/K/V of layer " + ll + " at N = " + nn,
+               {"capture", "--model", model_path, "--text", text_path, "--tokens", nn, "--layers", ll, "--out", qdir,
+                "--no-progress", "--format", "json"},
+               "data/long/capture_n" + nn + ".json"});
+          std::vector<std::string> a{"bench", "--method", "exact.flash"};
+          for (const std::string& sp : long_specs) append(a, {"--method", sp});
+          append(a, {"--qkv", qdir, "--layer", ll, "--causal", "bottom-right", "--reps", reps, "--check-rows", check,
+                     "--gemm-size", gemm, "--format", "json"});
+          add({"long_bench_n" + nn, "long", "long context: captured Q/K/V of layer " + ll + ", N = " + nn, a,
+               "data/long/bench_n" + nn + ".json", true, "long_capture_n" + nn});
+        }
+        const std::string lctx = std::to_string(s.long_ctx);
+        const std::vector<std::string> long_model{"--model", model_path, "--text", text_path, "--ctx", lctx,
+                                                  "--chunks", "1", "--no-progress", "--format", "json"};
+        const bool hybrid_long = std::any_of(hp->local_layers.begin(), hp->local_layers.end(),
+                                             [](std::uint8_t f) { return f != 0; });
+        auto long_ppl = [&](const std::string& id, const std::string& title, const std::string& spec, bool base) {
+          std::vector<std::string> a{"ppl"};
+          a.insert(a.end(), long_model.begin(), long_model.end());
+          append(a, {"--attn", spec});
+          if (base) append(a, {"--baseline", "exact.flash"});
+          bool ok = true;
+          try {
+            check_model_attention("long-methods", spec, *hp, s.long_ctx, s.long_ctx, "chunk's");
+          } catch (const OptionError&) {
+            ok = false;
+          }
+          add({id, "long", title, a, "data/long/" + id + ".json", ok});
+        };
+        std::set<std::string> long_ids;
+        long_ppl(file_id("long_ppl_exact.flash", long_ids), "long context in the model: exact.flash, ctx " + lctx,
+                 "exact.flash", false);
+        for (const std::string& m : long_ppl_specs) {
+          const std::string spec = hybrid_long && m.find(':') == std::string::npos ? "global:" + m : m;
+          long_ppl(file_id("long_ppl_" + m, long_ids), "long context in the model: " + m + ", ctx " + lctx, spec, true);
+        }
+        for (const std::string& t : split_list(s.long_tol)) {
+          const std::string spec = "auto(tol=" + t + ")";
+          long_ppl(file_id("long_auto_tol" + t, long_ids), "long context in the model: per-layer " + spec + ", ctx " + lctx,
+                   hybrid_long ? "global:" + spec : spec, true);
+        }
+      }
       if (has_analyze) {
         add({"analyze", "analyze", "spectra, sparsity and the §9 findings (numattn analyze)",
              {"analyze", "--model", model_path, "--text", text_path, "--tokens", std::to_string(s.analyze_tokens),
@@ -587,7 +731,9 @@ void add_report(CLI::App& app) {
       meta["settings"] = {{"n", s.n}, {"heads", s.heads}, {"d", s.d}, {"tokens", s.tokens},
                           {"layers", s.layers}, {"reps", s.reps}, {"check_rows", s.check_rows},
                           {"ctx", s.ctx}, {"chunks", s.chunks}, {"bd_setups", s.bd_setups},
-                          {"analyze_tokens", s.analyze_tokens}, {"analyze_layers", s.analyze_layers}};
+                          {"analyze_tokens", s.analyze_tokens}, {"analyze_layers", s.analyze_layers},
+                          {"long_n", s.long_n}, {"long_ctx", s.long_ctx}, {"long_tol", s.long_tol},
+                          {"long_layer", long_layer}};
       Row arr = Row::array();
       for (const Step& st : all) {
         Row r;
