@@ -13,6 +13,11 @@ namespace numattn {
 
 namespace {
 
+// Registered approximations that are analysis oracles, not accelerations: lowrank.svd computes
+// a float64 SVD of each head's N×N softmax matrix, O(N³), minutes at N = 2048. Tried only when
+// named in `methods`.
+bool oracle(const MethodInfo& m) { return m.name == "lowrank.svd"; }
+
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::map<std::string, std::string> param_map(const AttentionMethod& m) {
@@ -134,7 +139,7 @@ std::vector<std::string> advise_candidates(const AttentionProblem& p, const Advi
   std::vector<std::string> specs;
   for (const MethodInfo* info : list_methods()) {
     const bool wanted = opt.methods.empty()
-                            ? !info->caps.exact && info->family != "dist" && info->family != "auto"
+                            ? !info->caps.exact && info->family != "dist" && info->family != "auto" && !oracle(*info)
                             : std::find(opt.methods.begin(), opt.methods.end(), info->name) != opt.methods.end();
     if (!wanted) continue;
     for (const std::string& s : advise_grid(*info, p)) specs.push_back(s);
@@ -153,7 +158,7 @@ Advice advise(const AttentionProblem& p, const AdviseOptions& opt, const ExecCon
   std::vector<const MethodInfo*> methods;
   for (const MethodInfo* info : list_methods()) {
     const bool wanted = opt.methods.empty()
-                            ? !info->caps.exact && info->family != "dist" && info->family != "auto"
+                            ? !info->caps.exact && info->family != "dist" && info->family != "auto" && !oracle(*info)
                             : std::find(opt.methods.begin(), opt.methods.end(), info->name) != opt.methods.end();
     if (wanted) methods.push_back(info);
   }

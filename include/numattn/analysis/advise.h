@@ -49,8 +49,8 @@ struct AdviseOptions {
   int reps = 3;                      ///< timed runs per candidate (median)
   double slow_factor = 4;            ///< see above
   std::size_t max_per_method = 6;    ///< runs per method (the default and the search's probes)
-  /// Method names to consider; empty = every registered method that is not exact, not dist.*
-  /// and not auto.*.
+  /// Method names to consider; empty = every registered method that is not exact, not dist.*,
+  /// not auto.* and not lowrank.svd (the float64 low-rank oracle, O(N³) per head).
   std::vector<std::string> methods;
 };
 
