@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <functional>
 #include <map>
 
 #include "numattn/attention/registry.h"
@@ -11,6 +12,11 @@
 namespace numattn {
 
 namespace {
+
+// Registered approximations that are analysis oracles, not accelerations: lowrank.svd computes
+// a float64 SVD of each head's N×N softmax matrix, O(N³), minutes at N = 2048. Tried only when
+// named in `methods`.
+bool oracle(const MethodInfo& m) { return m.name == "lowrank.svd"; }
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -40,21 +46,68 @@ AdviseCandidate blank(const std::string& spec, const std::string& kind) {
 
 }  // namespace
 
-std::vector<std::string> advise_grid(const MethodInfo& info, const AttentionProblem& p, std::size_t max_count) {
-  std::vector<std::string> out;
-  auto add = [&](const std::string& spec) {
-    std::string canon;
-    try {
-      canon = create_method(spec)->spec();
-    } catch (const Error&) {
-      return;  // a convergence value outside the parameter's range on this problem
-    }
-    if (out.size() < max_count && std::find(out.begin(), out.end(), canon) == out.end()) out.push_back(canon);
-  };
-  add(info.name);
+std::vector<std::string> budget_ladder(const MethodInfo& info, const AttentionProblem& p) {
   const auto& cv = info.accuracy.convergence;
-  if (!cv.param.empty() && cv.values)
-    for (const std::string& v : cv.values(p)) add(info.name + "(" + cv.param + "=" + v + ")");
+  if (cv.param.empty() || !create_method(info.name)->target().is_softmax()) return {};
+  const auto ps = std::find_if(info.params.begin(), info.params.end(),
+                               [&](const ParamSpec& x) { return x.name == cv.param; });
+  if (ps == info.params.end() || (ps->type != ParamType::kInt && ps->type != ParamType::kFloat)) return {};
+  // The limit value bounds the ladder (0 means "automatic" in numattn's schemas, not a bound).
+  double limit = std::numeric_limits<double>::infinity();
+  if (info.accuracy.limit_case)
+    for (const auto& [k, v] : info.accuracy.limit_case(p)) {
+      double x = 0;
+      if (k == cv.param && as_number(v, x) && x != 0) limit = x;
+    }
+  std::vector<double> values;
+  if (ps->type == ParamType::kFloat) {
+    // A fraction: halvings below the limit (or the range's top).
+    const double top = std::min(ps->max, limit);
+    for (int e = 6; e >= 1; --e)
+      if (const double x = std::ldexp(top, -e); x >= ps->min) values.push_back(x);
+  } else {
+    // A count (keys, landmarks, features, clusters): powers of two inside the range, below the
+    // limit when the error falls as it grows, above it when it falls as the count shrinks; no
+    // count beyond the keys buys anything.
+    const double top = std::min({ps->max, static_cast<double>(std::max<index_t>(p.n_kv(), 1)),
+                                 cv.error_falls_as_it_grows ? limit - 1 : ps->max});
+    const double bottom = std::max({ps->min, 1.0, cv.error_falls_as_it_grows ? 1.0 : limit + 1});
+    for (double x = 1; x <= top; x *= 2)
+      if (x >= bottom) values.push_back(x);
+    if (!cv.error_falls_as_it_grows) std::reverse(values.begin(), values.end());
+  }
+  std::vector<std::string> out;
+  for (double x : values) {
+    const std::string spec = fmt::format("{}({}={:g})", info.name, cv.param, x);
+    try {
+      out.push_back(create_method(spec)->spec());
+    } catch (const Error&) {  // a value the method refuses on its own terms
+    }
+  }
+  return out;
+}
+
+std::size_t search_budget(std::size_t lo, std::size_t hi, std::size_t n, std::size_t max_probes,
+                          const std::function<BudgetProbe(std::size_t)>& probe) {
+  NUMATTN_CHECK(lo <= hi && hi <= n, "search_budget: bracket [{}, {}] outside a ladder of {}", lo, hi, n);
+  for (std::size_t probes = 0; lo < hi && probes < max_probes; ++probes) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    const BudgetProbe b = probe(mid);
+    if (!b.ran) break;
+    if (b.accurate) {
+      hi = mid;
+    } else {
+      if (b.slower_than_exact) break;  // a dearer value is slower still
+      lo = mid + 1;
+    }
+  }
+  return hi;
+}
+
+std::vector<std::string> advise_grid(const MethodInfo& info, const AttentionProblem& p) {
+  std::vector<std::string> out{create_method(info.name)->spec()};
+  for (const std::string& s : budget_ladder(info, p))
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
   return out;
 }
 
@@ -86,10 +139,10 @@ std::vector<std::string> advise_candidates(const AttentionProblem& p, const Advi
   std::vector<std::string> specs;
   for (const MethodInfo* info : list_methods()) {
     const bool wanted = opt.methods.empty()
-                            ? !info->caps.exact && info->family != "dist" && info->family != "auto"
+                            ? !info->caps.exact && info->family != "dist" && info->family != "auto" && !oracle(*info)
                             : std::find(opt.methods.begin(), opt.methods.end(), info->name) != opt.methods.end();
     if (!wanted) continue;
-    for (const std::string& s : advise_grid(*info, p, opt.max_per_method)) specs.push_back(s);
+    for (const std::string& s : advise_grid(*info, p)) specs.push_back(s);
   }
   return specs;
 }
@@ -98,11 +151,18 @@ Advice advise(const AttentionProblem& p, const AdviseOptions& opt, const ExecCon
               const AdviseProgress& progress) {
   NUMATTN_CHECK(opt.tol >= 0 && std::isfinite(opt.tol), "advise: tolerance {} must be a finite number >= 0", opt.tol);
   validate(p);
+  for (const std::string& name : opt.methods)
+    NUMATTN_CHECK(find_method(name) != nullptr, "advise: unknown method '{}' (see `numattn methods`)", name);
   Advice adv;
   adv.tol = opt.tol;
-  // The candidates first, so that progress knows the total.
-  const std::vector<std::string> specs = advise_candidates(p, opt);
-  const std::size_t total = specs.size() + 1;
+  std::vector<const MethodInfo*> methods;
+  for (const MethodInfo* info : list_methods()) {
+    const bool wanted = opt.methods.empty()
+                            ? !info->caps.exact && info->family != "dist" && info->family != "auto" && !oracle(*info)
+                            : std::find(opt.methods.begin(), opt.methods.end(), info->name) != opt.methods.end();
+    if (wanted) methods.push_back(info);
+  }
+  const std::size_t total = methods.size() + 1;
   if (progress) progress(0, total, "exact.flash");
 
   const auto flash = create_method("exact.flash");
@@ -118,61 +178,81 @@ Advice advise(const AttentionProblem& p, const AdviseOptions& opt, const ExecCon
   adv.baseline.status = "ok";
   const double exact_tol = exact_f32_tolerance(sample.ref.logit_magnitude).rel_fro_error;
 
-  std::size_t done = 1;
-  std::string too_slow_method, too_slow_why;  // a method whose grid point ran far over exact
-  for (const std::string& spec : specs) {
-    if (progress) progress(done, total, spec);
-    ++done;
+  // One candidate: run, estimate, time; appended to adv.candidates.
+  auto evaluate = [&](const std::string& spec) -> const AdviseCandidate& {
     const auto m = create_method(spec);
     AdviseCandidate c = blank(m->spec(), "approximate");
-    // Exact in disguise is a property of the spec and the shape: reported even where the
-    // method's grid is cut short by time (which depends on the machine's load).
+    // Exact in disguise is a property of the spec and the shape: reported without running.
     const std::string disguise = exact_in_disguise(*m, p);
+    const Status st = m->can_run(p);
     if (!disguise.empty()) {
       c.kind = "exact";
       c.status = "skipped: " + disguise;
-      adv.candidates.push_back(c);
-      continue;
-    }
-    if (m->info().name == too_slow_method) {
-      c.status = "skipped: " + too_slow_why;
-      adv.candidates.push_back(c);
-      continue;
-    }
-    const Status st = m->can_run(p);
-    if (!st.is_ok()) {
+    } else if (!st.is_ok()) {
       c.status = "skipped: " + st.reason();
-      adv.candidates.push_back(c);
-      continue;
-    }
-    try {
-      const double warm = seconds_of([&] { m->run(p, ctx); });
-      c.estimate = estimate_error(p, sample, opt.level);
-      if (warm > opt.slow_factor * base_s) {
-        c.seconds = warm;
-        c.status = "ok: timed once (slower than exact)";
-        if (warm > opt.skip_factor * base_s) {
-          too_slow_method = m->info().name;
-          too_slow_why = fmt::format("{} took {:.0f}x exact.flash's time; the rest of its grid is not tried",
-                                     c.spec, warm / base_s);
+    } else {
+      try {
+        const double warm = seconds_of([&] { m->run(p, ctx); });
+        c.estimate = estimate_error(p, sample, opt.level);
+        if (warm > opt.slow_factor * base_s) {
+          c.seconds = warm;
+          c.status = "ok: timed once (slower than exact)";
+        } else {
+          c.seconds = median_seconds(opt.reps, [&] { m->run(p, ctx); });
+          c.status = "ok";
         }
-      } else {
-        c.seconds = median_seconds(opt.reps, [&] { m->run(p, ctx); });
-        c.status = "ok";
+        c.speedup_vs_exact = base_s / c.seconds;
+        if (c.estimate.rel_error <= exact_tol) {
+          c.kind = "exact";
+          c.status = fmt::format("{} (measured exact: estimated error {:.3g} within the float32 tolerance {:.3g})",
+                                 c.status, c.estimate.rel_error, exact_tol);
+        }
+        c.meets = c.kind == "approximate" && c.estimate.rel_error_hi <= opt.tol && c.seconds < base_s;
+      } catch (const Error& e) {
+        c.status = std::string("failed: ") + e.what();
       }
-    } catch (const Error& e) {
-      c.status = std::string("failed: ") + e.what();
-      adv.candidates.push_back(c);
-      continue;
     }
-    c.speedup_vs_exact = base_s / c.seconds;
-    if (c.estimate.rel_error <= exact_tol) {
-      c.kind = "exact";
-      c.status = fmt::format("{} (measured exact: estimated error {:.3g} within the float32 tolerance {:.3g})",
-                             c.status, c.estimate.rel_error, exact_tol);
-    }
-    c.meets = c.kind == "approximate" && c.estimate.rel_error_hi <= opt.tol && c.seconds < base_s;
     adv.candidates.push_back(c);
+    return adv.candidates.back();
+  };
+  // Whether a candidate's error meets the tolerance (an exact one does), whatever its speed.
+  auto accurate = [&](const AdviseCandidate& c) {
+    return c.kind == "exact" || (!std::isnan(c.estimate.rel_error_hi) && c.estimate.rel_error_hi <= opt.tol);
+  };
+  auto ran = [](const AdviseCandidate& c) { return c.kind == "exact" || !std::isnan(c.seconds); };
+
+  std::size_t done = 1;
+  for (const MethodInfo* info : methods) {
+    if (progress) progress(done, total, info->name);
+    ++done;
+    const std::vector<std::string> ladder = budget_ladder(*info, p);
+    const AdviseCandidate def = evaluate(create_method(info->name)->spec());
+    if (ladder.empty() || !ran(def)) continue;
+    // The budget search (see advise.h): the default brackets the answer when its value is on
+    // the ladder's scale (0 means "automatic": no bracket).
+    std::size_t lo = 0, hi = ladder.size();
+    const std::string param = info->accuracy.convergence.param;
+    auto value_of = [&](const std::string& spec, double& x) {
+      for (const auto& [k, v] : parse_spec(spec).params)
+        if (k == param) return as_number(v, x) && x != 0;
+      return false;
+    };
+    if (double dv = 0; value_of(def.spec, dv)) {
+      const bool grows = info->accuracy.convergence.error_falls_as_it_grows;
+      std::size_t pos = 0;  // the first ladder value at least as accurate as the default
+      for (double x = 0; pos < ladder.size(); ++pos)
+        if (value_of(ladder[pos], x) && (grows ? x >= dv : x <= dv)) break;
+      if (accurate(def)) {
+        hi = pos;
+      } else {
+        if (def.seconds > base_s) continue;  // more budget: slower still
+        lo = pos < ladder.size() && ladder[pos] == def.spec ? pos + 1 : pos;
+      }
+    }
+    search_budget(lo, hi, ladder.size(), opt.max_per_method > 0 ? opt.max_per_method - 1 : 0, [&](std::size_t i) {
+      const AdviseCandidate& c = evaluate(ladder[i]);
+      return BudgetProbe{ran(c), accurate(c), ran(c) && c.seconds > base_s};
+    });
   }
   if (progress) progress(total, total, "");
   std::stable_sort(adv.candidates.begin(), adv.candidates.end(),

@@ -1,6 +1,7 @@
 #include "numattn/analysis/estimate.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -67,8 +68,14 @@ double student_t_quantile(double prob, index_t dof) {
   return 0.5 * (lo + hi);
 }
 
+index_t auto_estimate_rows(const AttentionProblem& p) {
+  const double rows = static_cast<double>(p.batch() * p.heads() * p.n_q());
+  return std::max<index_t>(32, static_cast<index_t>(std::ceil(std::sqrt(rows))));
+}
+
 std::vector<WeightedRow> stratified_rows(const AttentionProblem& p, index_t m, std::uint64_t seed) {
-  NUMATTN_CHECK(m >= 1, "error estimate: {} rows requested (need >= 1)", m);
+  NUMATTN_CHECK(m >= 0, "error estimate: {} rows requested (need >= 1, or 0 for automatic)", m);
+  if (m == 0) m = auto_estimate_rows(p);
   const index_t S = p.batch() * p.heads(), nq = p.n_q();
   std::vector<WeightedRow> out;
   if (S * nq == 0) return out;
@@ -83,10 +90,34 @@ std::vector<WeightedRow> stratified_rows(const AttentionProblem& p, index_t m, s
   std::vector<index_t> per(static_cast<std::size_t>(S), m / S);
   for (index_t s : choose(S, m % S, rng, ctr)) ++per[static_cast<std::size_t>(s)];
   const double strata_factor = m >= S ? 1.0 : static_cast<double>(S) / static_cast<double>(m);
+  // Rows where the number of visible keys reaches the next power of two (a causal rule, a
+  // window): an approximation's row error depends on how many keys the row sees against the
+  // method's budget, and under a causal rule that count spans orders of magnitude inside the
+  // first position segment, where the error of a top-k or low-rank method concentrates.
+  auto visible_class = [&](index_t r) -> index_t {  // ⌊log2(visible keys)⌋ + 1, 0 for none
+    const KeyRange kr = p.key_range(r);
+    return kr.empty() ? 0 : static_cast<index_t>(std::bit_width(static_cast<std::uint64_t>(kr.end - kr.begin)));
+  };
+  std::vector<index_t> doubling;  // ascending row indices in (0, Nq/2]
+  for (index_t i = 1, prev = visible_class(0); i <= nq / 2; ++i) {
+    const index_t c = visible_class(i);
+    if (c != prev) doubling.push_back(i);
+    prev = c;
+  }
   for (index_t s = 0; s < S; ++s) {
     const index_t ms = per[static_cast<std::size_t>(s)];
-    for (index_t j = 0; j < ms; ++j) {
-      const index_t lo = j * nq / ms, hi = (j + 1) * nq / ms;
+    if (ms == 0) continue;  // a stratum not sampled (fewer rows than strata)
+    std::vector<index_t> bounds;
+    for (index_t j = 0; j <= ms; ++j) bounds.push_back(j * nq / ms);
+    // With two or more rows a stratum also splits its first segment where the visible key count
+    // doubles (one row from each part): the geometric refinement above.
+    if (ms >= 2)
+      for (index_t b : doubling)
+        if (b < bounds[1]) bounds.push_back(b);
+    std::sort(bounds.begin(), bounds.end());
+    bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+    for (std::size_t j = 0; j + 1 < bounds.size(); ++j) {
+      const index_t lo = bounds[j], hi = bounds[j + 1];
       const index_t i = std::min(hi - 1, lo + static_cast<index_t>(rng.uniform(ctr++) * static_cast<double>(hi - lo)));
       out.push_back({{s / p.heads(), s % p.heads(), i}, static_cast<double>(hi - lo) * strata_factor});
     }
@@ -129,14 +160,27 @@ ErrorEstimate ratio_estimate(std::span<const double> e, std::span<const double> 
     r.rel_error_hi = kInf;
     return r;
   }
-  double z2 = 0;
+  // Fieller's interval for a ratio of two estimated totals: A_r = m·w_r·e_r and B_r = m·w_r·n_r
+  // are the per-draw (Hansen–Hurwitz) estimates of Σe and Σn, with means Ê = Σ w e, N̂ = Σ w n;
+  // R lies under the bound iff Ê − R·N̂ ≥ −t·sqrt(v(Ê − R·N̂)), the larger root of
+  //   (N̂² − t²v_BB)·R² − 2(Ê·N̂ − t²v_AB)·R + (Ê² − t²v_AA) = 0.
+  const double md = static_cast<double>(m);
+  double saa = 0, sbb = 0, sab = 0;
   for (std::size_t k = 0; k < e.size(); ++k) {
-    const double z = w[k] * (e[k] - R * n[k]);
-    z2 += z * z;
+    const double da = md * w[k] * e[k] - se, db = md * w[k] * n[k] - sn;
+    saa += da * da;
+    sbb += db * db;
+    sab += da * db;
   }
-  const double fpc = 1 - static_cast<double>(m) / static_cast<double>(population);
-  const double var = fpc * static_cast<double>(m) / static_cast<double>(m - 1) * z2 / (sn * sn);
-  r.rel_error_hi = std::sqrt(R + student_t_quantile(level, m - 1) * std::sqrt(var));
+  const double fpc = 1 - md / static_cast<double>(population);
+  const double scale = fpc / (md * (md - 1));  // v = fpc · s²/m with s² = Σ d²/(m − 1)
+  const double t = student_t_quantile(level, m - 1), t2 = t * t;
+  const double qa = sn * sn - t2 * scale * sbb, qb = se * sn - t2 * scale * sab, qc = se * se - t2 * scale * saa;
+  // R̂ itself satisfies the inequality, so with qa > 0 the roots are real: a negative
+  // discriminant is rounding.
+  const double disc = std::max(0.0, qb * qb - qa * qc);
+  // The denominator not significantly above zero (qa ≤ 0): no finite bound at this level.
+  r.rel_error_hi = qa > 0 ? std::sqrt(std::max(R, (qb + std::sqrt(disc)) / qa)) : kInf;
   return r;
 }
 

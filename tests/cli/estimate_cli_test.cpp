@@ -54,7 +54,7 @@ TEST(EstimateCli, AdvisePrintsTheChoiceAndEveryCandidate) {
   EXPECT_EQ(j["tol"], 0.05);
   EXPECT_EQ(j["baseline"]["spec"], "exact.flash(block_q=64,block_k=256,split_kv=0,key_lanes=-1)");
   ASSERT_TRUE(j["candidates"].is_array());
-  EXPECT_GE(j["candidates"].size(), 5u);
+  EXPECT_GE(j["candidates"].size(), 2u);  // each method's default, then its budget search's probes
   bool exact_seen = false;
   for (const json& c : j["candidates"]) {
     for (const char* k : {"spec", "kind", "meets", "seconds", "speedup_vs_exact", "est_rel_error", "est_rel_error_hi", "status"})

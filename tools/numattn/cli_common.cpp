@@ -255,8 +255,13 @@ void EstimateFlags::add_to(CLI::App& app) {
   app.add_option("--est-rows", rows,
                  "rows computed exactly in float64 for the a-posteriori error estimate "
                  "(est_rel_error, its upper bound est_rel_error_hi at --est-level; sampled across "
-                 "heads and row positions; 0 = off)")
-      ->check(CLI::NonNegativeNumber)
+                 "heads and row positions; -1 = automatic: max(32, sqrt(B*Hq*Nq)); 0 = off)")
+      ->check(CLI::Range(-1LL, 1000000000LL))
+      ->capture_default_str();
+  app.add_option("--est-seed", seed,
+                 "seed of the estimate's row design (-1 = derived from the problem: the same rows for "
+                 "every method on it)")
+      ->check(CLI::Range(-1LL, 9223372036854775807LL))
       ->capture_default_str();
   app.add_option("--est-level", level, "one-sided confidence level of est_rel_error_hi")
       ->check(CLI::Range(0.5, 0.999999))
@@ -265,10 +270,11 @@ void EstimateFlags::add_to(CLI::App& app) {
 
 void add_estimate_columns(Row& row, const AttentionProblem& p, const EstimateFlags& f,
                           std::uint64_t seed, const ExecContext& ctx) {
-  if (f.rows <= 0) return;
+  if (f.rows == 0) return;
   ErrorEstimate e;
   try {
-    e = estimate_error(p, {f.rows, f.level, seed ^ 0xe5717a7e5ull}, ctx);
+    const std::uint64_t s = f.seed >= 0 ? static_cast<std::uint64_t>(f.seed) : seed ^ 0xe5717a7e5ull;
+    e = estimate_error(p, {std::max(0LL, f.rows), f.level, s}, ctx);
   } catch (const NonFiniteInput&) {
     // A sampled row reads an input the method did not (a key outside its window): no estimate.
     e.rel_error = e.rel_error_hi = std::nan("");

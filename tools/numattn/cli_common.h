@@ -68,8 +68,9 @@ std::string random_source(const ProblemConfig& c);
 /// `--est-rows` and `--est-level` of run and bench: the a-posteriori error estimate
 /// (analysis/estimate.h) of every row.
 struct EstimateFlags {
-  long long rows = 32;  ///< 0 = off
+  long long rows = -1;  ///< 0 = off, -1 = automatic (auto_estimate_rows)
   double level = 0.95;
+  long long seed = -1;  ///< seed of the row design; -1 = derived from the problem's check seed
   void add_to(CLI::App& app);
 };
 

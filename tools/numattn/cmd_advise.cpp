@@ -104,7 +104,8 @@ void add_advise(CLI::App& app) {
       "approximate method");
   sub->add_flag("--no-progress", o->no_progress, "no progress bar (it is drawn only on a terminal anyway)");
   sub->callback([o] {
-    NUMATTN_CHECK_OPTION(o->est.rows >= 2, "est-rows", "advise needs at least 2 rows for a bound (got {})", o->est.rows);
+    NUMATTN_CHECK_OPTION(o->est.rows >= 2 || o->est.rows == -1, "est-rows",
+                         "advise needs at least 2 rows for a bound, or -1 for automatic (got {})", o->est.rows);
     NUMATTN_CHECK_OPTION(o->qkv.empty() == (o->layer < 0), o->qkv.empty() ? "layer" : "qkv",
                          "--qkv DIR and --layer L (>= 0) go together");
     const auto cfgs = o->pf.expand();
@@ -130,8 +131,9 @@ void add_advise(CLI::App& app) {
     AttentionProblem& p = random ? random->problem() : file->problem();
     AdviseOptions opt;
     opt.tol = o->tol;
-    opt.est_rows = o->est.rows;
+    opt.est_rows = std::max(0LL, o->est.rows);
     opt.level = o->est.level;
+    if (o->est.seed >= 0) opt.seed = static_cast<std::uint64_t>(o->est.seed);
     opt.reps = o->reps;
     opt.methods = split_spec_option("method", o->methods);
     std::optional<ProgressBar> bar;

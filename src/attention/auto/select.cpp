@@ -24,7 +24,7 @@ const MethodInfo& AutoSelectAttention::describe() {
     m.params = {
         {"tol", ParamType::kFloat, "0", 0, 1, {},
          "error target: the chosen method's est_rel_error_hi must be at most this (0 = exact.flash)"},
-        {"rows", ParamType::kInt, "32", 2, 4096, {}, "rows computed exactly for each error estimate"},
+        {"rows", ParamType::kInt, "0", 0, 4096, {}, "rows computed exactly for the error estimates (0 = automatic: max(32, sqrt(B·Hq·Nq)))"},
         {"reps", ParamType::kInt, "3", 1, 20, {}, "timed runs per candidate (median)"},
     };
     m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
