@@ -250,7 +250,7 @@ TEST(ReportCli, SpecListsReachEveryCommandWhole) {
                 "'lowrank.loki(topk_frac=0.5)' "),
             std::string::npos)
       << steps["long_bench_n64"].dump();
-  EXPECT_NE(steps["long_auto_tol0.5"]["command"].get<std::string>().find("--attn 'auto(tol=0.5)' --baseline exact.flash"),
+  EXPECT_NE(steps["long_auto_tol0.5"]["command"].get<std::string>().find("--attn 'auto(tol=0.5,reps=1)' --baseline exact.flash"),
             std::string::npos)
       << steps["long_auto_tol0.5"].dump();
   const auto lrows = read_json(dir.file("r/data/long/bench_n64.json"));

@@ -692,7 +692,8 @@ void add_report(CLI::App& app) {
           long_ppl(file_id("long_ppl_" + m, long_ids), "long context in the model: " + m + ", ctx " + lctx, spec, true);
         }
         for (const std::string& t : split_list(s.long_tol)) {
-          const std::string spec = "auto(tol=" + t + ")";
+          // One timed run per candidate: the choice is made once per layer, and its cost is the step's.
+          const std::string spec = "auto(tol=" + t + ",reps=1)";
           long_ppl(file_id("long_auto_tol" + t, long_ids), "long context in the model: per-layer " + spec + ", ctx " + lctx,
                    hybrid_long ? "global:" + spec : spec, true);
         }
