@@ -191,9 +191,11 @@ TEST(SparseTopk, KvCacheDecodeEqualsPrefill) {
 
 struct BlockSpec {
   index_t k, block, local, samples;
+  double mass = 0;
   std::string str() const {
     return "sparse.topk(k=" + std::to_string(k) + ",select=block,block=" + std::to_string(block) +
-           ",local=" + std::to_string(local) + ",samples=" + std::to_string(samples) + ")";
+           ",local=" + std::to_string(local) + ",samples=" + std::to_string(samples) +
+           ",mass=" + std::to_string(mass) + ")";
   }
 };
 
@@ -207,9 +209,12 @@ bool sees(const AttentionProblem& p, index_t i, index_t j) {
 /// from the fast code: per block of `block` rows and GQA group, far keys [begin, near) and near
 /// keys [near, end) with begin/end the extremes of the rows' key ranges and near = min row end −
 /// local (clamped); `samples` rows per head evenly spread (rounded to nearest), their softmax over
-/// the far keys they see summed into a_j; the k far keys of largest a_j (ties: lower index); each
-/// row: softmax over the chosen far keys and the near keys it sees. Returns the outputs
-/// (b, h, i, d order) and each row's keys, increasing.
+/// the far keys they see summed into a_j; the k far keys of largest a_j (ties: lower index). With
+/// mass = ε > 0 (top-p) the sampled rows' softmax runs over the keys before the block's first row
+/// end (far and near) instead, and of the far keys sorted by decreasing a_j (ties: lower index)
+/// the shortest prefix, at most k long, whose left-out a_j sum to at most ε times the number of
+/// sampled rows is kept. Each row: softmax over the chosen far keys and the near keys it sees.
+/// Returns the outputs (b, h, i, d order) and each row's keys, increasing.
 std::vector<double> block_transcription(const AttentionProblem& p, const BlockSpec& bs,
                                         std::vector<std::vector<index_t>>& keys_of_row) {
   const index_t nq = p.n_q(), g = p.group(), dv = p.d_v();
@@ -234,23 +239,33 @@ std::vector<double> block_transcription(const AttentionProblem& p, const BlockSp
           for (index_t j = begin; j < near; ++j) far.push_back(j);
         } else {
           std::vector<double> a(static_cast<std::size_t>(near - begin), 0.0);
-          const index_t ns = std::min(bs.samples, rows);
+          const index_t ns = std::min(bs.samples, rows), send = bs.mass > 0 ? emin : near;
+          index_t counted = 0;
           for (index_t h = hk * g; h < (hk + 1) * g; ++h)
             for (index_t t = 0; t < ns; ++t) {
               const index_t i = i0 + (ns == 1 ? rows / 2 : static_cast<index_t>(std::llround(double(t) * double(rows - 1) / double(ns - 1))));
               if (p.key_range(i).empty()) continue;
               const std::vector<double> s = logits(p, b, h, i);  // −inf for hidden keys
               double m = kNegInf;
-              for (index_t j = begin; j < near; ++j) m = std::max(m, s[static_cast<std::size_t>(j)]);
+              for (index_t j = begin; j < send; ++j) m = std::max(m, s[static_cast<std::size_t>(j)]);
               if (m == kNegInf) continue;
+              ++counted;
               double z = 0;
-              for (index_t j = begin; j < near; ++j) z += std::exp(s[static_cast<std::size_t>(j)] - m);
+              for (index_t j = begin; j < send; ++j) z += std::exp(s[static_cast<std::size_t>(j)] - m);
               for (index_t j = begin; j < near; ++j) a[static_cast<std::size_t>(j - begin)] += std::exp(s[static_cast<std::size_t>(j)] - m) / z;
             }
           std::vector<index_t> idx(a.size());
           std::iota(idx.begin(), idx.end(), 0);
           std::stable_sort(idx.begin(), idx.end(), [&](index_t x, index_t y) { return a[static_cast<std::size_t>(x)] > a[static_cast<std::size_t>(y)]; });
-          idx.resize(static_cast<std::size_t>(bs.k));
+          index_t keep = bs.k;
+          if (bs.mass > 0 && counted > 0) {
+            // Shortest prefix, at most k, whose left-out mass is at most ε·(sampled rows).
+            double left = 0;
+            for (double x : a) left += x;
+            keep = 0;
+            while (keep < bs.k && left > bs.mass * double(counted)) left -= a[static_cast<std::size_t>(idx[static_cast<std::size_t>(keep++)])];
+          }
+          idx.resize(static_cast<std::size_t>(keep));
           std::sort(idx.begin(), idx.end());
           for (index_t u : idx) far.push_back(begin + u);
         }
@@ -293,6 +308,12 @@ TEST(SparseTopkBlock, EqualsItsFloat64Transcription) {
       {4, 2, 100, 100, 8, Causal::kBottomRight, {12, 16, 6, 3}, 40, -1},  // a window: per-row path
       {2, 1, 64, 90, 8, Causal::kBottomRight, {15, 8, 5, 2}, -1, -1, 1},   // a boolean mask
       {2, 2, 60, 80, 8, Causal::kNone, {10, 16, 7, 3}, -1, -1, 2},         // an additive mask
+      // top-p: the dense causal path, Nq < Nk, a window, both masks
+      {6, 2, 130, 130, 16, Causal::kBottomRight, {40, 32, 16, 4, 0.05}},
+      {3, 3, 70, 200, 8, Causal::kBottomRight, {60, 16, 8, 3, 0.2}},
+      {4, 2, 100, 100, 8, Causal::kBottomRight, {30, 16, 6, 3, 0.1}, 40, -1},
+      {2, 1, 64, 90, 8, Causal::kBottomRight, {25, 8, 5, 2, 0.1}, -1, -1, 1},
+      {2, 2, 60, 80, 8, Causal::kNone, {30, 16, 7, 3, 0.02}, -1, -1, 2},
   };
   int n = 100;
   for (const Case& c : cases) {
@@ -354,7 +375,7 @@ TEST(SparseTopkBlock, CausalRowsNeverReadFutureKeys) {
   // Far keys precede every row of the block and the sampled rows score only those, so keys after
   // row t's diagonal reach neither the choice nor the output of rows 0..t (bitwise, LSE included).
   for (Causal c : {Causal::kTopLeft, Causal::kBottomRight})
-    for (const BlockSpec& bs : {BlockSpec{5, 16, 4, 3}, BlockSpec{12, 8, 0, 1}})
+    for (const BlockSpec& bs : {BlockSpec{5, 16, 4, 3}, BlockSpec{12, 8, 0, 1}, BlockSpec{20, 16, 6, 3, 0.1}})
       for (index_t i : {0, 13, 40, 69}) {
         RandomProblem bad(config(4, 2, 70, 90, 16, c, 500));
         test::expect_rows_ignore_future_keys(bs.str(), bad, i, test::KeyPoison::kSetTo1e30);

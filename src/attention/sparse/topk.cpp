@@ -135,6 +135,7 @@ void forward_exact(const AttentionProblem& p, const ExecContext& ctx, index_t k)
 
 struct BlockParams {
   index_t k, block, local, samples;
+  double mass;  ///< 0: k far keys; > 0: the fewest far keys (at most k) leaving at most this mass uncovered
 };
 
 /// Per (batch, kv head): its keys packed in panels of 16 for the sampled rows' logits
@@ -179,7 +180,7 @@ bool sees(const AttentionProblem& p, index_t i, index_t j) {
 
 struct BlockScratch {
   std::vector<float> qs, s, a, kcat, vcat;
-  std::vector<std::int32_t> far, keys;
+  std::vector<std::int32_t> far, keys, order;
   std::vector<index_t> samp;  ///< sampled rows, as h·Nq + i
   std::vector<blocks::ChosenRow> rows;
   std::vector<std::uint8_t> nan_row;
@@ -191,6 +192,7 @@ struct BlockScratch {
 /// [near, end) are attended by every row that sees them.
 struct BlockKeys {
   index_t begin = 0, near = 0, end = 0;
+  index_t shared = 0;  ///< keys [begin, shared) precede every row of a causal block (the smallest row end)
   bool any = false;    ///< some row of the block sees a key
   bool dense = false;  ///< no mask or window, every row sees [begin, its end), the ends step by 1 or
                        ///< are all equal: the block is one dense causal (or full) sub-problem
@@ -213,6 +215,7 @@ BlockKeys block_keys(const AttentionProblem& p, index_t i0, index_t i1, index_t 
     emin = std::min(emin, kr.end);
   }
   if (!bk.any) return bk;
+  bk.shared = emin;
   bk.near = std::clamp(emin - local, bk.begin, emin);
   bool dense = !empty_row && p.mask.kind == MaskKind::kNone && p.window_left < 0 && p.window_right < 0;
   for (index_t i = i0; i < i1 && dense; ++i) {
@@ -224,10 +227,14 @@ BlockKeys block_keys(const AttentionProblem& p, index_t i0, index_t i1, index_t 
   return bk;
 }
 
-/// The block's k far keys (w.far, increasing): the largest estimated attention mass
-/// a_j = Σ_{sampled rows i} softmax_i(j) over the far keys, sampled rows = `samples` rows evenly
-/// spread over the block in each head of the group. All far keys when there are at most k.
-/// `kt`: the kv head's keys packed in panels (blocks::pack_key_panels).
+/// The block's far keys (w.far, increasing). mass = 0: the k of largest estimated attention
+/// mass a_j = Σ_{sampled rows i} softmax_i(j) over the far keys, sampled rows = `samples` rows
+/// evenly spread over the block in each head of the group. mass = ε > 0 (top-p): a_j from each
+/// sampled row's softmax over the far keys and the near keys before the block's first row end
+/// (keys that precede every row of a causal block, so that no row's choice reads its future), so that
+/// (1/m)·Σ_{j not kept} a_j estimates the mass the rows lose; the far keys in decreasing a_j
+/// (ties: lower index), the fewest whose loss is at most ε, at most k. All far keys when there
+/// are at most k. `kt`: the kv head's keys packed in panels (blocks::pack_key_panels).
 index_t choose_far(const AttentionProblem& p, index_t b, index_t hk, index_t i0, index_t i1, const BlockKeys& bk,
                    const BlockParams& prm, const float* kt, BlockScratch& w) {
   const index_t nfar = bk.near - bk.begin, dk = p.d_qk(), g = p.group(), rows = i1 - i0;
@@ -252,29 +259,57 @@ index_t choose_far(const AttentionProblem& p, index_t b, index_t hk, index_t i0,
     const index_t h = sr[static_cast<std::size_t>(u)] / p.n_q(), i = sr[static_cast<std::size_t>(u)] % p.n_q();
     std::copy(p.q.row(b, h, i), p.q.row(b, h, i) + dk, w.qs.data() + u * dk);
   }
-  // Their logits over the panels that hold the far keys (kt: the kv head's packed keys).
-  const index_t pb = bk.begin / 16, pe = (bk.near + 15) / 16, lds = 16 * (pe - pb);
+  // Their logits over the panels that hold the keys they normalise over (kt: the kv head's
+  // packed keys): the far keys, and with mass > 0 the near keys before the block too.
+  const bool top_p = prm.mass > 0;
+  const index_t send = top_p ? bk.shared : bk.near;  // keys [begin, send) enter each row's softmax
+  const index_t pb = bk.begin / 16, pe = (send + 15) / 16, lds = 16 * (pe - pb);
   w.s.resize(static_cast<std::size_t>(std::max<index_t>(m, 1) * lds));
   w.a.assign(static_cast<std::size_t>(nfar), 0.f);
   blocks::panel_scores(w.qs.data(), dk, m, dk, kt + pb * 16 * dk, pe - pb, static_cast<float>(p.effective_scale()),
                        w.s.data(), lds);
+  index_t counted = 0;  // sampled rows whose softmax entered a
   for (index_t u = 0; u < m; ++u) {
     const index_t i = sr[static_cast<std::size_t>(u)] % p.n_q();
     float* s = w.s.data() + u * lds - 16 * pb;  // s[j]
-    if (!bk.dense)
-      for (index_t j = bk.begin; j < bk.near; ++j) {
+    if (!bk.dense) {
+      for (index_t j = bk.begin; j < send; ++j) {
         if (!sees(p, i, j)) s[j] = kNegInf;
         else if (p.mask.kind == MaskKind::kAdditive) s[j] += p.mask.additive[i * p.mask.ld + j];
       }
-    const float mx = simd::max_f32(s + bk.begin, nfar);
-    if (!(std::abs(mx) < std::numeric_limits<float>::infinity())) continue;  // sees no far key, or a NaN one
-    const double z = simd::exp_shift(s + bk.begin, nfar, -mx);
+    }
+    const index_t ns_keys = send - bk.begin;
+    const float mx = simd::max_f32(s + bk.begin, ns_keys);
+    if (!(std::abs(mx) < std::numeric_limits<float>::infinity())) continue;  // sees no key, or a NaN one
+    const double z = simd::exp_shift(s + bk.begin, ns_keys, -mx);
     const auto inv = static_cast<float>(1 / z);
     float* a = w.a.data();
     const float* e = s + bk.begin;
     for (index_t j = 0; j < nfar; ++j) a[j] += e[j] * inv;
+    ++counted;
   }
-  return blocks::select_top(w.a.data(), nfar, prm.k, static_cast<std::int32_t>(bk.begin), w.far.data(), w.sw);
+  const index_t nk = blocks::select_top(w.a.data(), nfar, prm.k, static_cast<std::int32_t>(bk.begin), w.far.data(), w.sw);
+  if (!top_p || counted == 0) return nk;
+  // Top-p: drop the lightest of the k while the estimated loss stays at most ε.
+  double lost = 0;
+  for (index_t j = 0; j < nfar; ++j) lost += w.a[static_cast<std::size_t>(j)];
+  w.order.resize(static_cast<std::size_t>(nk));
+  for (index_t c = 0; c < nk; ++c) {
+    const std::int32_t j = w.far[static_cast<std::size_t>(c)];
+    lost -= w.a[static_cast<std::size_t>(j - bk.begin)];
+    w.order[static_cast<std::size_t>(c)] = j;
+  }
+  const double budget = prm.mass * static_cast<double>(counted);
+  std::sort(w.order.begin(), w.order.end(), [&](std::int32_t x, std::int32_t y) {
+    const float ax = w.a[static_cast<std::size_t>(x - bk.begin)], ay = w.a[static_cast<std::size_t>(y - bk.begin)];
+    return ax < ay || (ax == ay && x > y);  // lightest first; ties: higher index first
+  });
+  index_t drop = 0;
+  while (drop < nk && lost + w.a[static_cast<std::size_t>(w.order[static_cast<std::size_t>(drop)] - bk.begin)] <= budget)
+    lost += w.a[static_cast<std::size_t>(w.order[static_cast<std::size_t>(drop++)] - bk.begin)];
+  std::sort(w.order.begin() + drop, w.order.end());
+  std::copy(w.order.begin() + drop, w.order.end(), w.far.begin());
+  return nk - drop;
 }
 
 void forward_block(const AttentionProblem& p, const ExecContext& ctx, const BlockParams& prm) {
@@ -367,7 +402,7 @@ void forward_block(const AttentionProblem& p, const ExecContext& ctx, const Bloc
 }
 
 BlockParams block_params(const ParamValues& v) {
-  return {v.get_int("k"), v.get_int("block"), v.get_int("local"), v.get_int("samples")};
+  return {v.get_int("k"), v.get_int("block"), v.get_int("local"), v.get_int("samples"), v.get_float("mass")};
 }
 
 }  // namespace
@@ -387,6 +422,7 @@ const MethodInfo& TopkAttention::describe() {
         {"block", ParamType::kInt, "64", 1, 1e9, {}, "select=block: query rows sharing one choice of keys"},
         {"local", ParamType::kInt, "64", 0, 1e9, {}, "select=block: the last keys before a block's first row that every row of the block attends (with the block's own diagonal keys)"},
         {"samples", ParamType::kInt, "4", 1, 1e9, {}, "select=block: rows per query head whose exact softmax over the far keys estimates their attention mass"},
+        {"mass", ParamType::kFloat, "0", 0, 1, {}, "select=block: 0 = keep k far keys; > 0 = top-p: the fewest far keys (at most k, in decreasing estimated mass) whose dropped mass, estimated as the sampled rows' mean softmax mass over the keys before the block's first row (far and local), is at most this fraction"},
     };
     m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
               .window = true, .lse = true, .decode = false};
@@ -398,7 +434,8 @@ const MethodInfo& TopkAttention::describe() {
         // its visible keys, or all. The choice is the block's, not the row's, so a row can miss
         // its own heaviest keys: a wider envelope than the exact choice (calibrated on the
         // conformance matrix with a margin of 2).
-        const index_t kept = k + in.params.get_int("local") + 1;
+        // With mass > 0 the far keys kept can be none: only the local ones are sure.
+        const index_t kept = (in.params.get_float("mass") > 0 ? 0 : k) + in.params.get_int("local") + 1;
         return sparse_detail::kept_keys_budget(in, 2.0, 2.0, [&](index_t, KeyRange) { return kept; });
       }
       // Calibrated on the conformance matrix (see kept_keys_budget): measured errors are at most
@@ -406,14 +443,15 @@ const MethodInfo& TopkAttention::describe() {
       return sparse_detail::kept_keys_budget(in, 1.5, 1.5, [&](index_t, KeyRange) { return k; });
     };
     a.limit_case = [](const AttentionProblem& p) {
-      return ParamOverrides{{"k", std::to_string(std::max<index_t>(p.n_kv(), 1))}};
+      return ParamOverrides{{"k", std::to_string(std::max<index_t>(p.n_kv(), 1))}, {"mass", "0"}};
     };
     a.convergence.param = "k";
     a.convergence.values = [](const AttentionProblem& p) {
       const index_t n = std::max<index_t>(p.n_kv(), 8);
       return std::vector<std::string>{"1", std::to_string(n / 8), std::to_string(n / 2), std::to_string(n)};
     };
-    a.samples = {{{"k", "3"}}, {{"k", "17"}}, {{"k", "9"}, {"select", "block"}, {"block", "16"}, {"local", "8"}, {"samples", "2"}}};
+    a.samples = {{{"k", "3"}}, {{"k", "17"}}, {{"k", "9"}, {"select", "block"}, {"block", "16"}, {"local", "8"}, {"samples", "2"}},
+                 {{"k", "9"}, {"select", "block"}, {"block", "16"}, {"local", "8"}, {"samples", "2"}, {"mass", "0.1"}}};
     return m;
   }();
   return info;

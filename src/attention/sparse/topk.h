@@ -42,8 +42,19 @@ namespace numattn {
 /// comes out NaN (run() settles it). Future keys reach neither the choice nor the output of a
 /// causal row (far keys precede the block's first row). Cost per query head:
 /// O((samples/block)·Nq·Nk·Dk) estimate + O(Nq·(k + local + block)·(Dk + Dv)) attention; per
-/// kv head a packed copy of K. Limit case: k ≥ Nk is exact softmax attention. Decoding gets no
-/// fast path (a one-row block samples itself).
+/// kv head a packed copy of K. Limit case: k ≥ Nk (with mass = 0) is exact softmax attention.
+/// Decoding gets no fast path (a one-row block samples itself).
+///
+/// **mass = ε > 0** (select=block; top-p, the budget rule of Twilight, Lin et al., Twilight:
+/// Adaptive Attention Sparsity with Hierarchical Top-p Pruning, 2025): k becomes a cap. The sampled
+/// rows' softmax runs over the keys [begin, shared) before the block's first row end (far keys and
+/// the near keys every row sees: no row's choice reads its future), so that the sum of a_j over
+/// dropped far keys, divided by the number m of sampled rows, estimates the attention mass the rows
+/// lose. The far keys in decreasing a_j (ties: lower index), the fewest whose estimated loss is at
+/// most ε, at most k, are kept: a block whose rows look at a few far keys keeps few, a diffuse one
+/// up to k. The `flops` model counts k far keys (an upper bound). The estimate comes from the
+/// sampled rows only and the keys are chosen by them, so the loss of the other rows is larger
+/// than ε (docs/methods.md measures by how much).
 class TopkAttention final : public AttentionMethod {
  public:
   using AttentionMethod::AttentionMethod;
