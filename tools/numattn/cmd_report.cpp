@@ -61,8 +61,9 @@ const std::vector<LongFamily>& long_sweep() {
   static const std::vector<LongFamily> sweep{
       {"sparse.window", {"sparse.window(left=256,sinks=4)", "sparse.window(left=1024,sinks=4)",
                          "sparse.window(left=2048,sinks=4)"}},
-      {"sparse.topk", {"sparse.topk(k=256,select=block)", "sparse.topk(k=512,select=block)",
-                       "sparse.topk(k=1024,select=block)"}},
+      {"sparse.topk", {"sparse.topk(k=384,select=block,block=256,samples=8)",
+                       "sparse.topk(k=640,select=block,block=512,samples=16)",
+                       "sparse.topk(k=1536,select=block,block=256,samples=16)"}},
       {"lowrank.loki", {"lowrank.loki(topk_frac=0.0625)", "lowrank.loki(topk_frac=0.125)",
                         "lowrank.loki(topk_frac=0.25)"}},
       {"sparse.hyper", {"sparse.hyper(block=64,samples=64,min_seq_len=1024)",
