@@ -110,6 +110,13 @@ void LinearKernelAttention::forward(const AttentionProblem& p, const ExecContext
       keys.data(), ctx);
 }
 
+double LinearKernelAttention::flops(const AttentionProblem& p) const {
+  // φ of every query and key, the state Σ φ(k)·vᵀ (Nk·Dk·Dv) and every query against it.
+  const double bh = static_cast<double>(p.batch() * p.heads()), dk = static_cast<double>(p.d_qk()),
+               dv = static_cast<double>(p.d_v());
+  return bh * 2 * static_cast<double>(p.n_q() + p.n_kv()) * dk * (dv + 1);
+}
+
 NUMATTN_DEFINE_METHOD(LinearKernelAttention)
 
 }  // namespace numattn

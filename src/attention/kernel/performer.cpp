@@ -285,6 +285,16 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
   blocks::linear_attention(p, cfg, query, keys_data, ctx);
 }
 
+double PerformerAttention::flops(const AttentionProblem& p) const {
+  // Features of every query and key (M projections of Dk, then exp), the key–value state
+  // (Nk·M·Dv and the normaliser) and every query against it (Nq·M·Dv). The causal block form adds
+  // exact within-block work not counted here (a model below the implementation, docs/methods.md).
+  const double m = static_cast<double>(params_.get_int("features"));
+  const double bh = static_cast<double>(p.batch() * p.heads()), nq = static_cast<double>(p.n_q()),
+               nk = static_cast<double>(p.n_kv()), dk = static_cast<double>(p.d_qk()), dv = static_cast<double>(p.d_v());
+  return bh * (2 * (nq + nk) * m * dk + 2 * (nk + nq) * m * (dv + 1));
+}
+
 NUMATTN_DEFINE_METHOD(PerformerAttention)
 
 }  // namespace numattn
