@@ -115,7 +115,13 @@ std::vector<PredictRow> predict_head(const Matrix& q, const Matrix& k, const Mat
     r.window = b.window;
     if (b.window > 0) {
       // A method that cannot honour the layer's window has nothing to be measured against.
-      const Status st = method->can_run(probe.problem());
+      // One whose kernel has no window runs it by the causal recursion (attention/method.h): its
+      // error is then set by the recursion's blocks, not by the structure of this P the bounds use.
+      Status st = method->can_run(probe.problem());
+      if (st.is_ok() && method->runs_by_recursion(probe.problem()))
+        st = Status::unsupported(method->info().name +
+                                 " has no window of its own and runs this layer's window by the causal "
+                                 "recursion, whose blocks, not the layer's P, set its error: no prediction");
       if (!st.is_ok()) {
         r.skipped = st.reason();
         r.predicted = r.measured = r.output_rel_fro = std::numeric_limits<double>::quiet_NaN();

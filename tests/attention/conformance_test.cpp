@@ -83,7 +83,7 @@ TEST_P(Conformance, RefusesWhatItDoesNotClaim) {
     RandomProblem a(cfg);
     EXPECT_FALSE(m->can_run(a.problem()).is_ok());
   }
-  if (!caps.causal) {
+  if (!m->runs_causal()) {  // neither its kernel nor the causal recursion (method.h)
     cfg.causal = Causal::kTopLeft;
     RandomProblem a(cfg);
     EXPECT_FALSE(m->can_run(a.problem()).is_ok());

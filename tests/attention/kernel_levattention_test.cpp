@@ -165,11 +165,17 @@ TEST(LevAttention, KeepsTheKeyThatOwnsADirection) {
   for (index_t c = 0; c < p.d_v(); ++c) EXPECT_NEAR(p.out(0, 0, 0, c), p.v(0, 0, 57, c), 1e-3);
 }
 
-TEST(LevAttention, RefusesMasksAndWindows) {
+// Its kernel has no window: a windowed problem goes to the causal recursion (method.h); masks
+// are refused.
+TEST(LevAttention, RunsWindowsByTheRecursionAndRefusesMasks) {
   ProblemConfig cfg = config(1, 1, 8, 8, 4, Causal::kNone, 1);
   cfg.window_left = 2;
   RandomProblem prob(cfg);
-  EXPECT_FALSE(create_method("kernel.levattention")->can_run(prob.problem()).is_ok());
+  const auto m = create_method("kernel.levattention");
+  EXPECT_TRUE(m->runs_by_recursion(prob.problem()));
+  EXPECT_TRUE(m->can_run(prob.problem()).is_ok());
+  prob.set_bool_mask(std::vector<std::uint8_t>(64, 1));
+  EXPECT_FALSE(m->can_run(prob.problem()).is_ok());
 }
 
 }  // namespace NUMATTN_UNITY_ID

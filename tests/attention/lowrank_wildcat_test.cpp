@@ -151,11 +151,17 @@ TEST(Wildcat, DeterministicPerSeedWhateverTheThreadCount) {
   EXPECT_NE(a, run("lowrank.wildcat(rank=20,seed=6)", 1));
 }
 
-TEST(Wildcat, RefusesCausalAndMasks) {
+TEST(Wildcat, RunsCausalByTheRecursionAndRefusesMasks) {
   ProblemConfig cfg = config(1, 1, 8, 8, 4, Dist::kGaussian, 1);
   cfg.causal = Causal::kTopLeft;
   RandomProblem prob(cfg);
-  EXPECT_FALSE(create_method("lowrank.wildcat")->can_run(prob.problem()).is_ok());
+  const auto m = create_method("lowrank.wildcat");
+  EXPECT_TRUE(m->runs_by_recursion(prob.problem()));
+  EXPECT_TRUE(m->can_run(prob.problem()).is_ok());
+  prob.set_bool_mask(std::vector<std::uint8_t>(64, 1));
+  const Status s = m->can_run(prob.problem());
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.reason().find("boolean masks"), std::string::npos) << s.reason();
 }
 
 }  // namespace NUMATTN_UNITY_ID

@@ -67,10 +67,17 @@ TEST(Cli, BenchHasSgemmRowAndEfficiency) {
   ASSERT_EQ(j.size(), 5u);
   EXPECT_EQ(j[0]["method"], "blas.sgemm");
   EXPECT_GT(j[0]["gflops"].get<double>(), 0);
+  EXPECT_GT(j[0]["read_gbytes_per_s"].get<double>(), 0);
   for (std::size_t i = 1; i < j.size(); ++i) {
     expect_run_schema(j[i]);
     EXPECT_GT(j[i]["efficiency"].get<double>(), 0);
     EXPECT_EQ(j[i]["status"], "ok");
+    // The method's own cost model: predicted time and the measured time over it.
+    const double model = j[i]["model_ms"].get<double>();
+    EXPECT_GT(model, 0);
+    EXPECT_GT(j[i]["model_flops"].get<double>(), 0);
+    EXPECT_GT(j[i]["model_bytes"].get<double>(), 0);
+    EXPECT_NEAR(j[i]["model_ratio"].get<double>(), j[i]["time_ms"].get<double>() / model, 1e-9 * j[i]["model_ratio"].get<double>());
   }
 }
 

@@ -192,7 +192,7 @@ TEST(ReportCli, SpecListsReachEveryCommandWhole) {
               text + " --out " + dir.file("r") +
               " --bench-methods 'lowrank.nystrom(landmarks=64,iters=2)'" +
               " --ppl-methods "
-              "'sparse.window(left=32,sinks=4),exact.flash,lowrank.nystrom(landmarks=8)'" +
+              "'sparse.window(left=32,sinks=4),exact.flash,lowrank.linformer(k=8,projection=identity)'" +
               " --n 64 --heads 1 --d 8 --reps 1 --check-rows 8 --gemm-size 32 --tokens 64 --layers "
               "0 --ctx 64" +
               " --chunks 1 --bd-seeds 1 --bd-tokens 8 --mla-ranks 4 --analyze-tokens 16 "
@@ -232,8 +232,9 @@ TEST(ReportCli, SpecListsReachEveryCommandWhole) {
                 .get<std::string>()
                 .rfind("sparse.window(", 0),
             0u);
-  // A method that cannot run the model (no causal masking) is an optional row with the reason.
-  const auto& nys = steps["ppl_lowrank.nystrom_landmarks=8"];
+  // A method that cannot run the model (Linformer's identity projection needs k ≥ Nk) is an
+  // optional row with the reason.
+  const auto& nys = steps["ppl_lowrank.linformer_k=8_projection=identity"];
   EXPECT_EQ(nys["status"], "failed") << nys.dump();
   EXPECT_EQ(nys["required"], false);
   EXPECT_NE(nys["stderr"].get<std::string>().find("cannot run"), std::string::npos) << nys.dump();

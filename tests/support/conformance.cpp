@@ -502,7 +502,7 @@ std::vector<Violation> check_hostile(const MethodInfo& info, const MethodFactory
                            t, {s.b, s.h, s.n, s.d}, threads);
     }
 
-  if (info.caps.causal) {  // keys 9..22 are hidden from all 9 queries (top-left)
+  if (make(info.name)->runs_causal()) {  // keys 9..22 are hidden from all 9 queries (top-left)
     ProblemConfig cfg = base;
     cfg.causal = Causal::kTopLeft;
     RandomProblem prob(cfg);

@@ -8,6 +8,7 @@
 #include "dist_cli.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
+#include "numattn/model/bench_model.h"
 #include "qkv_source.h"
 
 namespace numattn::cli {
@@ -87,8 +88,12 @@ void add_bench(CLI::App& app) {
   o->pf.n = "4096";
   auto* sub = app.add_subcommand(
       "bench", "time methods × shapes; every row carries its error, its efficiency against the "
-               "same-run BLAS sgemm, and speedup_vs_exact: the time of exact.flash on the same "
-               "problem, measured once per problem in the same run, over the row's time");
+               "same-run BLAS sgemm, speedup_vs_exact: the time of exact.flash on the same "
+               "problem, measured once per problem in the same run, over the row's time, and "
+               "model_ms / model_ratio: the time the method's own cost model predicts (its FLOPs at "
+               "the same-run sgemm rate, its bytes at the same-run read bandwidth (read_gbytes_per_s "
+               "of the blas.sgemm row), the "
+               "larger) and the measured time over it");
   sub->add_option(
       "--method", o->methods,
       "method spec (repeatable, or a comma-separated list: commas inside a spec's parentheses are "
@@ -194,6 +199,10 @@ void add_bench(CLI::App& app) {
     const auto flash = create_method("exact.flash");
 
     const double sgemm = blas::measure_sgemm_gflops(o->gemm_size, std::max(3, o->reps), ctx.num_threads());
+    // The memory side of each method's model: streaming reads from a buffer well beyond the
+    // last-level cache (4 × its size, at least 64 MiB), same run, same threads.
+    const std::uint64_t bw_bytes = std::max<std::uint64_t>(64ull << 20, 4 * last_level_cache_bytes());
+    const double bandwidth = measure_read_bandwidth(bw_bytes, std::max(3, o->reps), ctx);
     std::vector<Row> rows;
     Row g;
     g["method"] = "blas.sgemm";
@@ -201,7 +210,9 @@ void add_bench(CLI::App& app) {
     g["threads"] = ctx.num_threads();
     g["gflops"] = sgemm;
     g["efficiency"] = 1.0;
-    g["status"] = std::string("ok: ") + blas::library_name();
+    // The machine's two rates of the run, on the one baseline row: sgemm and streaming reads.
+    g["read_gbytes_per_s"] = bandwidth * 1e-9;
+    g["status"] = fmt::format("ok: {}; streaming read of {} MiB", blas::library_name(), bw_bytes >> 20);
     rows.push_back(g);
     std::size_t done = 0;
     const std::size_t n_inputs = captures.empty() ? 1 : captures.size();
@@ -230,6 +241,17 @@ void add_bench(CLI::App& app) {
           Row r = run_method_row(*m, p, problem_row(*m, p, ctx, prob.seed(), prob.source), ctx,
                                  o->reps, o->check_rows, prob.check_seed(), o->est);
           if (r.contains("gflops")) r["efficiency"] = r["gflops"].get<double>() / sgemm;
+          if (r.contains("time_ms")) {
+            // The method's own model (method.h, cost): FLOPs at the sgemm rate, bytes at the read
+            // bandwidth, the larger; model_ratio > 2 is a slow implementation or a wrong model.
+            const CostModel cm = m->cost(p);
+            const double tf = cm.flops / (sgemm * 1e9), tb = cm.bytes / bandwidth;
+            r["model_flops"] = cm.flops;
+            r["model_bytes"] = cm.bytes;
+            r["model_ms"] = 1e3 * std::max(tf, tb);
+            r["model_bound"] = tf >= tb ? "flops" : "bytes";
+            r["model_ratio"] = r["time_ms"].get<double>() / (1e3 * std::max(tf, tb));
+          }
           if (o->recall_k > 0 && o->check_rows > 0 && r["status"].get<std::string>().rfind("ok", 0) == 0) {
             try {
               const RecallMetrics rm = topk_recall(*m, p, o->recall_k, o->check_rows, prob.check_seed(), ctx);

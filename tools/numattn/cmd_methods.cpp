@@ -8,17 +8,23 @@
 namespace numattn::cli {
 
 namespace {
-std::string caps_text(const Capabilities& c) {
+// Capabilities; a causal rule or window that the causal recursion supplies (method.h) is marked
+// "(recursion)".
+std::string caps_text(const AttentionMethod& m) {
+  const Capabilities& c = m.info().caps;
+  const bool rec = m.causal_recursion();
   std::string s;
   auto add = [&](bool on, const char* name) {
     if (on) s += (s.empty() ? "" : " ") + std::string(name);
   };
   add(c.exact, "exact");
   add(c.causal, "causal");
+  add(!c.causal && rec, "causal(recursion)");
   add(c.gqa, "gqa");
   add(c.bool_mask, "bool-mask");
   add(c.additive_mask, "additive-mask");
   add(c.window, "window");
+  add(!c.window && rec, "window(recursion)");
   add(c.lse, "lse");
   add(c.decode, "decode");
   add(c.randomized, "seeded");
@@ -43,7 +49,7 @@ void add_methods(CLI::App& app) {
       for (const ParamSpec& p : m->params)
         params += (params.empty() ? "" : "; ") + p.name + "=" + p.default_value + ": " + p.doc;
       r["parameters"] = params;
-      r["capabilities"] = caps_text(m->caps);
+      r["capabilities"] = caps_text(*method);
       r["time"] = m->time_complexity;
       r["memory"] = m->memory_complexity;
       r["summary"] = m->summary;

@@ -37,7 +37,10 @@ struct ParamSpec {
 /// per-problem answer.
 struct Capabilities {
   bool exact = false;          ///< equals softmax attention up to rounding
-  bool causal = false;         ///< both causal alignments
+  /// Both causal alignments by the method's own kernel. Without it (and likewise without
+  /// `window`), `run` still computes causal and sliding-window problems when the method can be the
+  /// inner method of the causal recursion (AttentionMethod::causal_recursion).
+  bool causal = false;
   bool gqa = true;             ///< Hq != Hkv
   bool bool_mask = false;
   bool additive_mask = false;
@@ -82,6 +85,21 @@ class ParamValues {
   std::map<std::string, std::string> values_;
 };
 
+/// A method's own cost model of one call: what `bench` turns into a predicted time (FLOPs at the
+/// same-run sgemm rate, bytes at the same-run memory bandwidth, the larger of the two).
+struct CostModel {
+  double flops = 0;  ///< floating-point operations, a multiply-add counting 2
+  double bytes = 0;  ///< bytes moved to or from memory at least
+};
+
+/// Bytes every method moves on `p` at least: q, k, v (and the mask) read once, the output (and
+/// LSE) written once, float32.
+double attention_io_bytes(const AttentionProblem& p);
+
+/// Scratch that a method's default byte model assumes stays in cache (a core's L2); beyond it,
+/// its workspace is written to memory and read back once.
+inline constexpr double kCacheResidentBytes = 1 << 20;
+
 /// Base class of every attention method.
 ///
 /// Life cycle: the registry constructs it from validated parameters; `forward` is `const`,
@@ -97,8 +115,29 @@ class AttentionMethod {
   const ParamValues& params() const { return params_; }
 
   /// Whether this method can run `p`, and why not. The default checks the declared
-  /// capabilities; methods add their own limits. Never throws for a valid problem.
+  /// capabilities (a causal rule or a window the kernel lacks: the causal recursion's own refusals,
+  /// masks, and the method's refusals of each fully visible block); methods add their own limits.
+  /// Never throws for a valid problem.
   virtual Status can_run(const AttentionProblem& p) const;
+
+  /// Whether the method can be the inner method of the causal recursion (src/attention/auto/causal.h;
+  /// Han, Jayaram, Karbasi, Mirrokni, Woodruff, Zandieh, "HyperAttention: Long-context Attention in
+  /// Near-Linear Time", ICLR 2024, Algorithm 4), which `run` then applies to every problem whose
+  /// causal rule or sliding window its kernel lacks (`Capabilities::causal`, `window`): the
+  /// problem is split into square diagonal parts computed exactly (max(rows, keys) ≤ 256, the
+  /// exact.flash kernel) and fully visible off-diagonal blocks given to this method's non-causal
+  /// `forward`, merged by log-sum-exp (normalisers: the method's own LSE when it has one, else
+  /// exact.flash's). The method keeps its name, spec and parameters. It needs a target whose blocks
+  /// merge that way (softmax, or the Gaussian kernel on augmented inputs), determinism, and not to
+  /// be of the auto or dist families (they have their own causal forms). Boolean and additive
+  /// masks are refused on such problems; a row reads no key it does not see, so future keys
+  /// (poisoned, NaN) never reach it. Cost: that of auto.causal (auto/causal.h).
+  bool causal_recursion() const;
+  /// Whether `run` computes `p` by the causal recursion: `p` has a causal rule or a window that
+  /// the kernel lacks, and `causal_recursion()`.
+  bool runs_by_recursion(const AttentionProblem& p) const;
+  /// Causal problems run, natively or by the recursion: `caps.causal || causal_recursion()`.
+  bool runs_causal() const { return info().caps.causal || causal_recursion(); }
   /// The mechanism this method computes or approximates (target.h), at its parameters. Softmax
   /// unless the method replaces it; `AccuracyContract` promises are about this target.
   virtual Target target() const { return Target::softmax(); }
@@ -107,18 +146,30 @@ class AttentionMethod {
   /// method computes another mechanism whose work that model does not count (tensor.simplicial:
   /// key pairs, not query–key products).
   virtual double flops(const AttentionProblem& p) const { return attention_flops(p); }
+  /// Bytes `forward` must move to or from memory on `p` under the method's own model, the
+  /// memory side of `bench`'s predicted time: `attention_io_bytes(p)` plus, when its one-thread
+  /// workspace exceeds kCacheResidentBytes, that workspace written once and read back once.
+  /// Methods whose intermediates are streamed several times override it.
+  virtual double bytes(const AttentionProblem& p) const;
+  /// The cost model of what `run` does on `p`: `flops(p)` and `bytes(p)`, or, for a problem
+  /// given to the causal recursion (`runs_by_recursion`), the sum over its parts: the method's
+  /// model on each fully visible block, the normaliser method's on the same blocks (V of one
+  /// column), and exact attention (attention_flops, attention_io_bytes) on the exact parts.
+  CostModel cost(const AttentionProblem& p) const;
   /// Peak scratch memory `forward` allocates for `p` on `ctx` (bytes), beyond inputs/outputs.
   virtual std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
     return 0;
   }
-  /// Computes `p.out` (and `p.lse` when requested). Assumes `validate(p)` and `can_run(p)`.
+  /// Computes `p.out` (and `p.lse` when requested). Assumes `validate(p)` and `can_run(p)`, and
+  /// that `p` has no causal rule or window the kernel lacks (`run` gives those to the recursion).
   /// Needs no checks of its own for the edges of problem.h, only this: a NaN or ±inf met on the
   /// way (input, overflow) must reach the row's output or LSE instead of vanishing (a NaN logit
   /// hidden as if masked, an infinite logit dropped, a NaN normaliser read as an empty row).
   /// `run` settles such rows.
   virtual void forward(const AttentionProblem& p, const ExecContext& ctx) const = 0;
 
-  /// validate + can_run (throws `Error` with the reason) + forward, then the edge check of
+  /// validate + can_run (throws `Error` with the reason) + forward (or the causal recursion around
+  /// it, `runs_by_recursion`), then the edge check of
   /// problem.h: rows that came out non-finite are traced to a refused input (`NonFiniteInput`),
   /// to a float32 overflow (exact methods: recomputed in float64; others: `Error`), or to an LSE
   /// beyond float32 (`Error`). Costs one pass over the output when nothing is wrong.

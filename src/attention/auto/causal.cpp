@@ -252,72 +252,147 @@ const MethodInfo& AutoCausalAttention::describe() {
 Target AutoCausalAttention::target() const { return inner_->target(); }
 
 std::vector<Part> AutoCausalAttention::parts(const AttentionProblem& p) const {
-  std::vector<Part> out;
-  decompose(Edges(p), params_.get_int("block"), 0, p.n_q(), 0, p.n_kv(), out);
-  return out;
+  return causal_recursion::parts(p, params_.get_int("block"));
 }
 
 Status AutoCausalAttention::can_run(const AttentionProblem& p) const {
   const Status base = AttentionMethod::can_run(p);
   if (!base.is_ok()) return base;
+  const Status s = causal_recursion::can_run(*inner_, lse_.get(), params_.get_int("block"), p);
+  return s.is_ok() ? s : Status::unsupported(std::string(kName) + ": " + s.reason());
+}
+
+std::size_t AutoCausalAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
+  return causal_recursion::workspace_bytes(*inner_, lse_.get(), params_.get_int("block"), p, ctx);
+}
+
+double AutoCausalAttention::flops(const AttentionProblem& p) const {
+  return causal_recursion::cost(*inner_, lse_.get(), params_.get_int("block"), p).flops;
+}
+
+double AutoCausalAttention::bytes(const AttentionProblem& p) const {
+  return causal_recursion::cost(*inner_, lse_.get(), params_.get_int("block"), p).bytes;
+}
+
+void AutoCausalAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
+  causal_recursion::forward(*inner_, lse_.get(), params_.get_int("block"), p, ctx);
+}
+
+namespace causal_recursion {
+
+std::vector<Part> parts(const AttentionProblem& p, index_t block) {
+  std::vector<Part> out;
+  decompose(Edges(p), block, 0, p.n_q(), 0, p.n_kv(), out);
+  return out;
+}
+
+const AttentionMethod* auto_lse(const AttentionMethod& inner) {
+  static const std::unique_ptr<AttentionMethod> flash = create_method("exact.flash");
+  return inner.info().caps.lse ? nullptr : flash.get();
+}
+
+Status can_run(const AttentionMethod& inner, const AttentionMethod* lse, index_t block, const AttentionProblem& p) {
+  if (p.mask.kind == MaskKind::kBool)
+    return Status::unsupported(fmt::format(
+        "the causal recursion that runs {} on causal or windowed problems cannot take a boolean mask (its fully "
+        "visible blocks go to the method unmasked)", inner.spec()));
+  if (p.mask.kind == MaskKind::kAdditive)
+    return Status::unsupported(fmt::format(
+        "the causal recursion that runs {} on causal or windowed problems cannot take an additive mask (its fully "
+        "visible blocks go to the method unmasked)", inner.spec()));
   // Probe every fully visible block with the inner method (and the normaliser method) on the
   // real data: their refusals may depend on the block's shape or contents.
   static const float zero = 0.f;
   static float sink = 0.f;
   const index_t B = p.batch(), H = p.heads(), Hk = p.kv_heads();
-  for (const Part& t : parts(p)) {
+  for (const Part& t : parts(p, block)) {
     if (!t.full) continue;
     const index_t R = t.c - t.a, K = t.kb - t.ka;
     AttentionProblem sub = block_problem(p, t, p.q, p.k, p.v);
     sub.out = rows(p.out, t.a, R);
-    if (!lse_) sub.lse = TensorView<float>(&sink, {B, H, R, 1}, {0, 0, 0, 1});
+    if (!lse) sub.lse = TensorView<float>(&sink, {B, H, R, 1}, {0, 0, 0, 1});
     const auto refused = [&](const AttentionMethod& m, const Status& s) {
-      return Status::unsupported(fmt::format("{}: {} cannot run the fully visible block of rows [{}, {}) × keys [{}, {}): {}",
-                                             kName, m.spec(), t.a, t.c, t.ka, t.kb, s.reason()));
+      return Status::unsupported(fmt::format("{} cannot run the fully visible block of rows [{}, {}) × keys [{}, {}): {}",
+                                             m.spec(), t.a, t.c, t.ka, t.kb, s.reason()));
     };
-    if (const Status s = inner_->can_run(sub); !s.is_ok()) return refused(*inner_, s);
-    if (lse_) {
+    if (const Status s = inner.can_run(sub); !s.is_ok()) return refused(inner, s);
+    if (lse) {
       sub.v = TensorView<const float>(&zero, {B, Hk, K, 1}, {0, 0, 0, 1});
       sub.out = TensorView<float>(&sink, {B, H, R, 1}, {0, 0, 0, 1});
       sub.lse = sub.out;
-      if (const Status s = lse_->can_run(sub); !s.is_ok()) return refused(*lse_, s);
+      if (const Status s = lse->can_run(sub); !s.is_ok()) return refused(*lse, s);
     }
   }
   return Status::ok();
 }
 
-std::size_t AutoCausalAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
+std::size_t workspace_bytes(const AttentionMethod& inner, const AttentionMethod* lse, index_t block,
+                            const AttentionProblem& p, const ExecContext& ctx) {
   const auto B = static_cast<std::size_t>(p.batch()), H = static_cast<std::size_t>(p.heads()),
              Hk = static_cast<std::size_t>(p.kv_heads());
   const auto dv = static_cast<std::size_t>(p.d_v());
-  const auto flash = create_method("exact.flash");
+  static const auto flash = create_method("exact.flash");
   std::size_t rmax = 0, kmax = 0, most = 0;
-  for (const Part& t : parts(p)) {
+  for (const Part& t : parts(p, block)) {
     rmax = std::max(rmax, static_cast<std::size_t>(t.c - t.a));
     kmax = std::max(kmax, static_cast<std::size_t>(t.kb - t.ka));
     AttentionProblem sub = block_problem(p, t, p.q, p.k, p.v);
     sub.out = rows(p.out, t.a, t.c - t.a);
-    most = std::max(most, t.full ? inner_->workspace_bytes(sub, ctx) : flash->workspace_bytes(sub, ctx));
-    if (t.full && lse_) most = std::max(most, lse_->workspace_bytes(sub, ctx));
+    most = std::max(most, t.full ? inner.workspace_bytes(sub, ctx) : flash->workspace_bytes(sub, ctx));
+    if (t.full && lse) most = std::max(most, lse->workspace_bytes(sub, ctx));
   }
   std::size_t bytes = most + sizeof(double) * B * H * static_cast<std::size_t>(p.n_q()) +
                       sizeof(float) * (B * H * rmax * (dv + 2) + B * Hk * kmax);
-  if (!target().is_softmax())
+  if (!inner.target().is_softmax())
     bytes += sizeof(float) * (B * H * static_cast<std::size_t>(p.n_q()) + B * Hk * static_cast<std::size_t>(p.n_kv())) *
              static_cast<std::size_t>(p.d_qk() + 1);
   return bytes;
 }
 
-void AutoCausalAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
+CostModel cost(const AttentionMethod& inner, const AttentionMethod* lse, index_t block, const AttentionProblem& p) {
+  static const float zero = 0.f;
+  static float sink = 0.f;
+  const Edges e(p);
+  const index_t B = p.batch(), H = p.heads(), Hk = p.kv_heads();
+  CostModel c;
+  for (const Part& t : parts(p, block)) {
+    const index_t R = t.c - t.a, K = t.kb - t.ka;
+    AttentionProblem sub = block_problem(p, t, p.q, p.k, p.v);
+    sub.out = rows(p.out, t.a, R);
+    if (t.full) {
+      c.flops += inner.flops(sub);
+      c.bytes += inner.bytes(sub);
+      if (lse) {
+        sub.v = TensorView<const float>(&zero, {B, Hk, K, 1}, {0, 0, 0, 1});
+        sub.out = TensorView<float>(&sink, {B, H, R, 1}, {0, 0, 0, 1});
+        sub.lse = sub.out;
+        c.flops += lse->flops(sub);
+        c.bytes += lse->bytes(sub);
+      }
+    } else {
+      sub.window_right = e.has_hi ? e.hi(t.a) - t.ka : -1;
+      sub.window_left = e.has_lo ? t.ka - e.lo(t.a) : -1;
+      c.flops += attention_flops(sub);
+      c.bytes += attention_io_bytes(sub);
+    }
+    // The merge: each part's rows (output and LSE) written, read back and merged in float64.
+    c.bytes += 3.0 * 4 * static_cast<double>(B * H * R * (p.d_v() + 1));
+    c.flops += 4.0 * static_cast<double>(B * H * R * p.d_v());
+  }
+  return c;
+}
+
+void forward(const AttentionMethod& inner, const AttentionMethod* lse_m, index_t block, const AttentionProblem& p,
+             const ExecContext& ctx) {
   if (blocks::mark_rows_reading_nonfinite(p, ctx)) return;
   const index_t B = p.batch(), H = p.heads(), Hk = p.kv_heads(), nq = p.n_q(), dv = p.d_v();
-  const std::vector<Part> list = parts(p);
+  const std::vector<Part> list = parts(p, block);
   const Edges e(p);
 
   // Inputs of the exact parts and of the normalisers: q, k, or their Gaussian augmentation.
   std::vector<float> qa, ka;
   TensorView<const float> qx = p.q, kx = p.k;
-  if (!target().is_softmax()) {
+  if (!inner.target().is_softmax()) {
     qa = augment(p.q, false, ctx);
     ka = augment(p.k, true, ctx);
     qx = TensorView<const float>::contiguous(qa.data(), {B, H, nq, p.d_qk() + 1});
@@ -329,7 +404,7 @@ void AutoCausalAttention::forward(const AttentionProblem& p, const ExecContext& 
     kmax = std::max(kmax, t.kb - t.ka);
   }
   std::vector<float> zeros, dummy;
-  if (lse_) {
+  if (lse_m) {
     zeros.assign(static_cast<std::size_t>(B * Hk * kmax), 0.f);
     dummy.resize(static_cast<std::size_t>(B * H * rmax));
   }
@@ -340,16 +415,16 @@ void AutoCausalAttention::forward(const AttentionProblem& p, const ExecContext& 
     sub.v = zero_values(zeros.data(), B, Hk, K, kmax);
     sub.out = TensorView<float>::contiguous(dummy.data(), {B, H, R, 1});
     sub.lse = lse;
-    lse_->forward(sub, ctx);
+    lse_m->forward(sub, ctx);
   };
 
   // One fully visible block covering the problem (non-causal, no window): the inner method alone.
   if (list.size() == 1 && list[0].full && list[0].c - list[0].a == nq && list[0].kb - list[0].ka == p.n_kv()) {
     AttentionProblem sub = block_problem(p, list[0], p.q, p.k, p.v);
     sub.out = p.out;
-    if (!lse_) sub.lse = p.lse;
-    inner_->forward(sub, ctx);
-    if (lse_ && !p.lse.empty()) normalise(list[0], p.lse);
+    if (!lse_m) sub.lse = p.lse;
+    inner.forward(sub, ctx);
+    if (lse_m && !p.lse.empty()) normalise(list[0], p.lse);
     return;
   }
 
@@ -362,9 +437,9 @@ void AutoCausalAttention::forward(const AttentionProblem& p, const ExecContext& 
     if (t.full) {
       AttentionProblem sub = block_problem(p, t, p.q, p.k, p.v);
       sub.out = out;
-      if (!lse_) sub.lse = lse;
-      inner_->forward(sub, ctx);
-      if (lse_) normalise(t, lse);
+      if (!lse_m) sub.lse = lse;
+      inner.forward(sub, ctx);
+      if (lse_m) normalise(t, lse);
     } else {
       // Exact over the part's visible pairs: its edges as a window about its own diagonal
       // (j' − i' ∈ [lo(a) − ka, hi(a) − ka], both ends ≥ 0 after trimming).
@@ -391,6 +466,8 @@ void AutoCausalAttention::forward(const AttentionProblem& p, const ExecContext& 
     }
   });
 }
+
+}  // namespace causal_recursion
 
 NUMATTN_DEFINE_METHOD(AutoCausalAttention)
 

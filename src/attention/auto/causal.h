@@ -19,11 +19,12 @@ namespace numattn {
 /// Spec: the inner method is a nested spec in a string parameter, e.g.
 /// `auto.causal(inner=lowrank.nystrom(landmarks=64),block=256)`. The spec grammar
 /// (registry.h) splits parameters at commas outside parentheses, so a nested spec needs no
-/// quoting, and every list option that takes several specs already splits that way. A wrapper
-/// method was chosen over wrapping non-causal methods automatically in the registry: a method's
-/// capabilities and refusals stay its own (`numattn methods` still says lowrank.nystrom is
-/// non-causal), the causal form is named and reproducible by its spec, and its parameters (the
-/// exact block size, the source of the normalisers) are visible. The canonical spec spells the
+/// quoting, and every list option that takes several specs already splits that way. The same
+/// recursion also runs by itself: AttentionMethod::run gives it every problem whose causal rule or
+/// window a method's kernel lacks (method.h, `causal_recursion`), with that method as `inner`,
+/// block 256 and lse=auto, keeping the method's own spec. This wrapper names the causal form
+/// explicitly and exposes what the automatic one fixes: the exact block size and the source of the
+/// normalisers (lse=sparse.hyper keeps the whole near-linear). The canonical spec spells the
 /// inner method (and `lse`) in canonical form, so `create_method(m.spec())` round-trips.
 ///
 /// Decomposition. Each query row i sees the keys lo(i) ≤ j ≤ hi(i) (problem.h): hi(i) = i + off
@@ -88,6 +89,44 @@ namespace numattn {
 /// blocks and the last level); the normalisers (lse=exact.flash: Q·Kᵀ and exp of the
 /// off-diagonal pairs, about half the work of exact causal attention; measured 0.56 of
 /// exact.flash's time with Dv = 64).
+/// The recursion itself, for any inner method: AutoCausalAttention runs it with its `inner` and
+/// `lse` methods and `block`; AttentionMethod::run runs it for every method whose own kernel lacks
+/// the problem's causal rule or window (method.h, `causal_recursion`), with the method itself as
+/// `inner`, `block` = kDefaultBlock and the normalisers of `lse=auto`.
+namespace causal_recursion {
+
+/// The exact block size of the automatic recursion (AttentionMethod::run): the default of
+/// auto.causal, where an inner call on a block starts to cost less than exact attention on it.
+inline constexpr index_t kDefaultBlock = 256;
+
+/// One part of the decomposition: rows [a, c) × keys [ka, kb); `full`: every key visible to
+/// every row (run by the inner method), else exact over its visible pairs.
+struct Part {
+  index_t a, c, ka, kb;
+  bool full;
+};
+/// The decomposition of `p` (shapes, causal rule and window only), in the order the parts run.
+std::vector<Part> parts(const AttentionProblem& p, index_t block);
+/// The normaliser method of `lse=auto` for `inner`: nullptr when `inner` gives its own LSE, else
+/// exact.flash (one shared instance).
+const AttentionMethod* auto_lse(const AttentionMethod& inner);
+/// Boolean and additive masks refused (they would have to reach the inner method), then every
+/// fully visible block of `p` probed with `inner` (and `lse`): their refusals, naming the block.
+Status can_run(const AttentionMethod& inner, const AttentionMethod* lse, index_t block, const AttentionProblem& p);
+/// Peak scratch of `forward`, the largest of its parts' and its own partial results.
+std::size_t workspace_bytes(const AttentionMethod& inner, const AttentionMethod* lse, index_t block,
+                            const AttentionProblem& p, const ExecContext& ctx);
+/// The cost model of `forward` (AttentionMethod::cost): `inner`'s flops and bytes on each fully
+/// visible block, `lse`'s on the same block with one value column, exact attention's on the
+/// exact parts, and the merge (one read and write of each part's rows).
+CostModel cost(const AttentionMethod& inner, const AttentionMethod* lse, index_t block, const AttentionProblem& p);
+/// Computes `p.out` (and `p.lse`) by the recursion; `inner` runs only non-causal, windowless
+/// blocks through its `forward`. Assumes `can_run`.
+void forward(const AttentionMethod& inner, const AttentionMethod* lse, index_t block, const AttentionProblem& p,
+             const ExecContext& ctx);
+
+}  // namespace causal_recursion
+
 class AutoCausalAttention final : public AttentionMethod {
  public:
   explicit AutoCausalAttention(ParamValues p);
@@ -96,14 +135,11 @@ class AutoCausalAttention final : public AttentionMethod {
   Target target() const override;
   Status can_run(const AttentionProblem& p) const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
+  double bytes(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 
-  /// One part of the decomposition: rows [a, c) × keys [ka, kb); `full`: every key visible to
-  /// every row (run by the inner method), else exact over its visible pairs.
-  struct Part {
-    index_t a, c, ka, kb;
-    bool full;
-  };
+  using Part = causal_recursion::Part;
   /// The decomposition of `p` (shapes, causal rule and window only), in the order the parts run.
   std::vector<Part> parts(const AttentionProblem& p) const;
   const AttentionMethod& inner() const { return *inner_; }

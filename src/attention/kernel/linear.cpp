@@ -110,6 +110,15 @@ void LinearKernelAttention::forward(const AttentionProblem& p, const ExecContext
       keys.data(), ctx);
 }
 
+double LinearKernelAttention::flops(const AttentionProblem& p) const {
+  // φ of every query and key, the state Σ φ(k)·vᵀ (Nk·Dk·Dv) and every query against it; causal
+  // (the block form, blocks/linear_attention.h): each chunk's own b × b block too.
+  const double bh = static_cast<double>(p.batch() * p.heads()), dk = static_cast<double>(p.d_qk()),
+               dv = static_cast<double>(p.d_v());
+  const double diag = p.causal != Causal::kNone ? 2 * static_cast<double>(p.n_q() * kChunk) * (dk + dv + 1) : 0;
+  return bh * (2 * static_cast<double>(p.n_q() + p.n_kv()) * dk * (dv + 1) + diag);
+}
+
 NUMATTN_DEFINE_METHOD(LinearKernelAttention)
 
 }  // namespace numattn

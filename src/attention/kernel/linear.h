@@ -21,6 +21,7 @@ class LinearKernelAttention final : public AttentionMethod {
   Status can_run(const AttentionProblem& p) const override;
   Target target() const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 };
 

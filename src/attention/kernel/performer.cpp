@@ -285,6 +285,18 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
   blocks::linear_attention(p, cfg, query, keys_data, ctx);
 }
 
+double PerformerAttention::flops(const AttentionProblem& p) const {
+  // Features of every query and key (M projections of Dk, then exp), the key–value state
+  // (Nk·M·Dv and the normaliser) and every query against it (Nq·M·Dv); the causal block form
+  // (blocks/linear_attention.h) adds each chunk's own b × b block of feature products and values.
+  const double m = static_cast<double>(params_.get_int("features"));
+  const double bh = static_cast<double>(p.batch() * p.heads()), nq = static_cast<double>(p.n_q()),
+               nk = static_cast<double>(p.n_kv()), dk = static_cast<double>(p.d_qk()), dv = static_cast<double>(p.d_v());
+  const bool block = p.causal != Causal::kNone && params_.get_string("causal_algo") == "block";
+  const double diag = block ? 2 * nq * static_cast<double>(kCausalChunk) * (m + dv + 1) : 0;
+  return bh * (2 * (nq + nk) * m * dk + 2 * (nk + nq) * m * (dv + 1) + diag);
+}
+
 NUMATTN_DEFINE_METHOD(PerformerAttention)
 
 }  // namespace numattn

@@ -94,7 +94,7 @@ const MethodInfo& LinformerAttention::describe() {
     m.params = {
         {"k", ParamType::kInt, "256", 1, 4096, {}, "projected length k (rows of E); at most 4096"},
         {"projection", ParamType::kString, "gaussian", 0, 0, {"gaussian", "sparse", "identity"},
-         "E: Gaussian N(0,1/k), signed CountSketch, or the identity (k = Nk only)"},
+         "E: Gaussian N(0,1/k), signed CountSketch, or the identity (k ≥ Nk only)"},
         {"seed", ParamType::kInt, "0", 0, 2147483647, {}, "seed of E (drawn per kv head)"},
     };
     m.caps = {.exact = false, .causal = false, .gqa = true, .bool_mask = false, .additive_mask = false,
@@ -110,12 +110,9 @@ const MethodInfo& LinformerAttention::describe() {
 }
 
 Status LinformerAttention::can_run(const AttentionProblem& p) const {
-  if (p.causal != Causal::kNone)
-    return Status::unsupported(
-        "lowrank.linformer is non-causal: the projection E·K mixes future tokens into every projected key");
-  if (params_.get_string("projection") == "identity" && params_.get_int("k") != p.n_kv())
+  if (params_.get_string("projection") == "identity" && params_.get_int("k") < p.n_kv())
     return Status::unsupported(fmt::format(
-        "lowrank.linformer(projection=identity) needs k = Nk (the exact limit case); k = {}, Nk = {}",
+        "lowrank.linformer(projection=identity) needs k ≥ Nk (E = I, the exact limit case); k = {}, Nk = {}",
         params_.get_int("k"), p.n_kv()));
   return AttentionMethod::can_run(p);
 }
@@ -133,7 +130,7 @@ void LinformerAttention::forward(const AttentionProblem& p, const ExecContext& c
   const std::string& proj = params_.get_string("projection");
   const auto seed = static_cast<std::uint64_t>(params_.get_int("seed"));
   const double s = p.effective_scale();
-  if (proj == "identity" || nk == 0) {  // k = Nk (can_run): E = I, exact attention
+  if (proj == "identity" || nk == 0) {  // k ≥ Nk (can_run): E = I, exact attention
     AttentionProblem sub = p;
     sub.scale = s;
     sub.lse = {};
@@ -180,6 +177,17 @@ void LinformerAttention::forward(const AttentionProblem& p, const ExecContext& c
   sub.out = p.out;
   sub.scale = s;
   blocks::dense_softmax_attention(sub, ctx);
+}
+
+double LinformerAttention::flops(const AttentionProblem& p) const {
+  // E·K and E·V per kv head (Gaussian: dense k×Nk; sparse: one signed add per key), then every
+  // query over the k projected keys. Identity (k ≥ Nk): exact attention.
+  if (params_.get_string("projection") == "identity" || p.n_kv() == 0) return attention_flops(p);
+  const double k = static_cast<double>(params_.get_int("k")), nk = static_cast<double>(p.n_kv());
+  const double bk = static_cast<double>(p.batch() * p.kv_heads()), bh = static_cast<double>(p.batch() * p.heads());
+  const double dd = static_cast<double>(p.d_qk() + p.d_v());
+  const double project = params_.get_string("projection") == "gaussian" ? 2 * k * nk * dd : nk * dd;
+  return bk * project + bh * 2 * static_cast<double>(p.n_q()) * k * dd;
 }
 
 NUMATTN_DEFINE_METHOD(LinformerAttention)

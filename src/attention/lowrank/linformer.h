@@ -18,7 +18,8 @@ namespace numattn {
 /// - `gaussian`: E_tj ~ N(0, 1/k) (Johnson–Lindenstrauss, E[EᵀE] = I);
 /// - `sparse`: a signed CountSketch, column j has one ±1 in row h(j) (h, sign from Philox keyed
 ///   by (seed, head, j)); E[EᵀE] = I, and E·K costs O(Nk·Dk) instead of O(k·Nk·Dk);
-/// - `identity`: E = I, defined only for k = Nk (the limit case, exact attention); refused
+/// - `identity`: E = I, defined only for k ≥ Nk (the limit case, exact attention; k ≥ Nk rather
+///   than k = Nk so that the blocks of the causal recursion, method.h, take it too); refused
 ///   otherwise.
 ///
 /// What the error is (a finding, not a defect of the implementation): the JL property preserves
@@ -29,7 +30,8 @@ namespace numattn {
 /// Gaussian inputs the relative error is about sqrt(Nk/k)·(its row-averaging ratio) and grows
 /// with Nk; on spiky inputs it is as bad. Linformer works only with trained E and F.
 ///
-/// Non-causal (the projection mixes future tokens into every projected key); no masks.
+/// Its kernel is non-causal (the projection mixes future tokens into every projected key);
+/// causal and sliding-window problems run by the causal recursion (AttentionMethod::causal_recursion, method.h). No masks.
 /// Cost per kv head: O(k·Nk·(Dk + Dv)) to project (gaussian: plus k·Nk normal draws; sparse:
 /// O(Nk·(Dk + Dv))), then O(Nq·k·(Dk + Dv)) per query head (exact.flash kernels over k keys).
 /// Workspace O(B·Hkv·k·(Dk + Dv) + threads·k·512) floats.
@@ -40,6 +42,7 @@ class LinformerAttention final : public AttentionMethod {
   const MethodInfo& info() const override { return describe(); }
   Status can_run(const AttentionProblem& p) const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 
   /// E (k×Nk, row-major float32) of kv head `hk` as `forward` draws it (gaussian or sparse),

@@ -90,9 +90,6 @@ const MethodInfo& NystromAttention::describe() {
 }
 
 Status NystromAttention::can_run(const AttentionProblem& p) const {
-  if (p.causal != Causal::kNone)
-    return Status::unsupported(
-        "lowrank.nystrom is non-causal: its segment-mean landmarks average future tokens into every row");
   return AttentionMethod::can_run(p);
 }
 
@@ -181,6 +178,20 @@ void NystromAttention::forward(const AttentionProblem& p, const ExecContext& ctx
   sub.out = p.out;
   sub.scale = s;
   blocks::dense_softmax_attention(sub, ctx);
+}
+
+double NystromAttention::flops(const AttentionProblem& p) const {
+  // Landmark queries over all keys (F3·V), F2 (m×m), its pseudo-inverse (Newton–Schulz: about
+  // 8·m³ per iteration, four m×m products; exact: SVD, about 22·m³), W = pinv·F3V, and every query
+  // over the landmark keys (F1·W). Limit (m ≥ Nk): exact attention.
+  const index_t m = params_.get_int("landmarks");
+  if (m >= p.n_kv() || p.n_q() == 0) return attention_flops(p);
+  const double bh = static_cast<double>(p.batch() * p.heads()), nq = static_cast<double>(p.n_q()),
+               nk = static_cast<double>(p.n_kv()), mq = static_cast<double>(std::min(m, p.n_q())),
+               mk = static_cast<double>(m), dk = static_cast<double>(p.d_qk()), dv = static_cast<double>(p.d_v());
+  const double pinv = params_.get_string("pinv") == "exact" ? 22 * mk * mk * mk
+                                                            : 8.0 * static_cast<double>(params_.get_int("iters")) * mk * mk * mk;
+  return bh * (2 * mq * nk * (dk + dv) + 2 * mq * mk * dk + pinv + 2 * mk * mq * dv + 2 * nq * mk * (dk + dv));
 }
 
 NUMATTN_DEFINE_METHOD(NystromAttention)

@@ -27,7 +27,8 @@ namespace numattn {
 /// Computation: F3·V and F1·(pinv(F2)·F3V) are dense softmax attentions of m landmark rows over Nk
 /// keys and of Nq rows over m landmark keys, run by the `exact.flash` kernels
 /// (blocks/dense_softmax.h, parallel over batch × heads × row blocks); F2 and its pseudo-inverse
-/// (m×m) per head in parallel. Non-causal only (segment means mix future tokens); no masks.
+/// (m×m) per head in parallel. Its kernel is non-causal (segment means mix future tokens);
+/// causal and sliding-window problems run by the causal recursion (AttentionMethod::causal_recursion, method.h). No masks.
 /// Cost per head: O((Nq + Nk)·m·(Dk + Dv) + m³·iters); workspace O(B·Hq·m·(Dk + Dv) + m²).
 /// Error: Nyström-like, not a true Nyström method (softmax is not a PSD kernel): no a-priori
 /// bound; measured budgets in describe().
@@ -38,6 +39,7 @@ class NystromAttention final : public AttentionMethod {
   const MethodInfo& info() const override { return describe(); }
   Status can_run(const AttentionProblem& p) const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 };
 

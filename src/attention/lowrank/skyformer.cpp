@@ -112,8 +112,6 @@ SkyformerAttention::Landmarks SkyformerAttention::landmarks(const AttentionProbl
 }
 
 Status SkyformerAttention::can_run(const AttentionProblem& p) const {
-  if (p.causal != Causal::kNone)
-    return Status::unsupported("lowrank.skyformer is non-causal: its landmarks and C_Kᵀ·V mix all tokens");
   Status base = AttentionMethod::can_run(p);
   if (!base.is_ok()) return base;
   const double s = p.effective_scale();
@@ -307,6 +305,19 @@ void SkyformerAttention::forward(const AttentionProblem& p, const ExecContext& c
       if (!ok) std::fill(dst, dst + dv, 0.f);
     }
   });
+}
+
+double SkyformerAttention::flops(const AttentionProblem& p) const {
+  // Kernel columns of the m landmarks of [Q; K] for every query and key, C_Kᵀ·V, the m×m
+  // pseudo-inverse (Newton–Schulz: about 8·m³ per iteration; exact: SVD, about 22·m³), and the
+  // products back to every query.
+  const double bh = static_cast<double>(p.batch() * p.heads()), m = static_cast<double>(total_landmarks(params_, p)),
+               n = static_cast<double>(p.n_q() + p.n_kv()), dk = static_cast<double>(p.d_qk()),
+               dv = static_cast<double>(p.d_v());
+  const double pinv = params_.get_string("pinv") == "exact" ? 22 * m * m * m
+                                                            : 8.0 * static_cast<double>(params_.get_int("iters")) * m * m * m;
+  return bh * (2 * n * m * dk + 2 * static_cast<double>(p.n_kv()) * m * dv + pinv + 2 * m * m * dv +
+               2 * static_cast<double>(p.n_q()) * m * (dv + 1));
 }
 
 NUMATTN_DEFINE_METHOD(SkyformerAttention)

@@ -36,7 +36,8 @@ namespace numattn {
 /// factors below e^−745 for far-apart rows). Exact attention through the `exact.flash` kernels on
 /// [q, 1]·[k, −‖k‖²/2] (the per-key bias form of the normalised Gaussian kernel).
 ///
-/// Refuses causal problems and masks (not defined by the method), more than 256 landmarks with
+/// Its kernel is non-causal (landmarks and C_Kᵀ·V mix all tokens); causal and sliding-window problems run by the causal recursion (AttentionMethod::causal_recursion, method.h)
+/// on the Gaussian target. Refuses masks (not defined by the method), more than 256 landmarks with
 /// the Newton–Schulz pseudo-inverse (its 8·iters·m³ flops; pinv=exact takes any m), scale ≤ 0 (no Gaussian
 /// kernel), and inputs with s·max(‖q‖², ‖k‖²) > 1e6: the float32 kernel exponent
 /// x·y − ‖x‖²/2 − ‖y‖²/2 carries a rounding error of about ε·s·(‖q‖² + ‖k‖²), which is then ≥ 0.1.
@@ -49,6 +50,7 @@ class SkyformerAttention final : public AttentionMethod {
   Target target() const override { return Target::gaussian(); }
   Status can_run(const AttentionProblem& p) const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 
   /// The landmark rows of head (b, h) as `forward` samples them: indices into Q (first) and K.

@@ -163,6 +163,14 @@ void SvdAttention::forward(const AttentionProblem& p, const ExecContext& ctx) co
   });
 }
 
+double SvdAttention::flops(const AttentionProblem& p) const {
+  // The dense probabilities (softmax attention's work) and one full SVD of each head's Nq×Nk
+  // matrix (about 4·m·n·min(m, n), Golub–Van Loan's bidiagonalisation), then the rank-r product.
+  const double bh = static_cast<double>(p.batch() * p.heads()), nq = static_cast<double>(p.n_q()),
+               nk = static_cast<double>(p.n_kv()), r = static_cast<double>(std::min<index_t>(params_.get_int("rank"), std::min(p.n_q(), p.n_kv())));
+  return attention_flops(p) + bh * (4 * nq * nk * std::min(nq, nk) + 2 * r * (nq + nk) * p.d_v());
+}
+
 NUMATTN_DEFINE_METHOD(SvdAttention)
 
 }  // namespace numattn

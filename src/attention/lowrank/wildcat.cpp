@@ -266,6 +266,15 @@ void WildcatAttention::forward(const AttentionProblem& p, const ExecContext& ctx
   fallback_rows_.fetch_add(fallbacks.load());
 }
 
+double WildcatAttention::flops(const AttentionProblem& p) const {
+  // Per kv head the coreset: pivoted Cholesky of the key kernel (Nk·r·(Dk + r)) and the weights
+  // on the values (Nk·r·Dv); per query head its logits and output over the r selected keys.
+  const double r = static_cast<double>(std::min<index_t>(params_.get_int("rank"), p.n_kv()));
+  const double bk = static_cast<double>(p.batch() * p.kv_heads()), bh = static_cast<double>(p.batch() * p.heads());
+  const double nk = static_cast<double>(p.n_kv()), dk = static_cast<double>(p.d_qk()), dv = static_cast<double>(p.d_v());
+  return bk * 2 * nk * r * (dk + r + dv) + bh * 2 * static_cast<double>(p.n_q()) * r * (dk + dv);
+}
+
 NUMATTN_DEFINE_METHOD(WildcatAttention)
 
 }  // namespace numattn

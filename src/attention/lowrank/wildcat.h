@@ -40,7 +40,8 @@ namespace numattn {
 /// exact softmax attention over all keys (O(Nk·(Dk+Dv)) each) and are counted in
 /// `fallback_rows()`.
 ///
-/// Non-causal, no masks or windows (the coreset summarises all keys for every query); GQA: the
+/// Its kernel is non-causal (the coreset summarises all keys for every query); causal and sliding-window problems run by the causal recursion (AttentionMethod::causal_recursion, method.h).
+/// No masks. GQA: the
 /// query heads of a group share the coreset. Limit case: rank ≥ Nk takes every key (S = [Nk],
 /// W = I exactly) and is exact softmax attention. Cost per kv head O(Nk·r·(d + r) + Nk·r·Dv)
 /// to compress (float64), O(Nq·r·(Dk+Dv)) per query head to apply; memory O(Nk·(r + d)).
@@ -51,6 +52,7 @@ class WildcatAttention final : public AttentionMethod {
   static const MethodInfo& describe();
   const MethodInfo& info() const override { return describe(); }
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
   /// Rows that fell back to exact attention (cancelling denominators), summed over every
   /// `forward` of this object.

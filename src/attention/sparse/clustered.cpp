@@ -188,6 +188,16 @@ void ClusteredAttention::forward(const AttentionProblem& p, const ExecContext& c
   });
 }
 
+double ClusteredAttention::flops(const AttentionProblem& p) const {
+  // k-means of the queries, each centroid over all keys, each query over its cluster's top-k keys.
+  const double c = static_cast<double>(std::min<index_t>(params_.get_int("clusters"), p.n_q()));
+  const double iters = static_cast<double>(params_.get_int("iters")) + 1;
+  const double topk = static_cast<double>(std::min<index_t>(params_.get_int("topk"), p.n_kv()));
+  const double bh = static_cast<double>(p.batch() * p.heads()), nq = static_cast<double>(p.n_q()),
+               nk = static_cast<double>(p.n_kv()), dk = static_cast<double>(p.d_qk()), dv = static_cast<double>(p.d_v());
+  return bh * (2 * iters * nq * c * dk + 2 * c * nk * (dk + dv) + 2 * nq * topk * (dk + dv));
+}
+
 NUMATTN_DEFINE_METHOD(ClusteredAttention)
 
 }  // namespace numattn

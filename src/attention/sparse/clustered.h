@@ -28,7 +28,8 @@ namespace numattn {
 /// sum to 1). m̂_c = 1 − Σ_{j∉T_c} A_c(j) in float64, so topk ≥ Nk gives m̂ = 1, R = 0: exact.
 ///
 /// Non-causal only (a cluster's centroid mixes queries of all positions and its top-k would read
-/// future keys); masks and windows refused. No LSE (the output is not one softmax).
+/// future keys): its kernel is non-causal; causal and sliding-window problems run by the causal recursion (AttentionMethod::causal_recursion, method.h).
+/// Masks refused. No LSE (the output is not one softmax).
 /// Cost per head: O(iters·Nq·C·Dk) k-means + O(C·Nk·(Dk+Dv)) centroid attention (sgemm) +
 /// O(Nq·topk·(Dk+Dv)) per-query attention (sgemm per cluster). Memory O(C·Nk + Nq·Dk) per head.
 class ClusteredAttention final : public AttentionMethod {
@@ -37,6 +38,7 @@ class ClusteredAttention final : public AttentionMethod {
   static const MethodInfo& describe();
   const MethodInfo& info() const override { return describe(); }
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 
   /// The clustering of query head (b, h) (for tests): centroids (C × Dk), assignment of each

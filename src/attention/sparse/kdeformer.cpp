@@ -108,10 +108,6 @@ const MethodInfo& KdeformerAttention::describe() {
 }
 
 Status KdeformerAttention::can_run(const AttentionProblem& p) const {
-  if (p.causal != Causal::kNone)
-    return Status::unsupported(
-        "sparse.kdeformer is non-causal: its LSH blocks and shared key samples mix past and future keys "
-        "(the paper has no causal mode); use sparse.hyper for causal attention");
   return AttentionMethod::can_run(p);
 }
 
@@ -418,6 +414,16 @@ double KdeformerAttention::exp_kde_lifted(const double* q, const double* k, inde
   double q2 = 0;
   for (index_t c = 0; c < d; ++c) q2 += q[c] * q[c];
   return std::exp(q2 / 2 + lift.log_c) * static_cast<double>(n) * gaussian_kde(q, k, n, d, lift);
+}
+
+double KdeformerAttention::flops(const AttentionProblem& p) const {
+  // SimHash codes of every row, each query over its LSH block (Nk/nb keys) and the shared samples,
+  // and the value-norm sampling distribution (Nk·Dv² for the values' Gram, per the paper's ‖v‖).
+  const double nb = static_cast<double>(blocks_for(p)), bits = static_cast<double>(params_.get_int("bits"));
+  const double m = static_cast<double>(std::min<index_t>(params_.get_int("samples"), p.n_kv()));
+  const double bh = static_cast<double>(p.batch() * p.heads()), nq = static_cast<double>(p.n_q()),
+               nk = static_cast<double>(p.n_kv()), dk = static_cast<double>(p.d_qk()), dv = static_cast<double>(p.d_v());
+  return bh * (2 * (nq + nk) * dk * bits + 2 * nq * (nk / nb + m) * (dk + dv) + 2 * nk * dv * dv);
 }
 
 NUMATTN_DEFINE_METHOD(KdeformerAttention)

@@ -48,7 +48,7 @@ namespace numattn {
 ///
 /// Limit case: bucket ≥ Nk (one block holds every key: every draw is dropped) is exact. The
 /// error falls as `samples` grows (Monte Carlo, about 1/sqrt(m) for the residual).
-/// Non-causal only; no masks or windows; GQA (a group's query heads share their kv head's
+/// Its kernel is non-causal (the paper has none); causal and sliding-window problems run by the causal recursion (AttentionMethod::causal_recursion, method.h). No masks; GQA (a group's query heads share their kv head's
 /// hashes and draws), batches, Dk ≠ Dv.
 ///
 /// Measured (relative Frobenius error against exact softmax; N = 4096, D = 64, 2 heads): Gaussian
@@ -68,6 +68,7 @@ class KdeformerAttention final : public AttentionMethod {
   const MethodInfo& info() const override { return describe(); }
   Status can_run(const AttentionProblem& p) const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 
   /// nb on `p`.

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "attention/sparse/reformer.h"
 
 #include <cmath>
@@ -297,6 +298,19 @@ void ReformerAttention::forward(const AttentionProblem& p, const ExecContext& ct
       if (!p.lse.empty()) p.lse(b, h, i, 0) = static_cast<float>(l);
     }
   });
+}
+
+double ReformerAttention::flops(const AttentionProblem& p) const {
+  // Per round: random rotations for the bucket ids (Dk·buckets/2 per row), then each query over
+  // two chunks of keys.
+  const index_t chunk = params_.get_int("chunk");
+  const double buckets = static_cast<double>(params_.get_int("buckets") == 0 ? reformer::auto_buckets(p.n_kv(), chunk)
+                                                                               : params_.get_int("buckets"));
+  const double rounds = static_cast<double>(params_.get_int("rounds"));
+  const double bh = static_cast<double>(p.batch() * p.heads()), dk = static_cast<double>(p.d_qk()),
+               dv = static_cast<double>(p.d_v());
+  const double n = static_cast<double>(p.n_q() + p.n_kv());
+  return bh * rounds * (n * dk * buckets + 2 * static_cast<double>(p.n_q()) * 2 * static_cast<double>(chunk) * (dk + dv));
 }
 
 NUMATTN_DEFINE_METHOD(ReformerAttention)

@@ -109,6 +109,7 @@ class ReformerAttention final : public AttentionMethod {
   const MethodInfo& info() const override { return describe(); }
   Status can_run(const AttentionProblem& p) const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 
   /// The rounds of query head (b, h) exactly as forward plans them (for tests).

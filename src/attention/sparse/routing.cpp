@@ -211,6 +211,15 @@ void RoutingAttention::forward(const AttentionProblem& p, const ExecContext& ctx
   });
 }
 
+double RoutingAttention::flops(const AttentionProblem& p) const {
+  // k-means over queries and keys (iters assignment passes of C centroids), then each query over
+  // the keys of its cluster (about Nk/C of them, balanced).
+  const double c = static_cast<double>(clusters_for(p)), iters = static_cast<double>(params_.get_int("iters")) + 1;
+  const double bh = static_cast<double>(p.batch() * p.heads()), nq = static_cast<double>(p.n_q()),
+               nk = static_cast<double>(p.n_kv()), dk = static_cast<double>(p.d_qk()), dv = static_cast<double>(p.d_v());
+  return bh * (2 * iters * (nq + nk) * c * dk + 2 * nq * (nk / c) * (dk + dv));
+}
+
 NUMATTN_DEFINE_METHOD(RoutingAttention)
 
 }  // namespace numattn

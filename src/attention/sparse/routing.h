@@ -27,7 +27,8 @@ namespace numattn {
 ///
 /// Non-causal only: with data-dependent centroids (training-free), the routing of a past query
 /// would depend on future keys; causal routing needs centroids fitted without them (learned or
-/// calibrated offline), which this method does not have. Masks and windows: refused.
+/// calibrated offline), which this method does not have. Its kernel is therefore non-causal;
+/// causal and sliding-window problems run by the causal recursion (AttentionMethod::causal_recursion, method.h). Masks: refused.
 ///
 /// Cost per head: O(iters·(Nq+Nk)·C·Dk) for k-means (GEMM-shaped), O(C·w_q·w_k·(Dk+Dv)) =
 /// O(Nq·Nk·(Dk+Dv)/C) for the cluster attention (sgemm per cluster, tiled over queries).
@@ -38,6 +39,7 @@ class RoutingAttention final : public AttentionMethod {
   static const MethodInfo& describe();
   const MethodInfo& info() const override { return describe(); }
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 
   /// The routing of query head (b, h) (for tests): C, and for each cluster its member queries

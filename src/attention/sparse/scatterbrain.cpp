@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "attention/sparse/scatterbrain.h"
 
 #include <cmath>
@@ -345,6 +346,19 @@ void ScatterbrainAttention::forward(const AttentionProblem& p, const ExecContext
       for (index_t c = 0; c < dv; ++c) o[c] = static_cast<float>(src[static_cast<std::size_t>(c)] * inv);
     }
   });
+}
+
+double ScatterbrainAttention::flops(const AttentionProblem& p) const {
+  // Performer's features and state (M features) plus, per LSH round, each query over two chunks
+  // of keys with the low-rank estimate of each of those pairs subtracted (M more per pair).
+  const double m = static_cast<double>(params_.get_int("features")), rounds = static_cast<double>(params_.get_int("rounds"));
+  const index_t chunk = params_.get_int("chunk");
+  const double buckets = static_cast<double>(params_.get_int("buckets") == 0 ? reformer::auto_buckets(p.n_kv(), chunk)
+                                                                               : params_.get_int("buckets"));
+  const double bh = static_cast<double>(p.batch() * p.heads()), nq = static_cast<double>(p.n_q()),
+               nk = static_cast<double>(p.n_kv()), dk = static_cast<double>(p.d_qk()), dv = static_cast<double>(p.d_v());
+  return bh * (2 * (nq + nk) * m * (dk + dv + 1) + rounds * ((nq + nk) * dk * buckets +
+                                                             2 * nq * 2 * static_cast<double>(chunk) * (dk + dv + m)));
 }
 
 NUMATTN_DEFINE_METHOD(ScatterbrainAttention)

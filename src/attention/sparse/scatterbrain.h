@@ -31,9 +31,9 @@ namespace numattn {
 ///
 /// `features = 0`: no low-rank part (pure sparse: softmax over P_i, Reformer's estimate). When one
 /// chunk holds every key (chunk ≥ Nk) every pair is a collision pair, the low-rank terms cancel
-/// exactly and are skipped: exact attention whatever φ. Non-causal only (a causal version needs
-/// prefix sums of φ(k)vᵀ and a causal mask in the sparse part; not implemented, refused). No
-/// masks, no window, no LSE output (log Σ_j Â_ij, the log of the estimated normaliser, could be
+/// exactly and are skipped: exact attention whatever φ. Its kernel is non-causal (the paper's causal version,
+/// prefix sums of φ(k)vᵀ and a causal mask in the sparse part, is not implemented); causal and sliding-window problems run by the causal recursion (AttentionMethod::causal_recursion, method.h).
+/// No masks, no LSE output (log Σ_j Â_ij, the log of the estimated normaliser, could be
 /// given as sparse.hyper does; not implemented).
 ///
 /// Target: softmax. Refuses (Error) |scale|·max‖q‖·max‖k‖ > 1e6 when the low-rank part runs
@@ -45,6 +45,7 @@ class ScatterbrainAttention final : public AttentionMethod {
   const MethodInfo& info() const override { return describe(); }
   Status can_run(const AttentionProblem& p) const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 
   /// The sparse support of query head (b, h): the rounds as forward plans them (for tests).

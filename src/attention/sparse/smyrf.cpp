@@ -140,10 +140,6 @@ const MethodInfo& SmyrfAttention::describe() {
 }
 
 Status SmyrfAttention::can_run(const AttentionProblem& p) const {
-  if (p.causal != Causal::kNone)
-    return Status::unsupported(
-        "sparse.smyrf is non-causal: its balanced clusters mix past and future keys (the reference "
-        "implementation has no causal mode); use sparse.reformer or sparse.hyper for causal attention");
   return AttentionMethod::can_run(p);
 }
 
@@ -312,6 +308,16 @@ void SmyrfAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     for (index_t r = 0; r < rounds; ++r)
       parallel_for(run, B * H * l, [&](std::int64_t t) { cluster(t / l, r, t % l); });
   }
+}
+
+double SmyrfAttention::flops(const AttentionProblem& p) const {
+  // Per round: the asymmetric transform and one projection per row, a sort, and each query over
+  // the Nk/L keys of its balanced cluster.
+  const double l = static_cast<double>(clusters_for(p)), rounds = static_cast<double>(rounds_for(p));
+  const double bh = static_cast<double>(p.batch() * p.heads()), nq = static_cast<double>(p.n_q()),
+               nk = static_cast<double>(p.n_kv()), dk = static_cast<double>(p.d_qk()), dv = static_cast<double>(p.d_v());
+  const double n = nq + nk;
+  return bh * rounds * (2 * n * (dk + 2) + n * std::log2(std::max(2.0, n)) + 2 * nq * (nk / l) * (dk + dv));
 }
 
 NUMATTN_DEFINE_METHOD(SmyrfAttention)

@@ -42,8 +42,8 @@ namespace numattn {
 ///
 /// Limit case: clusters = 1 is exact softmax attention (any rounds). Error: the softmax mass of
 /// keys outside every round's cluster (renormalised away) plus the double counting of keys seen
-/// in several rounds. Non-causal only (balanced clusters mix past and future keys; the reference
-/// implementation has no causal mode); no masks or windows; GQA and batches; Dk ≠ Dv.
+/// in several rounds. Its kernel is non-causal (balanced clusters mix past and future keys; the
+/// reference implementation has no causal mode); causal and sliding-window problems run by the causal recursion (AttentionMethod::causal_recursion, method.h). No masks; GQA and batches; Dk ≠ Dv.
 ///
 /// Measured (relative Frobenius error against exact softmax; N = 4096, D = 64, 2 heads): Gaussian
 /// inputs 2.76 / 1.36 / 0.61 at L = 64 (default) / 16 / 4, 5.39 / 2.76 / 1.41 at H = 2 / 8 / 32;
@@ -63,6 +63,7 @@ class SmyrfAttention final : public AttentionMethod {
   const MethodInfo& info() const override { return describe(); }
   Status can_run(const AttentionProblem& p) const override;
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
+  double flops(const AttentionProblem& p) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
 
   /// L on `p` (see above) and the number of rounds computed (1 when L = 1).
