@@ -49,32 +49,45 @@ void NaiveAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     const index_t blk = t % nblk, bh = t / nblk, b = bh / p.heads(), h = bh % p.heads();
     const index_t hk = h / p.group();
     const index_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, nq - i0);
+    // Only the keys some row of the block sees: a key no row sees (beyond the causal frontier,
+    // outside the window) is never read, so its values, even NaN, cannot reach the output.
+    index_t jb = nk, je = 0;
+    for (index_t r = 0; r < rows; ++r) {
+      const KeyRange kr = p.key_range(i0 + r);
+      if (kr.begin < kr.end) jb = std::min(jb, kr.begin), je = std::max(je, kr.end);
+    }
+    const index_t nkk = je > jb ? je - jb : 0;
     std::vector<float>& s = ws[worker_slot(ws.size())];
-    s.resize(static_cast<std::size_t>(rows * nk));
-    blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, nk, dk, scale, p.q.row(b, h, i0),
-                p.q.stride[2], p.k.row(b, hk, 0), p.k.stride[2], 0.f, s.data(), nk);
+    s.resize(static_cast<std::size_t>(rows * std::max<index_t>(nkk, 1)));
+    if (nkk > 0)
+      blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, rows, nkk, dk, scale, p.q.row(b, h, i0),
+                  p.q.stride[2], p.k.row(b, hk, jb), p.k.stride[2], 0.f, s.data(), nkk);
     std::vector<float> row_sum(static_cast<std::size_t>(rows)), row_max(static_cast<std::size_t>(rows));
     for (index_t r = 0; r < rows; ++r) {
-      float* srow = s.data() + r * nk;
-      const bool finite = detail::mask_row(p, i0 + r, 0, nk, srow);
+      float* srow = s.data() + r * nkk;
+      const bool finite = detail::mask_row(p, i0 + r, jb, jb + nkk, srow);
       float m = -std::numeric_limits<float>::infinity();
-      for (index_t j = 0; j < nk; ++j) m = std::max(m, srow[j]);
+      for (index_t j = 0; j < nkk; ++j) m = std::max(m, srow[j]);
       row_max[r] = m;
       if (!finite || m == -std::numeric_limits<float>::infinity()) {
         // A non-finite logit makes the row NaN (settled by run()); none visible: an empty row.
-        std::fill(srow, srow + nk, 0.f);
+        std::fill(srow, srow + nkk, 0.f);
         row_sum[r] = finite ? 0.f : std::numeric_limits<float>::quiet_NaN();
         continue;
       }
-      for (index_t j = 0; j < nk; ++j) srow[j] -= m;
-      simd::exp_f32(srow, srow, nk);
+      for (index_t j = 0; j < nkk; ++j) srow[j] -= m;
+      simd::exp_f32(srow, srow, nkk);
       float sum = 0;
-      for (index_t j = 0; j < nk; ++j) sum += srow[j];
+      for (index_t j = 0; j < nkk; ++j) sum += srow[j];
       row_sum[r] = sum;
     }
     float* o = p.out.row(b, h, i0);
-    blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, dv, nk, 1.f, s.data(), nk,
-                p.v.row(b, hk, 0), p.v.stride[2], 0.f, o, p.out.stride[2]);
+    if (nkk > 0) {
+      blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, dv, nkk, 1.f, s.data(), nkk,
+                  p.v.row(b, hk, jb), p.v.stride[2], 0.f, o, p.out.stride[2]);
+    } else {
+      for (index_t r = 0; r < rows; ++r) std::fill(o + r * p.out.stride[2], o + r * p.out.stride[2] + dv, 0.f);
+    }
     for (index_t r = 0; r < rows; ++r) {
       float* orow = o + r * p.out.stride[2];
       // row_sum is ≥ 1 (the maximum's own weight), 0 for an empty row or NaN for a settled one.
