@@ -46,6 +46,8 @@ Status AttentionMethod::can_run(const AttentionProblem& p) const {
   if (p.has_window() && !c.window) return Status::unsupported(n + " does not support a sliding window");
   if (!p.lse.empty() && !c.lse) return Status::unsupported(n + " cannot output log-sum-exp");
   if (p.d_qk() != p.d_v() && !c.dk_ne_dv) return Status::unsupported(n + " needs Dk == Dv");
+  if (p.half_kv() && !c.half_kv)
+    return Status::unsupported(n + " cannot read " + to_string(p.half.type) + " keys and values (widen_kv)");
   return Status::ok();
 }
 
