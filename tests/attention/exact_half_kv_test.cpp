@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "numattn/attention/kv_reads.h"
 #include "numattn/attention/random_problem.h"
 #include "numattn/attention/reference.h"
 #include "numattn/analysis/metrics.h"
@@ -106,6 +107,35 @@ TEST(ExactHalfKv, FlashReadsHalvesAsTheirFloatValuesOnEveryPath) {
           EXPECT_LE(e.rel_fro_error, tol.rel_fro_error);
           EXPECT_LE(e.lse_max_abs_error, tol.lse_max_abs_error);
         }
+}
+
+// sparse.window reads the band through exact.flash and a float32 copy of the sink rows only:
+// bitwise the method on the widened copy; and it reads band ∪ sinks (kv_rows_read).
+TEST(ExactHalfKv, WindowReadsItsBandAndSinksFromHalves) {
+  std::uint64_t seed = test::base_seed() + 2700;
+  for (KvType t : {KvType::kF16, KvType::kBf16})
+    for (index_t nk : {1, 6, 200}) {
+      SCOPED_TRACE(fmt::format("{} Nk={}", to_string(t), nk));
+      ProblemConfig cfg;
+      cfg.heads = 6;
+      cfg.kv_heads = 2;
+      cfg.n = 1;
+      cfg.n_kv = nk;
+      cfg.d = 40;
+      cfg.causal = Causal::kBottomRight;
+      cfg.layout = Layout::kBNHD;
+      cfg.seed = seed++;
+      HalfProblem hp(cfg, t);
+      const auto m = create_method("sparse.window(left=20,sinks=3)");
+      const ExecContext ctx{2};
+      m->run(hp.half(), ctx);
+      const std::vector<float> out_half = hp.prob.out_data();
+      const WidenedKv w = widen_kv(hp.half());
+      m->run(w.problem, ctx);
+      EXPECT_EQ(std::memcmp(out_half.data(), hp.prob.out_data().data(), out_half.size() * sizeof(float)), 0);
+      EXPECT_EQ(kv_rows_read(*m, w.problem, 0), std::min<index_t>(nk, 21 + 3));
+      EXPECT_EQ(kv_rows_read(*create_method("exact.flash"), w.problem, 0), nk);
+    }
 }
 
 TEST(ExactHalfKv, MethodsThatReadFloat32RefuseHalves) {
