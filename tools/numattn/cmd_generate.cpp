@@ -49,7 +49,7 @@ void add_generate(CLI::App& app) {
   sub->add_flag("--chat", o->chat,
                 "wrap the prompt in the chat turns its vocabulary marks (ChatML <|im_start|>... or Gemma <start_of_turn>...) and stop at the end of the model's turn");
   add_common(*sub, &o->threads, &o->format);
-  sub->callback([o] {
+  sub->callback([o, sub] {
     ExecContext ctx{o->threads};
     // Every request check comes before the model's weights are read (a few seconds): the
     // flags alone first, then the prompt's length against the file's trained context.
@@ -81,8 +81,14 @@ void add_generate(CLI::App& app) {
     LlamaModel model = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
     model.set_attention(o->attn);
     model.set_activations(act);
-    const KvType kv = parse_kv_type(o->kv);
-    model.make_cache(1, kv);  // a model whose layers cannot hold this type refuses it before the prefill
+    KvType kv = parse_kv_type(o->kv);
+    // MLA layers keep their latent cache in float32: the default falls back to it (said on
+    // stderr); a half type asked for is refused by make_cache, naming the layer.
+    if (model.has_mla() && kv != KvType::kF32 && sub->count("--kv") == 0) {
+      std::fprintf(stderr, "note: the model has MLA layers, whose cache stays float32: --kv f32\n");
+      kv = KvType::kF32;
+    }
+    model.make_cache(1, kv);  // before the prefill
     const auto t_ready = std::chrono::steady_clock::now();
     const bool md = o->format == "md";
     if (md) {
@@ -104,7 +110,7 @@ void add_generate(CLI::App& app) {
       std::fprintf(stderr,
                    "[%zu prompt + %zu generated tokens in %.2f s, attn %s, weights %s, kv %s, load %.3f s, "
                    "peak RSS %.1f MiB]\n",
-                   ids.size(), out.size(), s, model.attention_spec().c_str(), o->weights.c_str(), o->kv.c_str(),
+                   ids.size(), out.size(), s, model.attention_spec().c_str(), o->weights.c_str(), to_string(kv),
                    std::chrono::duration<double>(t_ready - t_load).count(),
                    static_cast<double>(peak_resident_bytes()) / (1024.0 * 1024.0));
       return;
@@ -120,7 +126,7 @@ void add_generate(CLI::App& app) {
     row["attn"] = model.attention_spec();
     row["weights"] = o->weights;
     row["activations"] = o->activations;
-    row["kv"] = o->kv;
+    row["kv"] = to_string(kv);
     row["cpu_path"] = cpu_path_name(default_cpu_path());
     // Opening + parsing the file (metadata, tokenizer) and building the model from it.
     row["open_s"] = std::chrono::duration<double>(t_load - t_open).count();
