@@ -94,6 +94,10 @@ void settle_nonfinite_rows(const AttentionMethod& m, const AttentionProblem& p, 
       for (index_t i = 0; i < p.n_q(); ++i)
         if (!row_finite(p, b, h, i)) bad.push_back({b, h, i});
   if (bad.empty()) return;
+  if (p.half_kv()) {  // the float64 trace reads float32 rows: the same problem, widened
+    const WidenedKv w = widen_kv(p);
+    return settle_nonfinite_rows(m, w.problem, ctx);
+  }
 
   std::map<std::pair<index_t, index_t>, HeadStats> heads;
   for (const RowIndex& r : bad) heads[{r.b, r.h / p.group()}];

@@ -69,6 +69,8 @@ Status AttentionMethod::can_run(const AttentionProblem& p) const {
     return Status::unsupported(n + " does not support a sliding window" + no_recursion());
   if (!p.lse.empty() && !c.lse) return Status::unsupported(n + " cannot output log-sum-exp");
   if (p.d_qk() != p.d_v() && !c.dk_ne_dv) return Status::unsupported(n + " needs Dk == Dv");
+  if (p.half_kv() && !c.half_kv)
+    return Status::unsupported(n + " cannot read " + to_string(p.half.type) + " keys and values (widen_kv)");
   if (recursion)
     return causal_recursion::can_run(*this, causal_recursion::auto_lse(*this), causal_recursion::kDefaultBlock, p);
   return Status::ok();

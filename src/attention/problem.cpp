@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <limits>
 
+#include "numattn/core/memory.h"
+#include "numattn/quant/quant.h"
+
 namespace numattn {
 
 const char* to_string(Causal c) {
@@ -19,6 +22,53 @@ Causal parse_causal(const std::string& s) {
   if (s == "top-left" || s == "top_left") return Causal::kTopLeft;
   if (s == "bottom-right" || s == "bottom_right") return Causal::kBottomRight;
   throw Error(fmt::format("unknown causal mode '{}' (valid: none, top-left, bottom-right)", s));
+}
+
+const char* to_string(KvType t) {
+  switch (t) {
+    case KvType::kF32: return "f32";
+    case KvType::kF16: return "f16";
+    case KvType::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+KvType parse_kv_type(const std::string& s) {
+  if (s == "f32") return KvType::kF32;
+  if (s == "f16") return KvType::kF16;
+  if (s == "bf16") return KvType::kBf16;
+  throw Error(fmt::format("unknown KV element type '{}' (valid: f16, bf16, f32)", s));
+}
+
+WidenedKv widen_kv(const AttentionProblem& p) {
+  WidenedKv w;
+  w.problem = p;
+  if (!p.half_kv()) return w;
+  const index_t B = p.batch(), H = p.kv_heads(), N = p.n_kv(), dk = p.d_qk(), dv = p.d_v();
+  index_t lo = N, hi = 0;  // the keys some row sees
+  for (index_t i = 0; i < p.n_q(); ++i) {
+    const KeyRange r = p.key_range(i);
+    if (!r.empty()) lo = std::min(lo, r.begin), hi = std::max(hi, r.end);
+  }
+  check_memory(static_cast<std::uint64_t>(B * H * N * (dk + dv)) * 4,
+               fmt::format("a float32 copy of half-precision K/V ({})", p.describe()));
+  w.k.assign(static_cast<std::size_t>(B * H * N * dk), 0.f);
+  w.v.assign(static_cast<std::size_t>(B * H * N * dv), 0.f);
+  float (*cvt)(std::uint16_t) = p.half.type == KvType::kF16 ? fp16_to_fp32 : bf16_to_fp32;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t j = lo; j < hi; ++j) {
+        const std::uint16_t* ks = p.k16_row(b, h, j);
+        const std::uint16_t* vs = p.v16_row(b, h, j);
+        float* kd = w.k.data() + ((b * H + h) * N + j) * dk;
+        float* vd = w.v.data() + ((b * H + h) * N + j) * dv;
+        for (index_t d = 0; d < dk; ++d) kd[d] = cvt(ks[d]);
+        for (index_t d = 0; d < dv; ++d) vd[d] = cvt(vs[d]);
+      }
+  w.problem.k = TensorView<const float>::contiguous(w.k.data(), {B, H, N, dk});
+  w.problem.v = TensorView<const float>::contiguous(w.v.data(), {B, H, N, dv});
+  w.problem.half = HalfKv{};
+  return w;
 }
 
 KeyRange AttentionProblem::key_range(index_t i) const {
@@ -56,8 +106,8 @@ double attention_flops(const AttentionProblem& p) {
 }
 
 namespace {
-void check_rank4(const char* name, const TensorView<const float>& t) {
-  NUMATTN_CHECK(t.data != nullptr || t.numel() == 0, "attention: tensor '{}' has no data", name);
+void check_rank4(const char* name, const TensorView<const float>& t, bool half = false) {
+  NUMATTN_CHECK(t.data != nullptr || t.numel() == 0 || half, "attention: tensor '{}' has no data", name);
   for (int i = 0; i < 4; ++i)
     NUMATTN_CHECK(t.shape[i] >= 0, "attention: tensor '{}' has a negative dimension", name);
   NUMATTN_CHECK(t.stride[3] == 1,
@@ -68,8 +118,12 @@ void check_rank4(const char* name, const TensorView<const float>& t) {
 
 void validate(const AttentionProblem& p) {
   check_rank4("q", p.q);
-  check_rank4("k", p.k);
-  check_rank4("v", p.v);
+  check_rank4("k", p.k, p.half_kv());
+  check_rank4("v", p.v, p.half_kv());
+  if (p.half_kv())
+    NUMATTN_CHECK(p.half.k != nullptr && p.half.v != nullptr && p.k.data == nullptr && p.v.data == nullptr,
+                  "attention: half-precision K/V ({}) need their data in `half` and none in `k` and `v`",
+                  to_string(p.half.type));
   check_rank4("out", p.out);
   const index_t B = p.batch(), Hq = p.heads(), Hkv = p.kv_heads();
   NUMATTN_CHECK(B >= 1 && Hq >= 1 && Hkv >= 1, "attention: batch and head counts must be >= 1 ({})",

@@ -269,13 +269,13 @@ double ForwardProfile::total() const {
          sync;
 }
 
-KvCache::KvCache(const ModelHParams& hp, std::int64_t max_tokens)
+KvCache::KvCache(const ModelHParams& hp, std::int64_t max_tokens, KvType type)
     : KvCache(std::vector<CacheShape>(static_cast<std::size_t>(hp.n_layer),
                                       CacheShape{hp.n_head_kv * hp.head_dim, hp.n_head_kv * hp.head_dim}),
-              max_tokens) {}
+              max_tokens, type) {}
 
-KvCache::KvCache(const std::vector<CacheShape>& layers, std::int64_t max_tokens)
-    : capacity_(max_tokens), shapes_(layers) {
+KvCache::KvCache(const std::vector<CacheShape>& layers, std::int64_t max_tokens, KvType type)
+    : capacity_(max_tokens), type_(type), shapes_(layers) {
   NUMATTN_CHECK(max_tokens > 0, "KV cache capacity must be positive, got {}", max_tokens);
   constexpr const char* what = "KV cache size";
   std::int64_t per_token = 0;
@@ -283,17 +283,22 @@ KvCache::KvCache(const std::vector<CacheShape>& layers, std::int64_t max_tokens)
     NUMATTN_CHECK(c.k >= 0 && c.v >= 0, "KV cache: layer widths {} (keys), {} (values)", c.k, c.v);
     per_token = checked_add(per_token, checked_add(c.k, c.v, what), what);
   }
-  const std::int64_t bytes = checked_mul(checked_mul(per_token, max_tokens, what), 4, what);
-  bytes_per_token_ = checked_mul(per_token, 4, what);
+  const int elem = kv_type_bytes(type);
+  const std::int64_t bytes = checked_mul(checked_mul(per_token, max_tokens, what), elem, what);
+  bytes_per_token_ = checked_mul(per_token, elem, what);
   check_memory(static_cast<std::uint64_t>(bytes),
-               fmt::format("a KV cache of {} positions ({} floats per position over {} layers, float32)", max_tokens,
-                           per_token, layers.size()));
-  k_.resize(layers.size());
-  v_.resize(layers.size());
-  for (std::size_t l = 0; l < layers.size(); ++l) {
-    k_[l].resize(static_cast<std::size_t>(max_tokens * layers[l].k));
-    v_[l].resize(static_cast<std::size_t>(max_tokens * layers[l].v));
-  }
+               fmt::format("a KV cache of {} positions ({} elements per position over {} layers, {})", max_tokens,
+                           per_token, layers.size(), to_string(type)));
+  auto alloc = [&](auto& k, auto& v) {
+    k.resize(layers.size());
+    v.resize(layers.size());
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      k[l].resize(static_cast<std::size_t>(max_tokens * layers[l].k));
+      v[l].resize(static_cast<std::size_t>(max_tokens * layers[l].v));
+    }
+  };
+  if (type == KvType::kF32) alloc(k_, v_);
+  else alloc(k16_, v16_);
 }
 
 AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer,
@@ -790,15 +795,22 @@ std::uint64_t LlamaModel::weight_bytes_per_token(bool with_output) const {
   return b;
 }
 
-KvCache LlamaModel::make_cache(std::int64_t max_tokens) const {
+KvCache LlamaModel::make_cache(std::int64_t max_tokens, KvType type) const {
   std::vector<CacheShape> shapes;
-  for (const DecoderLayer& d : layers_) shapes.push_back(d.attn->cache_shape());
-  return KvCache(shapes, max_tokens);
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const AttentionBlock& a = *layers_[l].attn;
+    NUMATTN_CHECK(a.supports_cache(type),
+                  "layer {} is a {} layer, whose KV cache keeps float32 rows: a {} cache is not available for "
+                  "this model (use a f32 cache, --kv f32)",
+                  l, a.kind(), to_string(type));
+    shapes.push_back(a.cache_shape());
+  }
+  return KvCache(shapes, max_tokens, type);
 }
 
-std::int64_t LlamaModel::kv_bytes_per_token() const {
+std::int64_t LlamaModel::kv_bytes_per_token(KvType type) const {
   std::int64_t b = 0;
-  for (const DecoderLayer& d : layers_) b += d.attn->cache_bytes_per_token();
+  for (const DecoderLayer& d : layers_) b += d.attn->cache_bytes_per_token(type);
   return b;
 }
 
@@ -938,7 +950,8 @@ struct LlamaModel::Call {
   }
 
   LayerCache layer_cache(std::size_t l) {
-    return {cache.k_[l].data(), cache.v_[l].data(), cache.shapes_[l]};
+    const int i = static_cast<int>(l);
+    return {cache.k(i), cache.v(i), cache.shapes_[l], cache.type_, cache.k16(i), cache.v16(i)};
   }
 
   // Token rows [t0, t1) of layer l before attention: norm, projections, cache rows.
@@ -1110,10 +1123,10 @@ std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector
                                           std::int64_t max_tokens, std::int32_t eos_id,
                                           const ExecContext& ctx,
                                           const std::function<void(std::int32_t)>& on_token,
-                                          ForwardProfile* profile) {
+                                          ForwardProfile* profile, KvType kv) {
   check_generation(max_tokens, static_cast<std::int64_t>(prompt.size()), &m.hparams());
   std::vector<std::int32_t> out;
-  KvCache cache = m.make_cache(static_cast<std::int64_t>(prompt.size()) + max_tokens);
+  KvCache cache = m.make_cache(static_cast<std::int64_t>(prompt.size()) + max_tokens, kv);
   const std::int64_t V = m.hparams().n_vocab;
   ForwardOptions opt;
   opt.logits_begin = static_cast<std::int64_t>(prompt.size()) - 1;

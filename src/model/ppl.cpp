@@ -89,7 +89,7 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   const std::int64_t V = model.hparams().n_vocab;
   const std::int64_t n_rows = n_ctx - 1 - first;  // scored positions per chunk
 
-  const bool kl = !opt.baseline.empty() || opt.baseline_model != nullptr;
+  const bool kl = !opt.baseline.empty() || opt.baseline_model != nullptr || opt.kv != opt.baseline_kv;
   const LlamaModel& base_model = opt.baseline_model ? *opt.baseline_model : model;
   if (opt.baseline_model) {
     const ModelHParams &a = model.hparams(), &b = opt.baseline_model->hparams();
@@ -112,10 +112,12 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   fb.attention = opt.baseline.empty() ? fo.attention
                                       : option_methods("baseline", opt.baseline, model.hparams().n_layer,
                                                        model.hparams().local_layers);
-  KvCache cache = model.make_cache(n_ctx);
-  // A baseline model of another form (an MLA model's GQA original) has a cache of its own shape.
+  KvCache cache = model.make_cache(n_ctx, opt.kv);
+  // A baseline model of another form (an MLA model's GQA original) has a cache of its own
+  // shape; a baseline of another cache type, one of its own type.
   KvCache base_cache;
-  if (opt.baseline_model) base_cache = opt.baseline_model->make_cache(n_ctx);
+  const bool own_base_cache = opt.baseline_model != nullptr || opt.kv != opt.baseline_kv;
+  if (own_base_cache) base_cache = base_model.make_cache(n_ctx, opt.baseline_kv);
 
   PplResult r;
   r.attn_spec = attention_spec(fo.attention, model.hparams().local_layers);
@@ -123,6 +125,8 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   r.ctx = n_ctx;
   r.chunks = n_chunk;
   r.has_baseline = kl;
+  r.kv = opt.kv;
+  r.baseline_kv = opt.baseline_kv;
   fo.profile = &r.profile;
   double nll_sum = 0;  // running, for the progress bar (the statistics: summarize_perplexity)
   std::vector<double> row_nll(static_cast<std::size_t>(n_rows)), row_kld(row_nll.size()),
@@ -135,8 +139,8 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
     if (replace) chunk[0] = bos_id;
     // Which chunk a forward error (a non-finite logit) happened in: its position alone
     // does not say where in the text it is.
-    auto run = [&](const LlamaModel& m, const ForwardOptions& o, const char* which) {
-      KvCache& kv = &m == opt.baseline_model ? base_cache : cache;
+    auto run = [&](const LlamaModel& m, const ForwardOptions& o, const char* which, bool base) {
+      KvCache& kv = base && own_base_cache ? base_cache : cache;
       kv.clear();
       try {
         return m.forward(chunk, kv, ctx, o);
@@ -147,10 +151,10 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
     };
     const std::int64_t E = model.hparams().n_embd;
     auto t0 = std::chrono::steady_clock::now();
-    const std::vector<float> hidden = run(model, fo, "evaluated");
+    const std::vector<float> hidden = run(model, fo, "evaluated", false);
     r.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::vector<float> base_hidden;
-    if (kl) base_hidden = run(base_model, fb, "baseline");
+    if (kl) base_hidden = run(base_model, fb, "baseline", true);
     for (std::int64_t b0 = 0; b0 < n_rows; b0 += block_rows) {
       const std::int64_t nb = std::min(block_rows, n_rows - b0);
       auto logits_of = [&](const LlamaModel& m, const std::vector<float>& h, const char* which) {

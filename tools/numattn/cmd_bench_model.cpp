@@ -3,6 +3,7 @@
 // run (a streaming read of a buffer larger than the last-level cache).
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "commands.h"
 #include "mla_cli.h"
 #include "tensor_cli.h"
+#include "numattn/attention/kv_reads.h"
 #include "numattn/gguf/gguf.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/bench_model.h"
@@ -26,7 +28,8 @@ namespace numattn::cli {
 namespace {
 struct BenchModelOptions {
   std::string model = "default", ctx = "0,128,512", weights = "gguf", format = "md",
-              activations = "f32", bda = "none", bda_coef = "q8_0", tensor;
+              activations = "f32", bda = "none", bda_coef = "q8_0", tensor, kv = "f16";
+  std::vector<std::string> attn;
   std::int64_t decode = 64, warmup = 1;
   int threads = 0, reps = 1;
   double bandwidth_mib = 0;
@@ -99,6 +102,12 @@ void add_bench_model(CLI::App& app) {
                   "tensors' types) or f32 (as `ppl --bda-coef`)")
       ->capture_default_str()
       ->check(CLI::IsMember({"q8_0", "source", "f32"}));
+  sub->add_option("--kv", o->kv,
+                  "comma-separated KV-cache element types, each a form of its own: f16 (as llama.cpp), bf16, f32")
+      ->capture_default_str();
+  sub->add_option("--attn", o->attn,
+                  "attention spec of every layer (repeatable: each spec is a form of its own, measured in the same "
+                  "repetitions; default exact.flash)");
   add_mla_options(*sub, o->mla);
   add_tensor_option(*sub, o->tensor);
   add_common(*sub, &o->threads, &o->format);
@@ -123,6 +132,21 @@ void add_bench_model(CLI::App& app) {
       lens.push_back(v);
     }
     NUMATTN_CHECK_OPTION(!lens.empty(), "ctx", "is empty");
+    std::vector<KvType> kvs;
+    for (const std::string& s : split_list(o->kv)) {
+      NUMATTN_CHECK_OPTION(s == "f16" || s == "bf16" || s == "f32", "kv",
+                           "'{}' is not a KV-cache element type (f16, bf16 or f32)", s);
+      kvs.push_back(parse_kv_type(s));
+    }
+    NUMATTN_CHECK_OPTION(!kvs.empty(), "kv", "is empty");
+    if (o->attn.empty()) o->attn.push_back(kDefaultModelAttention);
+    for (const std::string& a : o->attn) {
+      try {
+        make_attention_methods(a, 0);
+      } catch (const Error& e) {
+        throw OptionError("attn", e.what());
+      }
+    }
     const std::string path = resolve_model_path(o->model);
     const auto t_open = std::chrono::steady_clock::now();
     auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
@@ -145,6 +169,7 @@ void add_bench_model(CLI::App& app) {
     struct Form {
       std::string name;
       LlamaModel model;
+      KvType kv = KvType::kF32;
     };
     std::vector<Form> forms;
     if (o->mla.requested()) {
@@ -182,13 +207,36 @@ void add_bench_model(CLI::App& app) {
         return Form{f.name + " + tensor " + tspec->canonical(), compress_model_tensor(f.model, *tspec, ctx)};
       });
 
+    // --attn, --kv: every form once per attention spec and cache type (copies share the file).
+    for (const std::string& a : o->attn)
+      check_model_attention("attn", a, hp, 1, std::max<std::int64_t>(*std::max_element(lens.begin(), lens.end()), 1) + o->decode,
+                            "decode step's");
+    {
+      std::vector<Form> base = std::move(forms);
+      forms.clear();
+      for (const Form& f : base)
+        for (const std::string& a : o->attn)
+          for (KvType kv : kvs) {
+            // MLA layers keep their latent cache in float32: by default (no --kv given) such a
+            // form runs with a float32 cache, said on stderr; a half type asked for is refused.
+            if (f.model.has_mla() && kv != KvType::kF32 && sub->count("--kv") == 0) {
+              std::fprintf(stderr, "note: %s has MLA layers, whose cache stays float32: --kv f32 for it\n",
+                           f.name.c_str());
+              kv = KvType::kF32;
+            }
+            forms.push_back({f.name, f.model, kv});
+            forms.back().model.set_attention(a);
+            forms.back().model.make_cache(1, kv);  // refuses a type the layers cannot hold
+          }
+    }
+
     // --activations f32,q8: every form once per activation precision (copies share the file).
     if (acts.size() > 1 || acts[0] != Activations::kF32) {
       std::vector<Form> base = std::move(forms);
       forms.clear();
       for (const Form& f : base)
         for (Activations a : acts) {
-          forms.push_back({f.name, f.model});
+          forms.push_back({f.name, f.model, f.kv});
           forms.back().model.set_activations(a);
         }
     }
@@ -209,7 +257,7 @@ void add_bench_model(CLI::App& app) {
     std::vector<Measured> ms;
     for (const Form& f : forms) {
       if (o->warmup == 0) break;
-      KvCache cache = f.model.make_cache(1 + o->warmup);
+      KvCache cache = f.model.make_cache(1 + o->warmup, f.kv);
       std::vector<float> logits = f.model.forward(tokens(1, 1), cache, ctx);
       for (std::int64_t i = 0; i < o->warmup; ++i) {
         const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -226,7 +274,7 @@ void add_bench_model(CLI::App& app) {
         const LlamaModel& model = forms[fi].model;
         std::vector<double>& pre_tps = pre_f[fi];
         std::vector<double>& dec_tps = dec_f[fi];
-        KvCache cache = model.make_cache(n_prompt + o->decode);
+        KvCache cache = model.make_cache(n_prompt + o->decode, forms[fi].kv);
         // The phase profile (ForwardProfile) costs two clock reads per phase: noise next to a
         // decode step's ~5 ms.
         ForwardProfile pre_prof, dec_prof;
@@ -277,13 +325,22 @@ void add_bench_model(CLI::App& app) {
       const LlamaModel& model = forms[m.form].model;
       const std::uint64_t weight_bytes = model.weight_bytes_per_token(true);
       // KV cache read by the average decode step (every layer's K and V, or its MLA latent
-      // rows, float32).
+      // rows, in the cache's element type).
       const double mid_ctx = static_cast<double>(n_prompt) + static_cast<double>(o->decode) / 2;
-      // A sliding-window layer reads at most its window's rows.
+      // The rows each layer's method reads for the decode step's query (a sliding-window layer
+      // at most its window's, a sparse method only those it chooses: attention/kv_reads.h).
       double kv_bytes = 0;
-      for (const DecoderLayer& d : model.layers()) {
-        const double w = static_cast<double>(d.attn->window());
-        kv_bytes += static_cast<double>(d.attn->cache_bytes_per_token()) * (w > 0 ? std::min(mid_ctx, w) : mid_ctx);
+      for (std::size_t l = 0; l < model.layers().size(); ++l) {
+        const AttentionBlock& a = *model.layers()[l].attn;
+        const auto nk = static_cast<index_t>(mid_ctx);
+        AttentionProblem dp;  // shapes only
+        dp.q = TensorView<const float>(nullptr, {1, hp.n_head, 1, hp.head_dim}, {0, 0, 0, 1});
+        dp.k = TensorView<const float>(nullptr, {1, hp.n_head_kv, nk, hp.head_dim}, {0, 0, 0, 1});
+        dp.v = dp.k;
+        dp.causal = Causal::kBottomRight;
+        if (a.window() > 0) dp.window_left = a.window() - 1;
+        const index_t rows = kv_rows_read(model.attention(static_cast<int>(l)), dp, 0);
+        kv_bytes += static_cast<double>(a.cache_bytes_per_token(forms[m.form].kv)) * static_cast<double>(rows);
       }
       const double bytes_tok = static_cast<double>(weight_bytes) + kv_bytes;
       const double roof = bw / bytes_tok;
@@ -291,8 +348,10 @@ void add_bench_model(CLI::App& app) {
       Row row;
       row["model"] = path;
       row["attention"] = forms[m.form].name;
+      row["attn"] = model.attention_spec();
+      row["kv"] = to_string(forms[m.form].kv);
       row["kv_cache_bytes_per_token_layer"] =
-          static_cast<double>(model.kv_bytes_per_token()) / static_cast<double>(hp.n_layer);
+          static_cast<double>(model.kv_bytes_per_token(forms[m.form].kv)) / static_cast<double>(hp.n_layer);
       row["weights"] = o->weights;
       row["activations"] = activations_name(model.activations());
       row["cpu_path"] = cpu_path_name(default_cpu_path());

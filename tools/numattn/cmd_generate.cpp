@@ -18,7 +18,7 @@ namespace numattn::cli {
 namespace {
 struct GenerateOptions {
   std::string model = "default", prompt, attn = "exact.flash", format = "md", weights = "gguf",
-              activations = "f32";
+              activations = "f32", kv = "f16";
   std::int64_t max_tokens = 32;
   int threads = 0;
   bool chat = false;
@@ -41,10 +41,15 @@ void add_generate(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"gguf", "f32"}));
   add_activations_option(*sub, &o->activations);
+  sub->add_option("--kv", o->kv,
+                  "KV-cache element type: f16 (as llama.cpp), bf16 or f32 (each key and value rounded once "
+                  "to it as it is appended)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f16", "bf16", "f32"}));
   sub->add_flag("--chat", o->chat,
                 "wrap the prompt in the chat turns its vocabulary marks (ChatML <|im_start|>... or Gemma <start_of_turn>...) and stop at the end of the model's turn");
   add_common(*sub, &o->threads, &o->format);
-  sub->callback([o] {
+  sub->callback([o, sub] {
     ExecContext ctx{o->threads};
     // Every request check comes before the model's weights are read (a few seconds): the
     // flags alone first, then the prompt's length against the file's trained context.
@@ -76,6 +81,14 @@ void add_generate(CLI::App& app) {
     LlamaModel model = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
     model.set_attention(o->attn);
     model.set_activations(act);
+    KvType kv = parse_kv_type(o->kv);
+    // MLA layers keep their latent cache in float32: the default falls back to it (said on
+    // stderr); a half type asked for is refused by make_cache, naming the layer.
+    if (model.has_mla() && kv != KvType::kF32 && sub->count("--kv") == 0) {
+      std::fprintf(stderr, "note: the model has MLA layers, whose cache stays float32: --kv f32\n");
+      kv = KvType::kF32;
+    }
+    model.make_cache(1, kv);  // before the prefill
     const auto t_ready = std::chrono::steady_clock::now();
     const bool md = o->format == "md";
     if (md) {
@@ -90,14 +103,14 @@ void add_generate(CLI::App& app) {
                                      [&](std::int32_t id) {
                                        if (md) std::cout << tok.token_to_piece(id, false) << std::flush;
                                      },
-                                     &prof);
+                                     &prof, kv);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (md) {
       std::cout << std::endl;
       std::fprintf(stderr,
-                   "[%zu prompt + %zu generated tokens in %.2f s, attn %s, weights %s, load %.3f s, "
+                   "[%zu prompt + %zu generated tokens in %.2f s, attn %s, weights %s, kv %s, load %.3f s, "
                    "peak RSS %.1f MiB]\n",
-                   ids.size(), out.size(), s, model.attention_spec().c_str(), o->weights.c_str(),
+                   ids.size(), out.size(), s, model.attention_spec().c_str(), o->weights.c_str(), to_string(kv),
                    std::chrono::duration<double>(t_ready - t_load).count(),
                    static_cast<double>(peak_resident_bytes()) / (1024.0 * 1024.0));
       return;
@@ -113,6 +126,7 @@ void add_generate(CLI::App& app) {
     row["attn"] = model.attention_spec();
     row["weights"] = o->weights;
     row["activations"] = o->activations;
+    row["kv"] = to_string(kv);
     row["cpu_path"] = cpu_path_name(default_cpu_path());
     // Opening + parsing the file (metadata, tokenizer) and building the model from it.
     row["open_s"] = std::chrono::duration<double>(t_load - t_open).count();

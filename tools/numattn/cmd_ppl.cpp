@@ -32,7 +32,7 @@ namespace {
 struct PplCliOptions {
   std::string model = "default", text = "default", attn = "exact.flash", baseline, format = "md",
               bos = "auto", bda = "none", bda_coef = "q8_0", weights = "gguf", tensor,
-              activations = "f32";
+              activations = "f32", kv = "f32";
   std::int64_t ctx = 512, chunks = -1;
   int threads = 0;
   bool no_progress = false, allow_long_ctx = false;
@@ -86,6 +86,11 @@ void add_ppl(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"gguf", "f32"}));
   add_activations_option(*sub, &o->activations);
+  sub->add_option("--kv", o->kv,
+                  "KV-cache element type: f32 (the reference), f16 or bf16; with f16 or bf16 the chunks also run "
+                  "with a float32 cache, and kld_mean, kld_p99, top1_agreement measure the cache type's cost")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f16", "bf16", "f32"}));
   sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
   add_mla_options(*sub, o->mla);
   add_tensor_option(*sub, o->tensor);
@@ -100,6 +105,7 @@ void add_ppl(CLI::App& app) {
     po.attn = o->attn;
     po.baseline = o->baseline;
     po.bos = parse_bos_mode(o->bos);
+    po.kv = parse_kv_type(o->kv);
     po.progress = !o->no_progress;
     // Options are checked as soon as what they depend on is known, each before the slow step
     // that follows: the flags alone before any file is opened, then against the model's
@@ -217,9 +223,11 @@ void add_ppl(CLI::App& app) {
     for (const DecoderLayer& d : model.layers()) file_bda |= d.attn->kind() == "bd-v";
     row["bda"] = o->bda != "none" ? o->bda : (file_bda ? "vo (stored in the file)" : "none");
     const std::int64_t kv_gqa = 2 * hp.n_layer * hp.n_head_kv * hp.head_dim * 4;
-    row["kv_bytes_per_token"] = model.kv_bytes_per_token();
+    row["kv"] = to_string(r.kv);
+    row["baseline_kv"] = r.has_baseline ? Row(to_string(r.baseline_kv)) : Row();
+    row["kv_bytes_per_token"] = model.kv_bytes_per_token(r.kv);
     row["kv_bytes_per_token_gqa"] = kv_gqa;
-    row["kv_ratio"] = static_cast<double>(model.kv_bytes_per_token()) / static_cast<double>(kv_gqa);
+    row["kv_ratio"] = static_cast<double>(model.kv_bytes_per_token(r.kv)) / static_cast<double>(kv_gqa);
     if (model.has_mla()) row["mla_exec"] = o->mla.exec;
     if (r.has_baseline) {
       // Largest per-token log-prob difference against the baseline (the exactness check of an

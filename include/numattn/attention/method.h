@@ -51,6 +51,7 @@ struct Capabilities {
   bool strided = true;         ///< arbitrary strides (last dim contiguous)
   bool deterministic = true;   ///< bitwise-equal results across runs at a fixed thread count
   bool randomized = false;     ///< draws from the seeded RNG (has a `seed` parameter)
+  bool half_kv = false;        ///< reads half-precision K/V (problem.h HalfKv)
 };
 
 struct MethodInfo {

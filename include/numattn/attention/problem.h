@@ -72,6 +72,27 @@ struct KeyRange {
   bool empty() const { return end <= begin; }
 };
 
+/// Element type of a problem's keys and values (a KV cache's storage).
+enum class KvType { kF32, kF16, kBf16 };
+/// "f32", "f16", "bf16".
+const char* to_string(KvType t);
+/// Parses the names above; throws `numattn::Error` naming the choices otherwise.
+KvType parse_kv_type(const std::string& s);
+/// Bytes of one element: 4 or 2.
+inline int kv_type_bytes(KvType t) { return t == KvType::kF32 ? 4 : 2; }
+
+/// Keys and values held in half precision (IEEE binary16, or bfloat16: the top 16 bits of a
+/// float32), read in place. When `type` is not kF32, the problem's `k` and `v` views give the
+/// shapes and strides (in elements) and their `data` is null; element (b, h, j, d) of K is
+/// `k[b·k.stride[0] + h·k.stride[1] + j·k.stride[2] + d]`, likewise for V. Only methods whose
+/// `Capabilities::half_kv` is set accept such a problem (`can_run` refuses the others with the
+/// reason); `widen_kv` turns it into a float32 problem for the rest.
+struct HalfKv {
+  KvType type = KvType::kF32;
+  const std::uint16_t* k = nullptr;
+  const std::uint16_t* v = nullptr;
+};
+
 struct AttentionProblem {
   TensorView<const float> q, k, v;
   TensorView<float> out;
@@ -80,7 +101,17 @@ struct AttentionProblem {
   Causal causal = Causal::kNone;
   Mask mask;
   index_t window_left = -1, window_right = -1;
+  /// Half-precision K/V (see HalfKv); default: float32 in `k` and `v`.
+  HalfKv half;
 
+  bool half_kv() const { return half.type != KvType::kF32; }
+  /// Row (b, h, j) of the half-precision keys / values.
+  const std::uint16_t* k16_row(index_t b, index_t h, index_t j) const {
+    return half.k + b * k.stride[0] + h * k.stride[1] + j * k.stride[2];
+  }
+  const std::uint16_t* v16_row(index_t b, index_t h, index_t j) const {
+    return half.v + b * v.stride[0] + h * v.stride[1] + j * v.stride[2];
+  }
   index_t batch() const { return q.shape[0]; }
   index_t heads() const { return q.shape[1]; }
   index_t kv_heads() const { return k.shape[1]; }
@@ -104,6 +135,21 @@ struct AttentionProblem {
   /// A short description for error messages: "B=1 Hq=8 Hkv=2 Nq=.. Nk=.. Dk=.. Dv=..".
   std::string describe() const;
 };
+
+/// A float32 copy of a half-precision problem's K/V: `k` and `v` hold `[B, Hkv, Nk, D]`
+/// contiguous rows, of which only the keys some query row sees (by causal rule and window) are
+/// converted (O(B·Hkv·visible·(Dk + Dv)), against the O(Nq·Nk·D) of the attention itself in a
+/// prefill); `problem` is `p` reading them. Conversion is exact (every half value is a float32).
+struct WidenedKv {
+  WidenedKv() = default;
+  WidenedKv(const WidenedKv&) = delete;  // `problem` points into this object's own vectors
+  WidenedKv(WidenedKv&&) = default;
+  std::vector<float> k, v;
+  AttentionProblem problem;
+};
+/// `p` itself (copied) when it is float32; throws `numattn::Error` when the copy does not fit in
+/// the available memory.
+WidenedKv widen_kv(const AttentionProblem& p);
 
 /// FLOPs of exact attention on `p` under the project's FLOP model: 2·(visible query–key pairs
 /// by causal rule and window)·(Dk + Dv), summed over batch and query heads — 2·Nq·Nk·(Dk+Dv)

@@ -146,29 +146,38 @@ struct LlamaWeights {
 /// Each layer holds the rows its attention block asks for (AttentionBlock::cache_shape): a GQA
 /// layer K and V `[capacity, Hkv, D]`, an MLA layer one `[capacity, r + d_rope]` array of
 /// [c | k_rope] rows in k() and nothing in v(), a factored VO layer K and one R-wide value row.
+/// Elements are float32 or, by `type`, IEEE binary16 / bfloat16 (k16(), v16(); k() and v() are
+/// then null): half the bytes per token, each value rounded once to nearest even on append
+/// (docs/numerics.md, "Half-precision KV cache").
 class KvCache {
  public:
   KvCache() = default;
-  /// GQA layers: 2·L·max_tokens·Hkv·D floats.
-  KvCache(const ModelHParams& hp, std::int64_t max_tokens);
+  /// GQA layers: 2·L·max_tokens·Hkv·D elements.
+  KvCache(const ModelHParams& hp, std::int64_t max_tokens, KvType type = KvType::kF32);
   /// One layer per shape. Throws numattn::Error if max_tokens < 1, if the size overflows, or if
   /// it exceeds the available memory (both numbers named).
-  KvCache(const std::vector<CacheShape>& layers, std::int64_t max_tokens);
-  /// Bytes one token occupies over all layers (float32).
+  KvCache(const std::vector<CacheShape>& layers, std::int64_t max_tokens, KvType type = KvType::kF32);
+  /// Bytes one token occupies over all layers (its element size times the widths).
   std::int64_t bytes_per_token() const { return bytes_per_token_; }
   std::int64_t n_past() const { return n_past_; }
   std::int64_t capacity() const { return capacity_; }
+  KvType type() const { return type_; }
   /// Forget everything (positions restart at 0); keeps the memory.
   void clear() { n_past_ = 0; }
-  /// Layer ℓ's keys / values, row-major (token-major).
-  float* k(int layer) { return k_[static_cast<std::size_t>(layer)].data(); }
-  float* v(int layer) { return v_[static_cast<std::size_t>(layer)].data(); }
+  /// Layer ℓ's keys / values, row-major (token-major): float32 (null for a half cache) ...
+  float* k(int layer) { return type_ == KvType::kF32 ? k_[static_cast<std::size_t>(layer)].data() : nullptr; }
+  float* v(int layer) { return type_ == KvType::kF32 ? v_[static_cast<std::size_t>(layer)].data() : nullptr; }
+  /// ... or half precision (null for a float32 cache).
+  std::uint16_t* k16(int layer) { return type_ == KvType::kF32 ? nullptr : k16_[static_cast<std::size_t>(layer)].data(); }
+  std::uint16_t* v16(int layer) { return type_ == KvType::kF32 ? nullptr : v16_[static_cast<std::size_t>(layer)].data(); }
   const std::vector<CacheShape>& shapes() const { return shapes_; }
 
  private:
   friend class LlamaModel;
   std::int64_t n_past_ = 0, capacity_ = 0, bytes_per_token_ = 0;
+  KvType type_ = KvType::kF32;
   std::vector<std::vector<float>> k_, v_;
+  std::vector<std::vector<std::uint16_t>> k16_, v16_;
   std::vector<CacheShape> shapes_;
 };
 
@@ -265,12 +274,13 @@ class LlamaModel {
   std::string attention_spec() const;
   const AttentionMethod& attention(int layer) const { return *attn_[static_cast<std::size_t>(layer)]; }
 
-  /// A cache sized for `max_tokens` positions (memory-checked, see KvCache); MLA layers get
-  /// their latent width.
-  KvCache make_cache(std::int64_t max_tokens) const;
-  /// KV-cache bytes per token over all layers (float32): 2·Hkv·D·4 per GQA layer,
-  /// (r + d_rope)·4 per MLA layer.
-  std::int64_t kv_bytes_per_token() const;
+  /// A cache sized for `max_tokens` positions (memory-checked, see KvCache) with elements of
+  /// type `type`; MLA layers get their latent width. Throws numattn::Error for a half type when
+  /// a layer's block keeps float32 rows (MLA's latent cache), naming the layer.
+  KvCache make_cache(std::int64_t max_tokens, KvType type = KvType::kF32) const;
+  /// KV-cache bytes per token over all layers with elements of type `type`: 2·Hkv·D·4 per GQA
+  /// layer in float32 (2·Hkv·D·2 in half precision), (r + d_rope)·4 per MLA layer.
+  std::int64_t kv_bytes_per_token(KvType type = KvType::kF32) const;
   /// Whether any layer is an MLA layer.
   bool has_mla() const;
   /// How MLA layers run (model/mla_model.h); default absorbed.
@@ -334,13 +344,13 @@ class LlamaModel {
 void check_generation(std::int64_t max_tokens, std::int64_t prompt_tokens = -1,
                       const ModelHParams* hp = nullptr);
 
-/// Greedy generation with the KV cache: returns the new token ids (stops at `eos_id` if >= 0).
-/// The request is checked by check_generation first.
+/// Greedy generation with a KV cache of element type `kv`: returns the new token ids (stops at
+/// `eos_id` if >= 0). The request is checked by check_generation first.
 std::vector<std::int32_t> generate_greedy(const LlamaModel& m, const std::vector<std::int32_t>& prompt,
                                           std::int64_t max_tokens, std::int32_t eos_id,
                                           const ExecContext& ctx,
                                           const std::function<void(std::int32_t)>& on_token = {},
-                                          ForwardProfile* profile = nullptr);
+                                          ForwardProfile* profile = nullptr, KvType kv = KvType::kF32);
 
 /// Splits a per-layer spec list on ';' and ',' outside parentheses (attention/registry.h's
 /// split_specs, whose errors it throws).

@@ -57,6 +57,11 @@ struct PplOptions {
   /// attention is `baseline`, or `attn` when `baseline` is empty. Same hyper-parameters.
   const LlamaModel* baseline_model = nullptr;
   BosMode bos = BosMode::kAuto;
+  /// Element types of the KV caches of the evaluated and the baseline passes. When they differ
+  /// the chunks also run with the baseline's cache (the same attention and model unless
+  /// `baseline` / `baseline_model` say otherwise), so the KL divergence measures the cache
+  /// type's cost (`ppl --kv f16` against float32).
+  KvType kv = KvType::kF32, baseline_kv = KvType::kF32;
   bool progress = false;            ///< a progress bar on stderr (when it is a terminal)
   /// Called after each chunk, outside the timed forward passes (e.g. to sample the BLAS
   /// throughput under the same machine load as the run).
@@ -69,6 +74,7 @@ struct PplOptions {
 struct PplResult {
   std::string attn_spec;      ///< canonical spec list of `attn`
   std::string baseline_spec;  ///< canonical spec list of the baseline passes (empty: none)
+  KvType kv = KvType::kF32, baseline_kv = KvType::kF32;  ///< the caches' element types
   std::int64_t ctx = 0, chunks = 0, tokens_scored = 0, tokens_processed = 0;
   double nll_mean = 0, ppl = 0, ppl_stderr = 0;
   bool has_baseline = false;

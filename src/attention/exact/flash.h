@@ -36,6 +36,14 @@ namespace numattn {
 /// 4 query vectors on AVX-512 and 2 on AVX2 (its 16 registers): each group of keys of a 64-row
 /// block goes through one register tile on AVX-512 and four on AVX2, from L1.
 ///
+/// Half-precision K/V (problem.h HalfKv, a KV cache in binary16 or bfloat16): the key-lane
+/// kernels read the 16-bit elements in place, W at a time, widened in registers (F16C's
+/// vcvtph2ps for binary16, a zero-extension and 16-bit shift for bfloat16; a scalar conversion
+/// on the portable path), so a decode step reads half the bytes and converts nothing else;
+/// blocks in query lanes (a prefill) run on a float32 copy of the visible rows (widen_kv,
+/// O(Nk·D) against their O(Nq·Nk·D)). Every half value is a float32, so the result is bitwise
+/// the float32 kernels' on the widened values.
+///
 /// Parameters: `block_q` rows per block (rounded up to whole SIMD vectors, at most 64),
 /// `block_k` keys per tile, `split_kv` key-range splits per block (0 = automatic), `key_lanes`
 /// the most rows per kv head that run in key lanes (-1 = automatic: half a vector; 0 = never).

@@ -19,6 +19,7 @@
 #include "numattn/core/exec.h"
 #include "numattn/core/simd.h"
 #include "numattn/core/tensor.h"
+#include "numattn/quant/quant.h"
 
 #include "core/isa_begin.h"
 #include "core/simd_vec.h"
@@ -127,9 +128,21 @@ Plan make_plan(const AttentionProblem& p, const ParamValues& pv, int threads) {
 /// head whose keys and values start at k and v.
 struct RowPass {
   index_t r0, nr;
-  const float* k;
-  const float* v;
+  const void* k;  ///< kv_elem<T> of the attend_rows<T> that made it
+  const void* v;
 };
+
+/// Keys / values of (b, kv head h) from position 0, in the problem's element type T.
+template <KvType T>
+const kv_elem<T>* k_rows(const AttentionProblem& p, index_t b, index_t h) {
+  if constexpr (T == KvType::kF32) return p.k.row(b, h, 0);
+  else return p.k16_row(b, h, 0);
+}
+template <KvType T>
+const kv_elem<T>* v_rows(const AttentionProblem& p, index_t b, index_t h) {
+  if constexpr (T == KvType::kF32) return p.v.row(b, h, 0);
+  else return p.v16_row(b, h, 0);
+}
 
 /// Per-thread scratch of one block (key lanes: qt holds q rows, s holds [br][lds] logits and
 /// orow the [br][Dv] output rows).
@@ -393,7 +406,9 @@ void mask_row(const AttentionProblem& p, const Scratch& ws, index_t r, index_t j
   }
 }
 
-/// attend_block in key lanes (flash_kernels.h, "Key lanes"): the same online softmax, per row.
+/// attend_block in key lanes (flash_kernels.h, "Key lanes"): the same online softmax, per row,
+/// reading keys and values of type T in place.
+template <KvType T>
 void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys,
                  Scratch& ws, State st) {
   const index_t dk = p.d_qk(), dv = p.d_v(), n = it.nrows, br = pl.br, lds = pl.lds;
@@ -424,19 +439,19 @@ void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyR
     const index_t kvh = it.hk + h0 / rpk;
     for (index_t i = 0; i < npass; ++i) {
       const index_t a = h0 + rpk * i / npass, b = h0 + rpk * (i + 1) / npass;
-      passes.push_back({a, b - a, p.k.row(it.b, kvh, 0), p.v.row(it.b, kvh, 0)});
+      passes.push_back({a, b - a, k_rows<T>(p, it.b, kvh), v_rows<T>(p, it.b, kvh)});
     }
   }
   for_each_tile(p, ws, n, span, pl.bk, [&](index_t jt, index_t cols, bool full) {
     for (const RowPass& ps : passes) {
       float* sr = s + ps.r0 * lds;
       const float* qr = q + ps.r0 * dk;
-      const float* kt = ps.k + jt * ldk;
+      const kv_elem<T>* kt = static_cast<const kv_elem<T>*>(ps.k) + jt * ldk;
       switch (ps.nr) {
-        case 1: qk_rows_tile<1>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
-        case 2: qk_rows_tile<2>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
-        case 3: qk_rows_tile<3>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
-        default: qk_rows_tile<NR>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+        case 1: qk_rows_tile<1, T>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+        case 2: qk_rows_tile<2, T>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+        case 3: qk_rows_tile<3, T>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+        default: qk_rows_tile<NR, T>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
       }
     }
     const index_t padded = (cols + W - 1) / W * W;
@@ -485,13 +500,13 @@ void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyR
     for (const RowPass& ps : passes) {
       const float* pr = s + ps.r0 * lds;
       float* orow = o + ps.r0 * dv;
-      const float* vt = ps.v + jt * ldv;
+      const kv_elem<T>* vt = static_cast<const kv_elem<T>*>(ps.v) + jt * ldv;
       const float* cr = corr + ps.r0;
       switch (ps.nr) {
-        case 1: pv_rows_tile<1>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
-        case 2: pv_rows_tile<2>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
-        case 3: pv_rows_tile<3>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
-        default: pv_rows_tile<NR>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+        case 1: pv_rows_tile<1, T>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+        case 2: pv_rows_tile<2, T>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+        case 3: pv_rows_tile<3, T>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+        default: pv_rows_tile<NR, T>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
       }
     }
   });
@@ -549,6 +564,11 @@ constexpr BlockFn block_fn_for(int ci) {
 
 std::size_t workspace_bytes(const AttentionProblem& p, const ParamValues& params, int threads) {
   const Plan pl = make_plan(p, params, threads);
+  // Half-precision K/V in query lanes (a prefill) run on a float32 copy (widen_kv).
+  const std::size_t widened = p.half_kv() && !pl.key_lanes
+                                  ? sizeof(float) * static_cast<std::size_t>(p.batch() * p.kv_heads() * p.n_kv() *
+                                                                             (p.d_qk() + p.d_v()))
+                                  : 0;
   const auto br = static_cast<std::size_t>(pl.br);
   const std::size_t per_thread =
       sizeof(float) * br * static_cast<std::size_t>(p.d_qk() + pl.lds + (pl.key_lanes ? 2 : 1) * p.d_v() + 2) +
@@ -558,14 +578,24 @@ std::size_t workspace_bytes(const AttentionProblem& p, const ParamValues& params
   if (pl.splits > 1)
     partial += sizeof(float) * br * units * static_cast<std::size_t>(p.d_v() + 2) +
                sizeof(index_t) * static_cast<std::size_t>(pl.items);
-  return per_thread * static_cast<std::size_t>(pl.threads) + partial;
+  return per_thread * static_cast<std::size_t>(pl.threads) + partial + widened;
 }
 
 void forward(const AttentionProblem& p, const ParamValues& params, const ExecContext& ctx) {
   const Plan pl = make_plan(p, params, ctx.num_threads());
+  // Half-precision K/V: the key-lane kernels (decoding) read them in place; the query-lane
+  // kernels (many rows per kv head, a prefill) run on a float32 copy of the visible rows,
+  // O(Nk·D) against their O(Nq·Nk·D).
+  if (p.half_kv() && !pl.key_lanes) {
+    const WidenedKv w = widen_kv(p);
+    return forward(w.problem, params, ctx);
+  }
   const int threads = pl.threads;
   const ExecContext run_ctx{threads};
-  const BlockFn block = pl.key_lanes ? &attend_rows : block_fn_for<1>(pl.ci);
+  const BlockFn block = !pl.key_lanes                      ? block_fn_for<1>(pl.ci)
+                        : p.half.type == KvType::kF16  ? &attend_rows<KvType::kF16>
+                        : p.half.type == KvType::kBf16 ? &attend_rows<KvType::kBf16>
+                                                       : &attend_rows<KvType::kF32>;
   const index_t units = pl.items * pl.splits, dv = p.d_v();
 
   // Work units (item, split) are handed out one at a time from a shared counter: on a machine

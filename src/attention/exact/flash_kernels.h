@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "numattn/core/tensor.h"
 
@@ -206,6 +207,46 @@ struct Vec {
 
 using R = Vec::R;
 constexpr int W = Vec::W;
+
+// ---- Key and value elements (the key-lane kernels read a KV cache in its own type) ----
+//
+// float32, IEEE binary16 (F16C's vcvtph2ps, exact) or bfloat16 (the top 16 bits of a float32:
+// zero-extend and shift left by 16, exact). Every half value is a float32, so the kernels'
+// arithmetic is the float32 kernels' on the widened values.
+
+/// The storage element of keys and values of type T.
+template <KvType T>
+using kv_elem = std::conditional_t<T == KvType::kF32, float, std::uint16_t>;
+
+/// One element as float32.
+template <KvType T>
+inline float kv_f32(kv_elem<T> x) {
+  if constexpr (T == KvType::kF32) return x;
+  else if constexpr (T == KvType::kF16) return fp16_to_fp32(x);
+  else return bf16_to_fp32(x);
+}
+
+/// W consecutive elements (unaligned) as a vector.
+template <KvType T>
+inline R load_kv(const kv_elem<T>* p) {
+  if constexpr (T == KvType::kF32) {
+    return Vec::loadu(p);
+  } else {
+#if NUMATTN_ISA == 2
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if constexpr (T == KvType::kF16) return _mm512_cvtph_ps(h);
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#elif NUMATTN_ISA == 1
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (T == KvType::kF16) return _mm256_cvtph_ps(h);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#else
+    R r;
+    for (int i = 0; i < W; ++i) r.v[i] = kv_f32<T>(p[i]);
+    return r;
+#endif
+  }
+}
 /// Most query vectors a block holds (64 rows on AVX-512: 4 vectors).
 constexpr int kMaxCI = 64 / W;
 
@@ -339,9 +380,9 @@ inline void pv_tile(const float* p, index_t cols, const float* v, index_t ldv, i
 /// the 16 AVX2 registers for n = 3 and the 32 AVX-512 registers for n = 4.
 constexpr int kRowsPerPass = W >= 16 ? 4 : 3;
 
-/// s[r·lds + jj] = Σ_d q[r·ldq + d]·k[jj·ldk + d] for NR rows and KJ (1..4) keys.
-template <int NR, int KJ>
-inline void qk_rows_kernel(const float* q, index_t ldq, index_t dk, const float* k, index_t ldk,
+/// s[r·lds + jj] = Σ_d q[r·ldq + d]·k[jj·ldk + d] for NR rows and KJ (1..4) keys of type T.
+template <int NR, int KJ, KvType T>
+inline void qk_rows_kernel(const float* q, index_t ldq, index_t dk, const kv_elem<T>* k, index_t ldk,
                            float* s, index_t lds) {
   static_assert(KJ >= 1 && KJ <= 4);
   R acc[NR][4];
@@ -351,7 +392,7 @@ inline void qk_rows_kernel(const float* q, index_t ldq, index_t dk, const float*
     R qv[NR];
     NUMATTN_UNROLL for (int r = 0; r < NR; ++r) qv[r] = Vec::loadu(q + r * ldq + d);
     NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) {
-      const R kv = Vec::loadu(k + j * ldk + d);
+      const R kv = load_kv<T>(k + j * ldk + d);
       NUMATTN_UNROLL for (int r = 0; r < NR; ++r) acc[r][j] = Vec::fmadd(qv[r], kv, acc[r][j]);
     }
   }
@@ -363,7 +404,7 @@ inline void qk_rows_kernel(const float* q, index_t ldq, index_t dk, const float*
       Vec::hsum4(acc[r], sum);  // unused accumulators are zero
     }
     for (index_t t = d; t < dk; ++t)
-      NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) sum[j] += q[r * ldq + t] * k[j * ldk + t];
+      NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) sum[j] = std::fma(q[r * ldq + t], kv_f32<T>(k[j * ldk + t]), sum[j]);
     NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) s[r * lds + j] = sum[j];
   }
 }
@@ -371,25 +412,25 @@ inline void qk_rows_kernel(const float* q, index_t ldq, index_t dk, const float*
 /// The S-tile of NR rows for `cols` keys, KJ keys at a time: NR·KJ accumulators, NR query
 /// vectors and a key vector stay in registers (3 × 3 on AVX2's 16, whose 3 × 4 made GCC reload
 /// the queries at every FMA; 4 × 4 on AVX-512's 32), so a key vector load feeds NR FMAs.
-template <int NR>
-inline void qk_rows_tile(const float* q, index_t ldq, index_t dk, const float* k, index_t ldk,
+template <int NR, KvType T>
+inline void qk_rows_tile(const float* q, index_t ldq, index_t dk, const kv_elem<T>* k, index_t ldk,
                          index_t cols, float* s, index_t lds) {
   constexpr int KJ = W >= 16 || NR < 3 ? 4 : 3;
   index_t j = 0;
-  for (; j + KJ <= cols; j += KJ) qk_rows_kernel<NR, KJ>(q, ldq, dk, k + j * ldk, ldk, s + j, lds);
-  for (; j < cols; ++j) qk_rows_kernel<NR, 1>(q, ldq, dk, k + j * ldk, ldk, s + j, lds);
+  for (; j + KJ <= cols; j += KJ) qk_rows_kernel<NR, KJ, T>(q, ldq, dk, k + j * ldk, ldk, s + j, lds);
+  for (; j < cols; ++j) qk_rows_kernel<NR, 1, T>(q, ldq, dk, k + j * ldk, ldk, s + j, lds);
 }
 
 /// o[r][c·W + ·] = (rescale ? corr[r]·o : o) + Σ_j p[r·ldp + j]·v_j[c·W + ·] for NR rows and DC
 /// vectors of value dims (the tile's sum is added once: blocked summation, as pv_kernel).
-template <int NR, int DC>
-inline void pv_rows_kernel(const float* p, index_t ldp, index_t cols, const float* v, index_t ldv,
+template <int NR, int DC, KvType T>
+inline void pv_rows_kernel(const float* p, index_t ldp, index_t cols, const kv_elem<T>* v, index_t ldv,
                            float* o, index_t ldo, const float* corr, bool rescale) {
   R acc[NR][DC];
   NUMATTN_UNROLL for (int r = 0; r < NR; ++r) NUMATTN_UNROLL for (int c = 0; c < DC; ++c) acc[r][c] = Vec::zero();
   for (index_t j = 0; j < cols; ++j) {
     R vv[DC];
-    NUMATTN_UNROLL for (int c = 0; c < DC; ++c) vv[c] = Vec::loadu(v + j * ldv + c * W);
+    NUMATTN_UNROLL for (int c = 0; c < DC; ++c) vv[c] = load_kv<T>(v + j * ldv + c * W);
     NUMATTN_UNROLL for (int r = 0; r < NR; ++r) {
       const R pb = Vec::set1(p[r * ldp + j]);
       NUMATTN_UNROLL for (int c = 0; c < DC; ++c) acc[r][c] = Vec::fmadd(pb, vv[c], acc[r][c]);
@@ -405,17 +446,19 @@ inline void pv_rows_kernel(const float* p, index_t ldp, index_t cols, const floa
 /// The O-tile of NR rows over all `dv` value dims: blocks of DC vectors, NR·DC accumulators
 /// with DC value vectors in registers (AVX2: 8, 4, 3 vectors for 1, 2, 3 rows; AVX-512: 4),
 /// single vectors, then a scalar tail of dv mod W dims.
-template <int NR>
-inline void pv_rows_tile(const float* p, index_t ldp, index_t cols, const float* v, index_t ldv,
+template <int NR, KvType T>
+inline void pv_rows_tile(const float* p, index_t ldp, index_t cols, const kv_elem<T>* v, index_t ldv,
                          index_t dv, float* o, index_t ldo, const float* corr, bool rescale) {
   constexpr int DC = W >= 16 ? 4 : NR == 1 ? 8 : NR == 2 ? 4 : 3;
   index_t d = 0;
-  for (; d + DC * W <= dv; d += DC * W) pv_rows_kernel<NR, DC>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale);
-  for (; d + W <= dv; d += W) pv_rows_kernel<NR, 1>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale);
+  for (; d + DC * W <= dv; d += DC * W)
+    pv_rows_kernel<NR, DC, T>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale);
+  for (; d + W <= dv; d += W) pv_rows_kernel<NR, 1, T>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale);
   for (; d < dv; ++d)
     for (int r = 0; r < NR; ++r) {
       float sum = 0.f;
-      for (index_t j = 0; j < cols; ++j) sum += p[r * ldp + j] * v[j * ldv + d];
+      // Explicit FMAs: the compiler's own contraction choice could differ per element type.
+      for (index_t j = 0; j < cols; ++j) sum = std::fma(p[r * ldp + j], kv_f32<T>(v[j * ldv + d]), sum);
       float& od = o[r * ldo + d];
       od = rescale ? std::fma(od, corr[r], sum) : od + sum;
     }

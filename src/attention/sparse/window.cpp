@@ -1,6 +1,7 @@
 #include "attention/sparse/window.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "numattn/attention/blocks/lse_merge.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
+#include "numattn/quant/quant.h"
 
 namespace numattn {
 
@@ -91,6 +93,15 @@ void softmax_merge(const AttentionProblem& p, index_t b, index_t h, const std::v
   const double inv = 1.0 / total;  // total ≥ 1: the maximum's own weight
   for (index_t d = 0; d < dv; ++d) o[d] = static_cast<float>(acc[static_cast<std::size_t>(d)] * inv);
   lse = static_cast<float>(m + std::log(total));
+}
+
+/// Whether row (b, h, i)'s output (and LSE, when `p` has one) is finite.
+bool row_finite(const AttentionProblem& p, index_t b, index_t h, index_t i) {
+  if (!p.lse.empty() && std::isnan(p.lse(b, h, i, 0))) return false;
+  const float* o = p.out.row(b, h, i);
+  for (index_t e = 0; e < p.d_v(); ++e)
+    if (!std::isfinite(o[e])) return false;
+  return true;
 }
 
 struct RowScratch {
@@ -189,7 +200,7 @@ const MethodInfo& WindowAttention::describe() {
         {"sinks", ParamType::kInt, "4", 0, 4096, {}, "first keys every row attends to (attention sinks)"},
     };
     m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = true, .decode = true};
+              .window = true, .lse = true, .decode = true, .half_kv = true};
     AccuracyContract& a = m.accuracy;
     a.max_rel_fro_error = [](const BudgetInput& in) {
       const Band bd = band_of(in.problem, in.params);
@@ -232,6 +243,16 @@ std::vector<index_t> WindowAttention::attended_keys(const AttentionProblem& p, i
   return keys;
 }
 
+index_t WindowAttention::keys_read(const AttentionProblem& p, index_t i) const {
+  const Band bd = band_of(p, params());
+  const KeyRange r = p.key_range(i);
+  const index_t d = i + p.diag_offset();
+  const index_t lo = std::max(r.begin, d - bd.left), hi = std::min(r.end, d + bd.right + 1);
+  index_t c = std::max<index_t>(0, hi - lo);
+  for (index_t j = r.begin; j < std::min(r.end, bd.sinks); ++j) c += j < lo || j >= hi;
+  return c;
+}
+
 std::size_t WindowAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
   static const std::unique_ptr<AttentionMethod> flash = create_method("exact.flash");
   const Band bd = band_of(p, params());
@@ -262,6 +283,32 @@ void WindowAttention::forward(const AttentionProblem& p, const ExecContext& ctx)
   }
   blocks::dense_softmax_attention(sub, ctx);
 
+  // Half-precision K/V: flash reads the band in place; the sink pass reads a float32 copy of
+  // the `sinks` first rows only (views of the problem's shape, strides over that copy), so a
+  // decode step still reads nothing outside band ∪ sinks.
+  AttentionProblem ps = p;
+  std::vector<float> sink_k, sink_v;
+  if (p.half_kv() && any_sinks) {
+    const index_t Hk = p.kv_heads(), S = bd.sinks, dk = p.d_qk();
+    float (*cvt)(std::uint16_t) = p.half.type == KvType::kF16 ? fp16_to_fp32 : bf16_to_fp32;
+    sink_k.resize(static_cast<std::size_t>(B * Hk * S * dk));
+    sink_v.resize(static_cast<std::size_t>(B * Hk * S * p.d_v()));
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < Hk; ++h)
+        for (index_t j = 0; j < S; ++j) {
+          const std::uint16_t* kr = p.k16_row(b, h, j);
+          const std::uint16_t* vr = p.v16_row(b, h, j);
+          float* kd = sink_k.data() + ((b * Hk + h) * S + j) * dk;
+          float* vd = sink_v.data() + ((b * Hk + h) * S + j) * p.d_v();
+          for (index_t d = 0; d < dk; ++d) kd[d] = cvt(kr[d]);
+          for (index_t d = 0; d < p.d_v(); ++d) vd[d] = cvt(vr[d]);
+        }
+    ps.k = TensorView<const float>(sink_k.data(), p.k.shape, {Hk * S * dk, S * dk, dk, 1});
+    ps.v = TensorView<const float>(sink_v.data(), p.v.shape, {Hk * S * p.d_v(), S * p.d_v(), p.d_v(), 1});
+    ps.half = HalfKv{};
+  }
+  std::atomic<bool> widen_rows{false};  // half K/V: rows to recompute on a float32 copy
+
   // Per row: the sinks outside the band (at most `sinks` keys) merged into the band's result;
   // then rows left non-finite recomputed in float64 (see exact_row_f64). The scan is O(Nq·Dv)
   // per head, as run()'s own check.
@@ -277,19 +324,28 @@ void WindowAttention::forward(const AttentionProblem& p, const ExecContext& ctx)
     if (block_sinks) {
       w.sl.resize(static_cast<std::size_t>((i1 - i0) * bd.sinks));
       blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, i1 - i0, bd.sinks, p.d_qk(), scale, p.q.row(b, h, i0),
-                  p.q.stride[2], p.k.row(b, h / p.group(), 0), p.k.stride[2], 0.f, w.sl.data(), bd.sinks);
+                  p.q.stride[2], ps.k.row(b, h / p.group(), 0), ps.k.stride[2], 0.f, w.sl.data(), bd.sinks);
     }
     float dummy = 0;
     for (index_t i = i0; i < i1; ++i) {
       float& lse = sub.lse.empty() ? dummy : sub.lse(b, h, i, 0);
       float* o = p.out.row(b, h, i);
       if (block_sinks && needs_sinks(p, bd, i))
-        merge_sinks(p, bd, b, h, i, w.sl.data() + (i - i0) * bd.sinks, o, lse, w);
-      bool finite = sub.lse.empty() || !std::isnan(lse);
-      for (index_t e = 0; e < dv; ++e) finite &= std::isfinite(o[e]);
-      if (!finite) exact_row_f64(p, bd, b, h, i, lse, w);
+        merge_sinks(ps, bd, b, h, i, w.sl.data() + (i - i0) * bd.sinks, o, lse, w);
+      if (row_finite(sub, b, h, i)) continue;
+      if (p.half_kv()) widen_rows = true;
+      else exact_row_f64(p, bd, b, h, i, lse, w);
     }
   });
+  if (!widen_rows) return;
+  const WidenedKv wide = widen_kv(p);
+  RowScratch w;
+  float dummy = 0;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t i = 0; i < nq; ++i)
+        if (!row_finite(sub, b, h, i))
+          exact_row_f64(wide.problem, bd, b, h, i, sub.lse.empty() ? dummy : sub.lse(b, h, i, 0), w);
 }
 
 NUMATTN_DEFINE_METHOD(WindowAttention)

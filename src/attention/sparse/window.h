@@ -39,6 +39,8 @@ class WindowAttention final : public AttentionMethod {
   const MethodInfo& info() const override { return describe(); }
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
+  /// Keys whose K/V rows forward reads for row i: band ∪ sinks among the visible keys.
+  index_t keys_read(const AttentionProblem& p, index_t i) const;
 
   /// The keys row i attends to, in increasing order (for tests and the float64 transcription):
   /// band ∪ sinks among the keys `p` lets row i see by causal rule, window and boolean mask

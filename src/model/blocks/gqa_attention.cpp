@@ -4,6 +4,7 @@
 
 #include "model/blocks/linear.h"
 #include "numattn/model/llama.h"
+#include "numattn/quant/quant.h"
 
 namespace numattn {
 
@@ -78,9 +79,15 @@ void GqaAttention::project(const ForwardStep& st, const float* xn, std::int64_t 
         }
       }
     }
-    // Append the token's key and value rows to the cache.
-    std::copy_n(row + Hq * D, Hkv * D, cache.k + (st.pos0 + t) * Hkv * D);
-    std::copy_n(row + (Hq + Hkv) * D, vw, cache.v + (st.pos0 + t) * vw);
+    // Append the token's key and value rows to the cache (rounded once to its element type).
+    if (cache.type == KvType::kF32) {
+      std::copy_n(row + Hq * D, Hkv * D, cache.k + (st.pos0 + t) * Hkv * D);
+      std::copy_n(row + (Hq + Hkv) * D, vw, cache.v + (st.pos0 + t) * vw);
+    } else {
+      std::uint16_t (*round)(float) = cache.type == KvType::kF16 ? fp32_to_fp16 : fp32_to_bf16;
+      std::transform(row + Hq * D, row + (Hq + Hkv) * D, cache.k16 + (st.pos0 + t) * Hkv * D, round);
+      std::transform(row + (Hq + Hkv) * D, row + (Hq + Hkv) * D + vw, cache.v16 + (st.pos0 + t) * vw, round);
+    }
   }
   st.lap(main, &ForwardProfile::rope);
 }
@@ -96,6 +103,11 @@ void GqaAttention::attend(const ForwardStep& st, const AttentionMethod& method, 
   p.v = shared_values() ? TensorView<const float>(cache.v, {1, Hkv, nk, vw}, {nk * vw, 0, vw, 1})
                         : TensorView<const float>(cache.v, {1, Hkv, nk, D}, {nk * Hkv * D, D, Hkv * D, 1});
   p.out = TensorView<float>(scratch + att_offset(st), {1, Hq, N, vw}, {N * Hq * vw, vw, Hq * vw, 1});
+  if (cache.type != KvType::kF32) {  // the views give shapes and strides; the halves the data
+    p.k.data = nullptr;
+    p.v.data = nullptr;
+    p.half = HalfKv{cache.type, cache.k16, cache.v16};
+  }
   p.causal = Causal::kBottomRight;
   if (window_ > 0) p.window_left = window_ - 1;
   if (attn_scale_ > 0) p.scale = attn_scale_;
@@ -104,7 +116,13 @@ void GqaAttention::attend(const ForwardStep& st, const AttentionMethod& method, 
   // a method that forks per head would spend more on the fork than on the work. exact.flash
   // applies the same bound itself.
   const double att_flops = 2.0 * static_cast<double>(Hq * N * (window_ > 0 ? std::min(nk, window_) : nk) * (D + vw));
-  method.run(p, st.by_tokens || att_flops >= 1e6 ? st.team : ExecContext{1});
+  const ExecContext ctx = st.by_tokens || att_flops >= 1e6 ? st.team : ExecContext{1};
+  if (p.half_kv() && !method.info().caps.half_kv) {
+    // A method that reads float32 only: a float32 copy of the rows the queries see.
+    const WidenedKv w = widen_kv(p);
+    return method.run(w.problem, ctx);
+  }
+  method.run(p, ctx);
 }
 
 void GqaAttention::output_rows(const ForwardStep& st, const float* att, std::int64_t t0, std::int64_t t1, float* x,

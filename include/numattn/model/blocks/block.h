@@ -101,11 +101,16 @@ struct CacheShape {
   bool operator==(const CacheShape&) const = default;
 };
 
-/// One layer's cache rows: `[capacity, shape.k]` and `[capacity, shape.v]`, row-major.
+/// One layer's cache rows: `[capacity, shape.k]` and `[capacity, shape.v]`, row-major, in
+/// float32 (`k`, `v`) or, when `type` is kF16 / kBf16, in 16-bit halves (`k16`, `v16`; `k` and
+/// `v` are then null).
 struct LayerCache {
   float* k = nullptr;
   float* v = nullptr;
   CacheShape shape;
+  KvType type = KvType::kF32;
+  std::uint16_t* k16 = nullptr;
+  std::uint16_t* v16 = nullptr;
 };
 
 /// RMSNorm or another normalisation of token rows.
@@ -134,8 +139,13 @@ class AttentionBlock {
   virtual CacheShape cache_shape() const = 0;
   /// Keys a query sees in a local (sliding-window) layer, itself included; 0 = all (global).
   virtual std::int64_t window() const { return 0; }
-  /// KV-cache bytes per token (float32).
-  std::int64_t cache_bytes_per_token() const { return 4 * (cache_shape().k + cache_shape().v); }
+  /// KV-cache bytes per token with elements of type `t`.
+  std::int64_t cache_bytes_per_token(KvType t = KvType::kF32) const {
+    return kv_type_bytes(t) * (cache_shape().k + cache_shape().v);
+  }
+  /// Whether the block's cache can hold elements of type `t` (float32 always; half precision
+  /// where attend reads it: the GQA forms, not MLA's latent rows).
+  virtual bool supports_cache(KvType t) const { return t == KvType::kF32; }
   /// Scratch floats per token that the three steps share.
   virtual std::int64_t scratch_per_token(const ForwardStep& st) const = 0;
   /// Step 1 for token rows [t0, t1): xn rows `[N, E]` of the call (row t at xn + t·E).

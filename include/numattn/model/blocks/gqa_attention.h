@@ -16,7 +16,10 @@
 /// A local layer (ModelHParams::is_local) rotates with rope_base_local and hands the attention
 /// method a problem with window_left = W − 1 (W = sliding_window): the model's own window, which
 /// any method given to the layer sees (one without window support refuses the layer).
-/// Cache: K and V rows [pos, Hkv, D], 2·Hkv·D floats per token. Weights (Hq+2Hkv)·D·E + E·Hq·D.
+/// Cache: K and V rows [pos, Hkv, D], 2·Hkv·D elements per token, float32 or half precision
+/// (KvCache's type: a token's K and V are rounded once, to nearest even, as they are appended;
+/// the attention problem then reads the halves in place, problem.h HalfKv, and a method that
+/// cannot read them runs on a float32 copy of the visible rows, widen_kv). Weights (Hq+2Hkv)·D·E + E·Hq·D.
 /// FLOPs per token 2·weights + 2·Hq·min(n_ctx, W)·2D. Scratch per token: the Q|K|V row, the
 /// attention output row (Hq·D) and, with a capture, the pre-RoPE Q|K copy (after the q/k norms).
 ///
@@ -42,6 +45,7 @@ class GqaAttention : public AttentionBlock {
   std::uint64_t weight_bytes() const override;
   double flops_per_token(std::int64_t n_ctx) const override;
   CacheShape cache_shape() const override { return {Hkv_ * D_, value_cache_width()}; }
+  bool supports_cache(KvType) const override { return true; }
   std::int64_t scratch_per_token(const ForwardStep& st) const override;
   void project(const ForwardStep& st, const float* xn, std::int64_t t0, std::int64_t t1, const LayerCache& cache,
                float* scratch, bool main) const override;

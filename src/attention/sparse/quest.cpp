@@ -1,0 +1,220 @@
+#include "attention/sparse/quest.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attention/method_def.h"
+#include "attention/sparse/kept_keys_budget.h"
+#include "numattn/attention/blocks/dense_softmax.h"
+#include "numattn/quant/quant.h"
+
+namespace numattn {
+
+namespace {
+
+/// Row (b, h, j) of K (`key`) or V as float32, whatever the problem's element type.
+void load_row(const AttentionProblem& p, bool key, index_t b, index_t h, index_t j, float* out) {
+  const index_t n = key ? p.d_qk() : p.d_v();
+  if (!p.half_kv()) {
+    const float* src = key ? p.k.row(b, h, j) : p.v.row(b, h, j);
+    std::copy_n(src, n, out);
+    return;
+  }
+  const std::uint16_t* src = key ? p.k16_row(b, h, j) : p.v16_row(b, h, j);
+  float (*cvt)(std::uint16_t) = p.half.type == KvType::kF16 ? fp16_to_fp32 : bf16_to_fp32;
+  for (index_t d = 0; d < n; ++d) out[d] = cvt(src[d]);
+}
+
+struct Budget {
+  index_t page, pages, sinks, recent;
+  index_t kept() const { return sinks + recent + pages * page; }
+};
+
+Budget budget_of(const ParamValues& pv) {
+  return {pv.get_int("page"), pv.get_int("pages"), pv.get_int("sinks"), pv.get_int("recent")};
+}
+
+}  // namespace
+
+const MethodInfo& QuestAttention::describe() {
+  static const MethodInfo info = [] {
+    MethodInfo m;
+    m.name = "sparse.quest";
+    m.family = "sparse";
+    m.summary =
+        "query-aware page selection: per page of keys the per-dimension min/max, Quest's upper "
+        "bound on the page's logits, the top pages plus sinks and a recent window, exact softmax "
+        "over them; page summaries kept across decode steps";
+    m.citation =
+        "Tang, Zhao, Zhu, Xiao, Kasikci, Han, Quest: Query-Aware Sparsity for Efficient Long-Context "
+        "LLM Inference, ICML 2024";
+    m.time_complexity = "O(Nq·((Nk/page)·G·Dk + (sinks+recent+pages·page)·(Dk+Dv)))";
+    m.memory_complexity = "O(threads·kept·(Dk+Dv)) + 2·B·Hkv·(Nk/page)·Dk floats of page summaries";
+    m.params = {
+        {"page", ParamType::kInt, "16", 1, 4096, {}, "keys per page"},
+        {"pages", ParamType::kInt, "64", 0, 1e9, {}, "pages each row attends to, chosen by their bound"},
+        {"sinks", ParamType::kInt, "16", 0, 1e9, {}, "first visible keys every row attends to"},
+        {"recent", ParamType::kInt, "256", 0, 1e9, {}, "last visible keys every row attends to"},
+    };
+    m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = false, .additive_mask = false,
+              .window = false, .lse = true, .decode = true, .half_kv = true};
+    AccuracyContract& a = m.accuracy;
+    a.max_rel_fro_error = [](const BudgetInput& in) {
+      const index_t kept = budget_of(in.params).kept();
+      return sparse_detail::kept_keys_budget(in, 1.5, 1.5, [&](index_t, KeyRange) { return kept; });
+    };
+    a.limit_case = [](const AttentionProblem& p) { return ParamOverrides{{"pages", std::to_string(p.n_kv())}}; };
+    a.convergence.param = "pages";
+    a.convergence.values = [](const AttentionProblem& p) {
+      return std::vector<std::string>{"0", "2", "8", std::to_string(p.n_kv())};
+    };
+    a.samples = {{{"page", "4"}, {"pages", "2"}, {"sinks", "1"}, {"recent", "4"}},
+                 {{"page", "8"}, {"pages", "3"}, {"sinks", "0"}, {"recent", "8"}},
+                 {{"page", "1"}, {"pages", "5"}, {"sinks", "2"}, {"recent", "1"}}};
+    return m;
+  }();
+  return info;
+}
+
+index_t QuestAttention::keys_read(const AttentionProblem& p, index_t i) const {
+  const Budget bg = budget_of(params());
+  const KeyRange r = p.key_range(i);
+  const index_t n = r.empty() ? 0 : r.end - r.begin;
+  if (n <= bg.kept()) return n;
+  return bg.kept() + 2 * ((r.end + bg.page - 1) / bg.page);
+}
+
+std::size_t QuestAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
+  const Budget bg = budget_of(params());
+  const auto kept = static_cast<std::size_t>(std::min(p.n_kv(), bg.kept() + bg.page));
+  const auto pages = static_cast<std::size_t>(p.n_kv() / bg.page);
+  return sizeof(float) * (static_cast<std::size_t>(ctx.num_threads()) *
+                              (kept * static_cast<std::size_t>(p.d_qk() + p.d_v()) + 2 * pages) +
+                          2 * pages * static_cast<std::size_t>(p.batch() * p.kv_heads() * p.d_qk()));
+}
+
+void QuestAttention::summarise(const AttentionProblem& p) const {
+  const index_t pg = params().get_int("page"), B = p.batch(), Hk = p.kv_heads(), D = p.d_qk();
+  const void* base = p.half_kv() ? static_cast<const void*>(p.half.k) : static_cast<const void*>(p.k.data);
+  Summary& s = sum_;
+  // Reuse only what a KV cache's next decode step can: the same buffer and layout, one new row
+  // (the batch stride of a one-sequence cache view grows with n_kv: not compared then).
+  const bool same = base == s.base && s.type == p.half.type && s.stride[1] == p.k.stride[1] &&
+                    s.stride[2] == p.k.stride[2] && (B == 1 || s.stride[0] == p.k.stride[0]) &&
+                    s.shape[0] == B && s.shape[1] == Hk && s.shape[3] == D && s.shape[2] + 1 == p.n_kv() &&
+                    p.n_q() == 1;
+  if (!same) {
+    s.pages = 0;
+    s.mn.clear();
+    s.mx.clear();
+  }
+  s.base = base;
+  s.type = p.half.type;
+  s.stride = p.k.stride;
+  s.shape = p.k.shape;
+  const index_t want = p.n_kv() / pg, per = B * Hk * D;
+  s.mn.resize(static_cast<std::size_t>(want * per));
+  s.mx.resize(s.mn.size());
+  std::vector<float> row(static_cast<std::size_t>(D));
+  for (index_t P = s.pages; P < want; ++P)
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < Hk; ++h) {
+        float* mn = s.mn.data() + ((P * B + b) * Hk + h) * D;
+        float* mx = s.mx.data() + ((P * B + b) * Hk + h) * D;
+        std::fill(mn, mn + D, std::numeric_limits<float>::infinity());
+        std::fill(mx, mx + D, -std::numeric_limits<float>::infinity());
+        for (index_t j = P * pg; j < P * pg + pg; ++j) {
+          load_row(p, true, b, h, j, row.data());
+          for (index_t d = 0; d < D; ++d) mn[d] = std::min(mn[d], row[d]), mx[d] = std::max(mx[d], row[d]);
+        }
+      }
+  s.pages = want;
+}
+
+void QuestAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  summarise(p);
+  const Budget bg = budget_of(params());
+  const index_t B = p.batch(), Hk = p.kv_heads(), G = p.group(), nq = p.n_q(), dk = p.d_qk(), dv = p.d_v();
+  const double scale = p.effective_scale();
+  const Summary& s = sum_;
+  parallel_for(ctx, B * Hk * nq, [&](std::int64_t t) {
+    const index_t qi = t % nq, bh = t / nq, b = bh / Hk, hk = bh % Hk;
+    const KeyRange r = p.key_range(qi);
+    if (r.empty()) {
+      for (index_t g = 0; g < G; ++g) {
+        float* o = p.out.row(b, hk * G + g, qi);
+        std::fill(o, o + dv, 0.f);
+        if (!p.lse.empty()) p.lse(b, hk * G + g, qi, 0) = -std::numeric_limits<float>::infinity();
+      }
+      return;
+    }
+    // The row's key ranges: all of them, or sinks, the chosen pages of the middle, recent.
+    std::vector<KeyRange> ranges;
+    if (r.end - r.begin <= bg.kept()) {
+      ranges.push_back(r);
+    } else {
+      const index_t s_end = r.begin + bg.sinks, r0 = r.end - bg.recent;
+      ranges.push_back({r.begin, s_end});
+      ranges.push_back({r0, r.end});
+      const index_t first = s_end / bg.page, last = (r0 - 1) / bg.page;
+      std::vector<std::pair<double, index_t>> scored;
+      std::vector<double> qs(static_cast<std::size_t>(G * dk));
+      for (index_t g = 0; g < G; ++g) {
+        const float* q = p.q.row(b, hk * G + g, qi);
+        for (index_t d = 0; d < dk; ++d) qs[static_cast<std::size_t>(g * dk + d)] = scale * q[d];
+      }
+      for (index_t P = first; P <= last; ++P) {
+        const KeyRange pr{std::max(P * bg.page, s_end), std::min(P * bg.page + bg.page, r0)};
+        if (P >= s.pages) {  // no summary yet (the partial last page): always attended
+          ranges.push_back(pr);
+          continue;
+        }
+        const float* mn = s.mn.data() + ((P * B + b) * Hk + hk) * dk;
+        const float* mx = s.mx.data() + ((P * B + b) * Hk + hk) * dk;
+        double best = -std::numeric_limits<double>::infinity();
+        for (index_t g = 0; g < G; ++g) {
+          const double* q = qs.data() + g * dk;
+          double ub = 0;
+          for (index_t d = 0; d < dk; ++d) ub += std::max(q[d] * mn[d], q[d] * mx[d]);
+          best = std::max(best, ub);
+        }
+        scored.emplace_back(best, P);
+      }
+      const auto keep = static_cast<std::ptrdiff_t>(std::min<index_t>(bg.pages, static_cast<index_t>(scored.size())));
+      // Ties broken by page index, so the choice does not depend on the sort's internals.
+      std::nth_element(scored.begin(), scored.begin() + keep, scored.end(),
+                       [](const auto& x, const auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
+      for (std::ptrdiff_t c = 0; c < keep; ++c) {
+        const index_t P = scored[static_cast<std::size_t>(c)].second;
+        ranges.push_back({std::max(P * bg.page, s_end), std::min(P * bg.page + bg.page, r0)});
+      }
+    }
+    index_t nsel = 0;
+    for (const KeyRange& kr : ranges) nsel += std::max<index_t>(0, kr.end - kr.begin);
+    std::vector<float> gk(static_cast<std::size_t>(nsel * dk)), gv(static_cast<std::size_t>(nsel * dv));
+    index_t at = 0;
+    for (const KeyRange& kr : ranges)
+      for (index_t j = kr.begin; j < kr.end; ++j, ++at) {
+        load_row(p, true, b, hk, j, gk.data() + at * dk);
+        load_row(p, false, b, hk, j, gv.data() + at * dv);
+      }
+    // Exact softmax of the group's G rows over the gathered keys (exact.flash, key lanes).
+    AttentionProblem sub;
+    sub.q = TensorView<const float>(p.q.row(b, hk * G, qi), {1, G, 1, dk}, {0, p.q.stride[1], p.q.stride[2], 1});
+    sub.k = TensorView<const float>::contiguous(gk.data(), {1, 1, nsel, dk});
+    sub.v = TensorView<const float>::contiguous(gv.data(), {1, 1, nsel, dv});
+    sub.out = TensorView<float>(p.out.row(b, hk * G, qi), {1, G, 1, dv}, {0, p.out.stride[1], p.out.stride[2], 1});
+    if (!p.lse.empty())
+      sub.lse = TensorView<float>(&p.lse(b, hk * G, qi, 0), {1, G, 1, 1}, {0, p.lse.stride[1], p.lse.stride[2], 1});
+    sub.scale = p.scale;
+    blocks::dense_softmax_attention(sub, ExecContext{1});
+  });
+}
+
+NUMATTN_DEFINE_METHOD(QuestAttention)
+
+}  // namespace numattn
