@@ -247,10 +247,10 @@ TEST(Gemma3, MethodWithoutWindowRefusesLocalLayers) {
   ExecContext ctx{1};
   LlamaModel m = LlamaModel::load(gemma_path(), ctx);
   const auto toks = tokens(8, 5);
-  m.set_attention("global:kernel.performer(features=64)");
+  m.set_attention("global:kernel.linear");
   KvCache c = m.make_cache(8);
   EXPECT_NO_THROW(m.forward(toks, c, ctx));
-  m.set_attention("kernel.performer(features=64)");
+  m.set_attention("kernel.linear");
   KvCache c2 = m.make_cache(8);
   EXPECT_THROW(m.forward(toks, c2, ctx), Error);
 }
