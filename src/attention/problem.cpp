@@ -1,7 +1,12 @@
 #include "numattn/attention/problem.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "numattn/core/memory.h"
 #include "numattn/quant/quant.h"
@@ -40,6 +45,24 @@ KvType parse_kv_type(const std::string& s) {
   throw Error(fmt::format("unknown KV element type '{}' (valid: f16, bf16, f32)", s));
 }
 
+void widen_row(const std::uint16_t* src, KvType type, index_t n, float* out) {
+  index_t d = 0;
+  if (type == KvType::kBf16) {
+    // bfloat16 is float32's upper half.
+    for (; d < n; ++d) {
+      const std::uint32_t bits = static_cast<std::uint32_t>(src[d]) << 16;
+      std::memcpy(out + d, &bits, sizeof bits);
+    }
+    return;
+  }
+#if defined(__F16C__)
+  // F16C is in the x86-64-v3 baseline: eight exact conversions per instruction.
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(out + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d))));
+#endif
+  for (; d < n; ++d) out[d] = fp16_to_fp32(src[d]);
+}
+
 WidenedKv widen_kv(const AttentionProblem& p) {
   WidenedKv w;
   w.problem = p;
@@ -54,16 +77,11 @@ WidenedKv widen_kv(const AttentionProblem& p) {
                fmt::format("a float32 copy of half-precision K/V ({})", p.describe()));
   w.k.assign(static_cast<std::size_t>(B * H * N * dk), 0.f);
   w.v.assign(static_cast<std::size_t>(B * H * N * dv), 0.f);
-  float (*cvt)(std::uint16_t) = p.half.type == KvType::kF16 ? fp16_to_fp32 : bf16_to_fp32;
   for (index_t b = 0; b < B; ++b)
     for (index_t h = 0; h < H; ++h)
       for (index_t j = lo; j < hi; ++j) {
-        const std::uint16_t* ks = p.k16_row(b, h, j);
-        const std::uint16_t* vs = p.v16_row(b, h, j);
-        float* kd = w.k.data() + ((b * H + h) * N + j) * dk;
-        float* vd = w.v.data() + ((b * H + h) * N + j) * dv;
-        for (index_t d = 0; d < dk; ++d) kd[d] = cvt(ks[d]);
-        for (index_t d = 0; d < dv; ++d) vd[d] = cvt(vs[d]);
+        widen_row(p.k16_row(b, h, j), p.half.type, dk, w.k.data() + ((b * H + h) * N + j) * dk);
+        widen_row(p.v16_row(b, h, j), p.half.type, dv, w.v.data() + ((b * H + h) * N + j) * dv);
       }
   w.problem.k = TensorView<const float>::contiguous(w.k.data(), {B, H, N, dk});
   w.problem.v = TensorView<const float>::contiguous(w.v.data(), {B, H, N, dv});

@@ -150,6 +150,9 @@ struct WidenedKv {
 /// `p` itself (copied) when it is float32; throws `numattn::Error` when the copy does not fit in
 /// the available memory.
 WidenedKv widen_kv(const AttentionProblem& p);
+/// out[0, n) = the n half-precision values at `src` (type f16 or bf16) as float32, exactly: the
+/// one conversion of cache rows that every reader outside the flash kernels uses.
+void widen_row(const std::uint16_t* src, KvType type, index_t n, float* out);
 
 /// FLOPs of exact attention on `p` under the project's FLOP model: 2·(visible query–key pairs
 /// by causal rule and window)·(Dk + Dv), summed over batch and query heads — 2·Nq·Nk·(Dk+Dv)

@@ -9,7 +9,6 @@
 #include "attention/method_def.h"
 #include "attention/sparse/kept_keys_budget.h"
 #include "numattn/attention/blocks/dense_softmax.h"
-#include "numattn/quant/quant.h"
 
 namespace numattn {
 
@@ -23,9 +22,7 @@ void load_row(const AttentionProblem& p, bool key, index_t b, index_t h, index_t
     std::copy_n(src, n, out);
     return;
   }
-  const std::uint16_t* src = key ? p.k16_row(b, h, j) : p.v16_row(b, h, j);
-  float (*cvt)(std::uint16_t) = p.half.type == KvType::kF16 ? fp16_to_fp32 : bf16_to_fp32;
-  for (index_t d = 0; d < n; ++d) out[d] = cvt(src[d]);
+  widen_row(key ? p.k16_row(b, h, j) : p.v16_row(b, h, j), p.half.type, n, out);
 }
 
 struct Budget {

@@ -14,7 +14,6 @@
 #include "numattn/attention/blocks/lse_merge.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
-#include "numattn/quant/quant.h"
 
 namespace numattn {
 
@@ -290,18 +289,13 @@ void WindowAttention::forward(const AttentionProblem& p, const ExecContext& ctx)
   std::vector<float> sink_k, sink_v;
   if (p.half_kv() && any_sinks) {
     const index_t Hk = p.kv_heads(), S = bd.sinks, dk = p.d_qk();
-    float (*cvt)(std::uint16_t) = p.half.type == KvType::kF16 ? fp16_to_fp32 : bf16_to_fp32;
     sink_k.resize(static_cast<std::size_t>(B * Hk * S * dk));
     sink_v.resize(static_cast<std::size_t>(B * Hk * S * p.d_v()));
     for (index_t b = 0; b < B; ++b)
       for (index_t h = 0; h < Hk; ++h)
         for (index_t j = 0; j < S; ++j) {
-          const std::uint16_t* kr = p.k16_row(b, h, j);
-          const std::uint16_t* vr = p.v16_row(b, h, j);
-          float* kd = sink_k.data() + ((b * Hk + h) * S + j) * dk;
-          float* vd = sink_v.data() + ((b * Hk + h) * S + j) * p.d_v();
-          for (index_t d = 0; d < dk; ++d) kd[d] = cvt(kr[d]);
-          for (index_t d = 0; d < p.d_v(); ++d) vd[d] = cvt(vr[d]);
+          widen_row(p.k16_row(b, h, j), p.half.type, dk, sink_k.data() + ((b * Hk + h) * S + j) * dk);
+          widen_row(p.v16_row(b, h, j), p.half.type, p.d_v(), sink_v.data() + ((b * Hk + h) * S + j) * p.d_v());
         }
     ps.k = TensorView<const float>(sink_k.data(), p.k.shape, {Hk * S * dk, S * dk, dk, 1});
     ps.v = TensorView<const float>(sink_v.data(), p.v.shape, {Hk * S * p.d_v(), S * p.d_v(), p.d_v(), 1});
