@@ -560,6 +560,39 @@ void merge_state(const Plan& pl, index_t dv, State dst, const State& src) {
   }
 }
 
+/// Split-KV partial states, one per work unit (item, split): the thread that completes an
+/// item's last split merges them in split order (exact through LSE) and writes the rows, inside
+/// the same parallel region (a second region would add one more fork/join, which on a loaded
+/// machine can cost a scheduling quantum).
+class SplitStates {
+ public:
+  SplitStates(const Plan& pl, index_t units, index_t dv) : pl_(pl), dv_(dv) {
+    if (pl.splits == 1) return;
+    partial_.resize(static_cast<std::size_t>(units) * per_unit());
+    done_ = std::make_unique<std::atomic<index_t>[]>(static_cast<std::size_t>(pl.items));
+    for (index_t w = 0; w < pl.items; ++w) done_[static_cast<std::size_t>(w)].store(0);
+  }
+  State state(index_t u) {
+    float* base = partial_.data() + static_cast<std::size_t>(u) * per_unit();
+    const auto br = static_cast<std::size_t>(pl_.br);
+    return State{base, base + br, base + 2 * br};
+  }
+  /// Counts one finished split of item w; the last one merges and finishes the item.
+  void finish_if_last(const AttentionProblem& p, const Plan& pl, const Item& it, index_t w) {
+    if (done_[static_cast<std::size_t>(w)].fetch_add(1, std::memory_order_acq_rel) + 1 != pl.splits) return;
+    const State dst = state(w * pl.splits);
+    for (index_t s2 = 1; s2 < pl.splits; ++s2) merge_state(pl, dv_, dst, state(w * pl.splits + s2));
+    finish_block(p, pl, it, dst);
+  }
+
+ private:
+  std::size_t per_unit() const { return static_cast<std::size_t>(pl_.br) * static_cast<std::size_t>(dv_ + 2); }
+  const Plan& pl_;
+  index_t dv_;
+  AlignedFloats partial_;
+  std::unique_ptr<std::atomic<index_t>[]> done_;
+};
+
 using BlockFn = void (*)(const AttentionProblem&, const Plan&, const Item&, KeyRange, Scratch&, State);
 
 template <int CI>
@@ -634,22 +667,7 @@ void forward(const AttentionProblem& p, const blocks::FlashConfig& cfg, const Ex
   }
   std::atomic<index_t> next{0};
 
-  const std::size_t sbr = static_cast<std::size_t>(pl.br);
-  AlignedFloats partial;
-  if (pl.splits > 1) partial.resize(static_cast<std::size_t>(units) * sbr * static_cast<std::size_t>(dv + 2));
-  auto part_state = [&](index_t u) {
-    float* base = partial.data() + static_cast<std::size_t>(u) * sbr * static_cast<std::size_t>(dv + 2);
-    return State{base, base + sbr, base + 2 * sbr};
-  };
-
-  // Split-KV: the thread that completes an item's last split merges the partial states in
-  // split order (exact through LSE), inside the same parallel region: a second region would
-  // add one more fork/join, which on a loaded machine can cost a scheduling quantum.
-  std::unique_ptr<std::atomic<index_t>[]> done;
-  if (pl.splits > 1) {
-    done = std::make_unique<std::atomic<index_t>[]>(static_cast<std::size_t>(pl.items));
-    for (index_t w = 0; w < pl.items; ++w) done[static_cast<std::size_t>(w)].store(0);
-  }
+  SplitStates parts(pl, units, dv);
 
   parallel_for(run_ctx, threads, [&](std::int64_t) {
     Scratch ws;
@@ -665,12 +683,8 @@ void forward(const AttentionProblem& p, const blocks::FlashConfig& cfg, const Ex
         finish_block(p, pl, it, st);
         continue;
       }
-      block(p, pl, it, split_keys(pl, all, s), ws, part_state(u));
-      if (done[static_cast<std::size_t>(w)].fetch_add(1, std::memory_order_acq_rel) + 1 == pl.splits) {
-        const State dst = part_state(w * pl.splits);
-        for (index_t s2 = 1; s2 < pl.splits; ++s2) merge_state(pl, dv, dst, part_state(w * pl.splits + s2));
-        finish_block(p, pl, it, dst);
-      }
+      block(p, pl, it, split_keys(pl, all, s), ws, parts.state(u));
+      parts.finish_if_last(p, pl, it, w);
     }
   });
 }
@@ -733,18 +747,7 @@ void forward_selected(const AttentionProblem& p, const blocks::SelectKeys& selec
     }
   };
 
-  const std::size_t sbr = static_cast<std::size_t>(pl.br);
-  AlignedFloats partial;
-  if (pl.splits > 1) partial.resize(static_cast<std::size_t>(units) * sbr * static_cast<std::size_t>(dv + 2));
-  auto part_state = [&](index_t u) {
-    float* base = partial.data() + static_cast<std::size_t>(u) * sbr * static_cast<std::size_t>(dv + 2);
-    return State{base, base + sbr, base + 2 * sbr};
-  };
-  std::unique_ptr<std::atomic<index_t>[]> done;
-  if (pl.splits > 1) {
-    done = std::make_unique<std::atomic<index_t>[]>(static_cast<std::size_t>(pl.items));
-    for (index_t w = 0; w < pl.items; ++w) done[static_cast<std::size_t>(w)].store(0);
-  }
+  SplitStates parts(pl, units, dv);
   std::atomic<index_t> next{0};
   parallel_for(ExecContext{pl.threads}, pl.threads, [&](std::int64_t) {
     Scratch ws;
@@ -772,12 +775,8 @@ void forward_selected(const AttentionProblem& p, const blocks::SelectKeys& selec
         if (b < e) piece.push_back({r.begin + (b - at), r.begin + (e - at)});
         at += len;
       }
-      attend(p, pl, it, piece.data(), static_cast<index_t>(piece.size()), ws, part_state(u));
-      if (done[static_cast<std::size_t>(w)].fetch_add(1, std::memory_order_acq_rel) + 1 == pl.splits) {
-        const State dst = part_state(w * pl.splits);
-        for (index_t s2 = 1; s2 < pl.splits; ++s2) merge_state(pl, dv, dst, part_state(w * pl.splits + s2));
-        finish_block(p, pl, it, dst);
-      }
+      attend(p, pl, it, piece.data(), static_cast<index_t>(piece.size()), ws, parts.state(u));
+      parts.finish_if_last(p, pl, it, w);
     }
   });
 }
