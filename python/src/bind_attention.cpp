@@ -47,7 +47,7 @@ struct Inputs {
 void read_inputs(Inputs& in, const AnyArray& q, const AnyArray& k, const AnyArray& v,
                  const CausalArg& causal, const std::optional<AnyArray>& mask,
                  std::optional<double> scale, const Window& window, const std::string& layout) {
-  in.layout = parse_layout(layout);
+  in.layout = layout_option(layout);
   in.q = as_f32_input(q, "q", in.layout);
   in.k = as_f32_input(k, "k", in.layout);
   in.v = as_f32_input(v, "v", in.layout);

@@ -13,12 +13,12 @@
 
 namespace numattn::py {
 
-Layout parse_layout(const std::string& s) {
-  std::string l = s;
-  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (l == "bhnd") return Layout::kBHND;
-  if (l == "bnhd") return Layout::kBNHD;
-  throw OptionError("layout", fmt::format("'{}' is not a layout: use 'bhnd' ([B,H,N,D]) or 'bnhd' ([B,N,H,D])", s));
+Layout layout_option(const std::string& s) {
+  try {
+    return parse_layout(s);
+  } catch (const Error& e) {
+    throw OptionError("layout", e.what());
+  }
 }
 
 namespace {

@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "numattn/attention/problem.h"
+
 #include "numattn/core/tensor.h"
 
 namespace numattn::py {
@@ -115,10 +117,8 @@ MemSpan mem_span(const void* data, const std::vector<std::int64_t>& shape,
 bool may_self_overlap(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides,
                       std::size_t itemsize);
 
-/// Memory order of a rank-4 attention tensor as the caller holds it.
-enum class Layout { kBHND, kBNHD };
-/// "bhnd" | "bnhd" (case-insensitive); numattn::Error otherwise.
-Layout parse_layout(const std::string& s);
+/// numattn::parse_layout, its error raised as an OptionError of the `layout` keyword.
+Layout layout_option(const std::string& s);
 
 /// A float32 view of a caller's array as logical [B, H, N, D]. 2- and 3-d arrays get leading 1s
 /// ([N, D], [H, N, D]; in bnhd order [N, H, D]), as `numattn run --q file.npy` reads files.

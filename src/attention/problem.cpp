@@ -1,6 +1,7 @@
 #include "numattn/attention/problem.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <limits>
 
@@ -28,6 +29,16 @@ Causal parse_causal(const std::string& s) {
   if (s == "bottom-right" || s == "bottom_right") return Causal::kBottomRight;
   throw Error(fmt::format("unknown causal mode '{}' (valid: none, top-left, bottom-right)", s));
 }
+
+Layout parse_layout(const std::string& s) {
+  std::string l = s;
+  for (char& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (l == "bhnd") return Layout::kBHND;
+  if (l == "bnhd") return Layout::kBNHD;
+  throw Error(fmt::format("unknown layout '{}' (valid: bhnd, [B,H,N,D]; bnhd, [B,N,H,D])", s));
+}
+
+const char* to_string(Layout l) { return l == Layout::kBNHD ? "bnhd" : "bhnd"; }
 
 const char* to_string(KvType t) {
   switch (t) {

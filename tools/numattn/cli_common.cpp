@@ -197,11 +197,7 @@ std::vector<ProblemConfig> ProblemFlags::expand() const {
   std::vector<Dist> DI;
   for (auto& x : split_list(dist)) DI.push_back(parse_dist(x));
   std::vector<Layout> LA;
-  for (auto& x : split_list(layout)) {
-    if (x == "bhnd") LA.push_back(Layout::kBHND);
-    else if (x == "bnhd") LA.push_back(Layout::kBNHD);
-    else throw Error(fmt::format("--layout: unknown layout '{}' (valid: bhnd, bnhd)", x));
-  }
+  for (auto& x : split_list(layout)) LA.push_back(parse_layout(x));
   std::vector<ProblemConfig> out;
   for (auto b : B) for (auto h : H) for (auto hk : Hk) for (auto n_ : N) for (auto nk : Nk)
   for (auto d_ : D) for (auto dv_ : Dv) for (auto c : C) for (auto sc : SC) for (auto s : S)

@@ -70,8 +70,7 @@ void run_files(const RunOptions& o, const AttentionMethod& method, const ExecCon
                const std::string& source) {
   NUMATTN_CHECK(!o.q.empty() && !o.k.empty() && !o.v.empty(), "--q, --k and --v must be given together");
   const double logit_scale = std::stod(o.pf.logit_scale);
-  const Layout layout = o.pf.layout == "bnhd" ? Layout::kBNHD : Layout::kBHND;
-  NUMATTN_CHECK(o.pf.layout == "bhnd" || o.pf.layout == "bnhd", "--layout must be bhnd or bnhd");
+  const Layout layout = parse_layout(o.pf.layout);
   std::map<std::string, std::size_t> rank;  // dims of each input file, to name its elements
   auto load = [&](const std::string& path, const char* what, std::vector<float>& buf) {
     npy::Array a = npy::read(path);
@@ -153,8 +152,7 @@ void run_under_mpi(const RunOptions& o, const AttentionMethod& method, const Exe
   if (from_files) {
     NUMATTN_CHECK(!o.q.empty() && !o.k.empty() && !o.v.empty(), "--q, --k and --v must be given together");
     refuse_flags(o.pf, ProblemFlags::input_flags(), "--q/--k/--v", "the files fix the inputs and their shape");
-    NUMATTN_CHECK(o.pf.layout == "bhnd" || o.pf.layout == "bnhd", "--layout must be bhnd or bnhd");
-    files = {o.q, o.k, o.v, o.pf.layout == "bnhd" ? Layout::kBNHD : Layout::kBHND, std::stod(o.pf.logit_scale),
+    files = {o.q, o.k, o.v, parse_layout(o.pf.layout), std::stod(o.pf.logit_scale),
              parse_causal(o.pf.causal), std::nullopt, std::stoll(o.pf.window_left), std::stoll(o.pf.window_right)};
     if (!o.pf.scale.empty()) files.scale = std::stod(o.pf.scale);
   } else {

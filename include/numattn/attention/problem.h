@@ -56,6 +56,13 @@ const char* to_string(Causal c);
 /// Parses the names above (also accepts "top_left", "bottom_right"); throws on anything else.
 Causal parse_causal(const std::string& s);
 
+/// Memory order of a Q/K/V tensor handed over by a caller: [B, H, N, D] (`bhnd`) or
+/// [B, N, H, D] (`bnhd`, as Hugging Face and FlashAttention store activations).
+enum class Layout { kBHND, kBNHD };
+/// "bhnd" / "bnhd" (any case); throws Error naming the valid values.
+Layout parse_layout(const std::string& s);
+const char* to_string(Layout l);
+
 enum class MaskKind { kNone, kBool, kAdditive };
 
 /// Optional `[Nq, Nk]` mask shared by all batches and heads, row stride `ld` (elements).

@@ -21,8 +21,6 @@ enum class Dist { kGaussian, kUniform, kSpiky };
 Dist parse_dist(const std::string& s);
 const char* to_string(Dist d);
 
-enum class Layout { kBHND, kBNHD };
-
 struct ProblemConfig {
   index_t batch = 1, heads = 8, kv_heads = 0;  ///< kv_heads 0 = heads
   index_t n = 1024, n_kv = 0;                  ///< n_kv 0 = n
