@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "numattn/core/error.h"
+#include "numattn/core/timing.h"
 
 namespace numattn::analysis {
 
@@ -350,11 +351,9 @@ double mean_log_decay(const Vector& sigma) {
 
 namespace {
 
+// NaN for no heads: a statistic of nothing is reported as missing, not as an abort.
 double median_of(std::vector<double> v) {
-  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+  return v.empty() ? std::numeric_limits<double>::quiet_NaN() : median(std::move(v));
 }
 
 double max_of(const std::vector<double>& v) {

@@ -10,6 +10,7 @@
 
 #include "numattn/core/error.h"
 #include "numattn/core/rng.h"
+#include "numattn/core/timing.h"
 
 namespace numattn::blas {
 
@@ -99,8 +100,7 @@ double measure_sgemm_gflops(std::int64_t size, int reps, int threads) {
     }
     openblas_set_num_threads(1);
   }
-  std::sort(times.begin(), times.end());
-  double med = times[times.size() / 2];
+  const double med = median(std::move(times));
   return 2.0 * static_cast<double>(size) * size * size / med * 1e-9;
 }
 

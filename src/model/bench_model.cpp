@@ -10,6 +10,7 @@
 
 #include "numattn/core/error.h"
 #include "numattn/core/memory.h"
+#include "numattn/core/timing.h"
 
 namespace numattn {
 
@@ -69,8 +70,7 @@ double measure_read_bandwidth(std::uint64_t bytes, int reps, const ExecContext& 
   float total = 0;
   for (float v : sink) total += v;
   NUMATTN_ASSERT(total > 0);
-  std::sort(secs.begin(), secs.end());
-  return static_cast<double>(bytes) / secs[secs.size() / 2];
+  return static_cast<double>(bytes) / median(std::move(secs));
 }
 
 }  // namespace numattn

@@ -183,6 +183,24 @@ TEST(QkvCli, SweepGivesOneRowPerValue) {
   expect_cli_error("bench --sweep block_q=8", {"error: --sweep: ", "one --method"});
   expect_cli_error("bench --method exact.flash --sweep block_q=0", {"error: --sweep: ", "block_q"});
   expect_cli_error("bench --method exact.flash --sweep block_q", {"error: --sweep: ", "PARAM=v1,v2"});
+  expect_cli_error("bench --method exact.flash --sweep block_q=", {"error: --sweep: ", "has no values"});
+  expect_cli_error("bench --method exact.flash --sweep block_q=8,,16", {"error: --sweep: ", "empty item"});
+}
+
+// A swept value may be a spec with its own commas: the values split only outside parentheses.
+TEST(QkvCli, SweepValuesMayBeNestedSpecs) {
+  const json rows = cli_json("bench --n 40 --d 8 --causal top-left --method auto.causal --sweep "
+                             "'inner=lowrank.nystrom(landmarks=8,iters=2), exact.naive' --reps 1 "
+                             "--format json --gemm-size 64");
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[1]["sweep_value"], "lowrank.nystrom(landmarks=8,iters=2)");
+  EXPECT_EQ(rows[2]["sweep_value"], "exact.naive");
+  for (int i = 1; i <= 2; ++i) {
+    EXPECT_EQ(rows[static_cast<std::size_t>(i)]["sweep_param"], "inner");
+    EXPECT_EQ(rows[static_cast<std::size_t>(i)]["status"], "ok");
+  }
+  expect_cli_error("bench --method auto.causal --sweep 'inner=lowrank.nystrom(landmarks=8,exact.naive'",
+                   {"error: --sweep: ", "never closed"});
 }
 
 }  // namespace NUMATTN_UNITY_ID

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <vector>
 
 #include "numattn/core/blas.h"
@@ -13,6 +14,7 @@
 #include "numattn/core/cpu.h"
 #include "numattn/core/simd.h"
 #include "numattn/core/tensor.h"
+#include "numattn/core/timing.h"
 #include "support/test_util.h"
 
 namespace numattn {
@@ -223,6 +225,18 @@ TEST(CpuPaths, ScopesChooseThePathOfEveryFamily) {
     EXPECT_LE(static_cast<int>(k.path), static_cast<int>(CpuPath::kAvx512Vnni)) << k.family;
   const auto fams = kernel_paths(CpuPath::kAvx512);
   EXPECT_TRUE(std::any_of(fams.begin(), fams.end(), [](const KernelPath& k) { return std::string(k.family) == "exact.flash"; }));
+}
+
+// The one median every timing, benchmark row and statistic of numattn reports.
+TEST(Timing, MedianOfOddAndEvenCountsInAnyOrder) {
+  EXPECT_EQ(median({3.0}), 3.0);
+  EXPECT_EQ(median({5.0, 1.0, 3.0}), 3.0);
+  EXPECT_EQ(median({4.0, 1.0, 3.0, 2.0}), 2.5);  // mean of the two middle values, not the upper one
+  EXPECT_EQ(median({-1.0, -1.0, 7.0, 7.0}), 3.0);
+  EXPECT_EQ(median({2.0, std::numeric_limits<double>::infinity(), 1.0}), 2.0);
+  int calls = 0;
+  EXPECT_GE(median_seconds(0, [&] { ++calls; }), 0.0);
+  EXPECT_EQ(calls, 1);  // at least one run whatever `reps` says
 }
 
 TEST(Tensor, BnhdViewIsAPermutation) {

@@ -219,8 +219,6 @@ double time_median_ms(int reps, const std::function<void()>& fn) {
   return 1e3 * median_seconds(reps, fn);
 }
 
-double median(std::vector<double> v) { return numattn::median(std::move(v)); }
-
 index_t rows_to_check(const AttentionProblem& p, long long requested) {
   const index_t total = p.batch() * p.heads() * p.n_q();
   if (requested < 0) return total <= 4096 ? total : 1024;

@@ -13,6 +13,7 @@
 #include "numattn/attention/random_problem.h"
 #include "numattn/core/exec.h"
 #include "numattn/core/file_io.h"
+#include "numattn/core/timing.h"
 #include "numattn/quant/qgemv.h"
 
 namespace numattn::cli {
@@ -38,9 +39,6 @@ struct ProblemFlags {
 /// with `with` (e.g. "--qkv"): "--n cannot be combined with --qkv: the inputs fix it".
 void refuse_flags(const ProblemFlags& pf, const std::vector<std::string>& flags, const std::string& with,
                   const std::string& why);
-
-/// Median of `v` (mean of the two middle values for an even count); `v` must not be empty.
-double median(std::vector<double> v);
 
 /// Median wall time of `fn` over `reps` runs after one warm-up, in milliseconds.
 double time_median_ms(int reps, const std::function<void()>& fn);

@@ -34,9 +34,10 @@ std::pair<std::string, std::vector<std::string>> parse_sweep(const std::string& 
   NUMATTN_CHECK_OPTION(eq != std::string::npos && eq > 0, "sweep",
                        "expected PARAM=v1,v2,..., got '{}'", s);
   std::string name = s.substr(0, eq);
-  auto values = split_list(s.substr(eq + 1));
-  NUMATTN_CHECK_OPTION(!values.empty(), "sweep", "'{}' has no values", s);
-  return {name, values};
+  const std::string list = s.substr(eq + 1);
+  NUMATTN_CHECK_OPTION(list.find_first_not_of(" \t") != std::string::npos, "sweep", "'{}' has no values", s);
+  // A value may be a nested spec (auto.causal's inner=...), whose own commas are not separators.
+  return {name, split_spec_option("sweep", list)};
 }
 
 // The specs of a sweep: `spec` with parameter `name` set to each value in turn. The parameter
