@@ -1,13 +1,6 @@
 #include "mla_cli.h"
 
-#include <algorithm>
-#include <chrono>
-
 #include "numattn/core/error.h"
-#include "numattn/core/file_io.h"
-#include "numattn/core/progress.h"
-#include "numattn/model/data.h"
-#include "numattn/model/mla_model.h"
 
 namespace numattn::cli {
 

@@ -8,11 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_common.h"
-#include "numattn/core/exec.h"
-#include "numattn/model/llama.h"
-#include "numattn/model/mla_convert.h"
 #include "numattn/model/transform_model.h"
-#include "numattn/model/tokenizer.h"
 
 namespace numattn::cli {
 
