@@ -74,6 +74,7 @@ TEST(TransformCli, BadPipelinesAreRefusedBeforeAnyFileIsOpened) {
   const std::string none = " --model /nonexistent/model.gguf --text /nonexistent/text.txt";
   for (const std::string& cmd : std::vector<std::string>{"ppl" + none, "bench-model --model /nonexistent/m.gguf",
                                                          "generate --prompt hi --model /nonexistent/m.gguf",
+                                                         "capture --out /tmp/numattn_never --model /nonexistent/m.gguf",
                                                          "convert --out /tmp/x.gguf --model /nonexistent/m.gguf"}) {
     for (const auto& [pipeline, says] : std::vector<std::pair<std::string, std::string>>{
              {"'mla(rank=8)||bda(pairs=vo)'", "empty item"},
@@ -89,6 +90,11 @@ TEST(TransformCli, BadPipelinesAreRefusedBeforeAnyFileIsOpened) {
       EXPECT_EQ(r.out.find("nonexistent"), std::string::npos) << r.out;
     }
   }
+  // capture writes the q, k, v of GQA layers: the stages that replace them are refused, by name.
+  const Result cap = cli("capture --out /tmp/numattn_never --model /nonexistent/m.gguf --transform 'mla(rank=8)'");
+  EXPECT_EQ(cap.rc, 1) << cap.out;
+  EXPECT_NE(cap.out.find("mla replaces the GQA layers"), std::string::npos) << cap.out;
+  EXPECT_EQ(cap.out.find("nonexistent"), std::string::npos) << cap.out;
   // The pipeline or the older flags, not both.
   const Result both = cli("ppl" + none + " --transform 'mla(rank=8)' --bda vo");
   EXPECT_EQ(both.rc, 1) << both.out;

@@ -29,7 +29,7 @@ std::string range_text(const ParamSpec& p) {
 void add_transforms(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "transforms", "list the model transforms of --transform (ppl, bench-model, generate, convert, "
-                    "report; Python Model.load(transform=...)), composed with '|'");
+                    "capture, report; Python Model.load(transform=...)), composed with '|'");
   auto format = std::make_shared<std::string>("md");
   sub->add_option("--format", *format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
   sub->callback([format] {
