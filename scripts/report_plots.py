@@ -550,6 +550,23 @@ def section_mla(rep, root, meta):
     rep.commands([s["command"] for s in steps])
 
 
+def section_transform(rep, root, meta):
+    steps = steps_in(meta, "transform")
+    if not steps:
+        return
+    rep.heading("Model transforms")
+    rep.para("Each pipeline of `numattn report --transform` applied at load (`numattn transforms`); KL against the "
+             "model before its last stage.")
+    keys, rows = ["ppl", "ppl_baseline", "kld_mean", "kld_p99", "top1_agreement", "tokens_per_s"], []
+    for s in steps:
+        d = ok_output(root, s)
+        rows.append([(d or {}).get("transform") or s["title"], s["status"]] +
+                    ([fmt(d.get(k)) for k in keys] if d else [""] * len(keys)))
+    rep.table(["transform", "status"] + keys, rows)
+    failed_note(rep, steps)
+    rep.commands([s["command"] for s in steps])
+
+
 # ---------------------------------------------------------------- analyze (spectra, panels, findings)
 
 def section_analyze(rep, root, meta):
@@ -689,6 +706,7 @@ def main():
     section_long(rep, root, meta, families)
     section_bda(rep, root, meta)
     section_mla(rep, root, meta)
+    section_transform(rep, root, meta)
     if meta.get("model"):
         section_analyze(rep, root, meta)
     rep.heading("Steps")

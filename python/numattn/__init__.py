@@ -108,14 +108,16 @@ class BasisDecomposition(_ext.BasisDecomposition):
 
 
 class Model(_ext.Model):
-    def __init__(self, path="default", *, threads=None):
+    def __init__(self, path="default", *, threads=None, transform=""):
         fn = "numattn.Model"
-        super().__init__(_c.path(fn, "path", path), threads=_c.threads(fn, threads))
+        super().__init__(_c.path(fn, "path", path), threads=_c.threads(fn, threads),
+                         transform=_c.text(fn, "transform", transform))
 
     @classmethod
-    def load(cls, path="default", *, threads=None):
+    def load(cls, path="default", *, threads=None, transform=""):
         fn = "numattn.Model.load"
-        return cls(_c.path(fn, "path", path), threads=_c.threads(fn, threads))
+        return cls(_c.path(fn, "path", path), threads=_c.threads(fn, threads),
+                   transform=_c.text(fn, "transform", transform))
 
     def tokenize(self, text, *, add_bos=False, parse_special=True):
         fn = "Model.tokenize"

@@ -19,6 +19,8 @@
 #include "numattn/model/llama.h"
 #include "numattn/model/ppl.h"
 #include "numattn/model/tokenizer.h"
+#include "numattn/model/transform_model.h"
+#include "numattn/transform/pipeline.h"
 
 namespace numattn::py {
 
@@ -33,28 +35,39 @@ class PyModel {
     std::string path, name;
     LlamaModel model;
     Tokenizer tok;
+    std::string transform;  ///< canonical pipeline applied at load ("" none)
   };
-  static Parts load_parts(const std::string& path_arg, std::optional<int> threads) {
+  static Parts load_parts(const std::string& path_arg, std::optional<int> threads, const std::string& xform) {
     return entry("numattn.Model.load", [&] {
       const ExecContext ctx{threads.value_or(0)};
       ctx.num_threads();
+      // The pipeline is parsed (and refused) before the file is opened, as the CLI does.
+      const transform::TransformPipeline xp = transform::parse_transforms(xform);
       const std::string path = resolve_model_path(path_arg);
       doing("loading the model " + path);
       nb::gil_scoped_release release;
       GgufFile file = GgufFile::open(path);
+      check_transforms(xp, LlamaModel::read_hparams(file), file.architecture() == "numattn-mla");
       Tokenizer tok = Tokenizer::from_gguf(file);
       std::string name = file.get_string("general.name", "");
       LlamaModel model = LlamaModel::load(file, ctx);
-      return Parts{path, std::move(name), std::move(model), std::move(tok)};
+      if (!xp.empty()) {
+        doing("applying the model transforms " + xp.canonical());
+        apply_transforms(model, tok, xp, ctx);
+      }
+      return Parts{path, std::move(name), std::move(model), std::move(tok), xp.canonical()};
     });
   }
-  static std::unique_ptr<PyModel> load(const std::string& path_arg, std::optional<int> threads) {
-    return std::make_unique<PyModel>(load_parts(path_arg, threads));
+  static std::unique_ptr<PyModel> load(const std::string& path_arg, std::optional<int> threads,
+                                       const std::string& xform) {
+    return std::make_unique<PyModel>(load_parts(path_arg, threads, xform));
   }
   explicit PyModel(Parts&& p)
-      : path_(std::move(p.path)), name_(std::move(p.name)), model_(std::move(p.model)), tok_(std::move(p.tok)) {}
+      : path_(std::move(p.path)), name_(std::move(p.name)), model_(std::move(p.model)), tok_(std::move(p.tok)),
+        transform_(std::move(p.transform)) {}
 
   const std::string& path() const { return path_; }
+  const std::string& transform() const { return transform_; }
   const std::string& name() const { return name_; }
   const LlamaModel& model() const { return model_; }
   const Tokenizer& tokenizer() const { return tok_; }
@@ -239,6 +252,7 @@ class PyModel {
   std::string path_, name_;
   LlamaModel model_;
   Tokenizer tok_;
+  std::string transform_;
   std::mutex mu_;
 };
 
@@ -260,16 +274,21 @@ long call releases the GIL and stops on Ctrl-C (KeyboardInterrupt) between chunk
 tokens; the model is left as it was.)doc")
       // The constructor, so that the Python package's Model (which checks its arguments) can
       // subclass this one; Model.load is the spelling the documentation uses.
-      .def("__init__", [](PyModel* self, const std::string& path, std::optional<int> threads) {
-             new (self) PyModel(PyModel::load_parts(path, threads));
+      .def("__init__", [](PyModel* self, const std::string& path, std::optional<int> threads,
+                          const std::string& xform) {
+             new (self) PyModel(PyModel::load_parts(path, threads, xform));
            }, nb::arg("path") = "default", nb::kw_only(), nb::arg("threads") = nb::none(),
-           "Model(path) is Model.load(path).")
+           nb::arg("transform") = "", "Model(path) is Model.load(path).")
       .def_static("load", &PyModel::load, nb::arg("path") = "default", nb::kw_only(),
-                  nb::arg("threads") = nb::none(),
+                  nb::arg("threads") = nb::none(), nb::arg("transform") = "",
                   "Reads a GGUF file ('default': the cached SmolLM2-135M): hyper-parameters and "
                   "tensors are validated before anything is allocated; raises numattn.Error naming "
-                  "the file, key or tensor.")
+                  "the file, key or tensor. ``transform``: model transforms applied at load, the "
+                  "pipeline string of `numattn --transform` (``\"mla(rank=128)|bda(pairs=qk)\"``; "
+                  "``numattn transforms`` lists them), parsed and checked before the file is read.")
       .def_prop_ro("path", &PyModel::path)
+      .def_prop_ro("transform", &PyModel::transform,
+                   "the canonical pipeline applied at load (every default filled in; '' for none)")
       .def_prop_ro("name", &PyModel::name, "general.name of the file")
       .def_prop_ro("hparams", [](const PyModel& s) {
         const ModelHParams& h = s.model().hparams();

@@ -75,6 +75,29 @@ def test_model_errors(model):
         numattn.Model.load("/nonexistent/model.gguf")
 
 
+def test_transform_equals_cli(model, short_text, run_cli):
+    """Model.load(transform=...) takes the CLI's --transform string: the same pipeline, the same
+    canonical form, the same perplexity as `numattn ppl --weights f32 --transform` (float32
+    weights, as Model.load)."""
+    text, path = short_text
+    spec = "mla(rank=64,rope_heads=1,calib_tokens=512)|bda(pairs=vo,coef=f32)"
+    m = numattn.Model.load("default", threads=2, transform=spec)
+    assert m.transform == ("mla(rank=64,rope_heads=1,freqfold=1,calib=default,calib_tokens=512,exec=absorbed)|"
+                           "bda(pairs=vo,coef=f32)")
+    assert model.transform == ""
+    got = m.ppl(text, ctx=64, chunks=2, threads=2)
+    row = run_cli("ppl", "--model", "default", "--text", path, "--ctx", 64, "--chunks", 2, "--weights", "f32",
+                  "--transform", spec, "--threads", 2, "--no-progress", "--format", "json")
+    row = row[0] if isinstance(row, list) else row
+    assert row["transform"] == m.transform
+    assert got["ppl"] == pytest.approx(row["ppl"], rel=1e-5)
+    # refused before the file is read, by the one parser, with its message
+    for bad, says in [("mla(rank=64)||bda(pairs=vo)", "empty item"), ("mla(rank=-3)", "out of range"),
+                      ("foo(x=1)", "unknown transform"), ("mla(rank=64", "never closed")]:
+        with pytest.raises(numattn.Error, match=says):
+            numattn.Model.load("/nonexistent/model.gguf", transform=bad)
+
+
 def test_ppl_is_interruptible(model, short_text):
     import _thread
     import threading

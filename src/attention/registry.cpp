@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cmath>
 
+#include "numattn/attention/spec_syntax.h"
+
 namespace numattn {
 
 #define NUMATTN_METHOD(Class)                              \
@@ -107,18 +109,23 @@ std::string normalise(const MethodInfo& info, const ParamSpec& ps, const std::st
   return v;
 }
 
-}  // namespace
-
-ParsedSpec parse_spec(std::string_view spec) {
+ParsedSpec parse_spec_impl(std::string_view spec, bool family_name) {
   ParsedSpec out;
   const std::string s = trim(spec);
-  NUMATTN_CHECK(!s.empty(), "empty method spec (example: exact.flash or lowrank.nystrom(landmarks=64))");
+  if (family_name)
+    NUMATTN_CHECK(!s.empty(), "empty method spec (example: exact.flash or lowrank.nystrom(landmarks=64))");
+  NUMATTN_CHECK(!s.empty(), "empty spec");
   const auto open = s.find('(');
   out.name = trim(std::string_view(s).substr(0, open));
-  // `auto` is short for auto.select, the one method named without its family.
-  if (out.name == "auto") out.name = "auto.select";
-  NUMATTN_CHECK(is_ident(out.name, true) && out.name.find('.') != std::string::npos,
-                "spec '{}': method name must look like family.name (e.g. exact.flash)", s);
+  if (family_name) {
+    // `auto` is short for auto.select, the one method named without its family.
+    if (out.name == "auto") out.name = "auto.select";
+    NUMATTN_CHECK(is_ident(out.name, true) && out.name.find('.') != std::string::npos,
+                  "spec '{}': method name must look like family.name (e.g. exact.flash)", s);
+  } else {
+    NUMATTN_CHECK(is_ident(out.name, true), "spec '{}': '{}' is not a name (letters, digits, '_', '.')", s,
+                  out.name);
+  }
   if (open == std::string::npos) return out;
   NUMATTN_CHECK(s.back() == ')', "spec '{}': missing closing ')'", s);
   const std::string body = s.substr(open + 1, s.size() - open - 2);
@@ -154,6 +161,12 @@ ParsedSpec parse_spec(std::string_view spec) {
   }
   return out;
 }
+
+}  // namespace
+
+ParsedSpec parse_spec(std::string_view spec) { return parse_spec_impl(spec, true); }
+
+ParsedSpec parse_spec_any_name(std::string_view spec) { return parse_spec_impl(spec, false); }
 
 std::vector<std::string> split_specs(std::string_view list, std::string_view separators) {
   const std::string sep_names = [&] {

@@ -8,6 +8,7 @@
 #include "numattn/gguf/gguf.h"
 #include "numattn/model/mla_model.h"
 #include "numattn/quant/quant.h"
+#include "numattn/transform/pipeline.h"
 
 namespace numattn {
 
@@ -317,7 +318,8 @@ std::vector<std::int32_t> to_i32(const std::vector<index_t>& v) {
 }
 }  // namespace
 
-void write_bda_gguf(const GgufFile& source, const LlamaModel& m, const std::string& path) {
+void write_bda_gguf(const GgufFile& source, const LlamaModel& m, const std::string& path,
+                    const std::string& transform) {
   check_outputs_distinct({{"converted model", path}}, {{"source model", source.path()}});
   NUMATTN_CHECK(source.architecture() == "llama",
                 "write_bda_gguf: the source {} is '{}'; the BDA file layout stores llama models only (apply BDA "
@@ -329,6 +331,7 @@ void write_bda_gguf(const GgufFile& source, const LlamaModel& m, const std::stri
   GgufWriter out(static_cast<std::uint32_t>(source.alignment()));
   for (const auto& [key, value] : source.metadata())
     if (key != "general.alignment") out.set(key, value);
+  if (!transform.empty()) out.set(transform::kTransformKey, GgufValue::string(transform));
   out.set("numattn.bda.pairs", GgufValue::string("vo"));
   out.set("numattn.bda.version", GgufValue::u32(1));
   std::vector<char> bda(static_cast<std::size_t>(hp.n_layer), 0);

@@ -12,6 +12,7 @@
 #include "numattn/gguf/gguf.h"
 #include "numattn/model/bda_model.h"
 #include "numattn/model/mla_model.h"
+#include "numattn/transform/pipeline.h"
 
 namespace numattn {
 
@@ -123,7 +124,7 @@ MlaModelReport convert_model_to_mla(LlamaModel& model,
 
 
 void write_mla_gguf(const GgufFile& source, const LlamaModel& m, const transform::MlaOptions& opt,
-                    const std::string& path) {
+                    const std::string& path, const std::string& transform) {
   check_outputs_distinct({{"converted model", path}}, {{"source model", source.path()}});
   const ModelHParams& hp = m.hparams();
   const std::int64_t E = hp.n_embd, H = hp.n_head;
@@ -171,6 +172,7 @@ void write_mla_gguf(const GgufFile& source, const LlamaModel& m, const transform
       out.set(key, value);
     }
   }
+  if (!transform.empty()) out.set(transform::kTransformKey, GgufValue::string(transform));
   auto u32 = [](std::int64_t v) { return GgufValue::u32(static_cast<std::uint32_t>(v)); };
   out.set(pre + "mla.version", u32(1));  // the layout above; the loader refuses newer ones
   out.set(pre + "mla.kv_lora_rank", u32(m0.rank));

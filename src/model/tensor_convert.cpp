@@ -8,6 +8,7 @@
 #include "numattn/gguf/gguf_keys.h"
 #include "numattn/gguf/tensor_data.h"
 #include "numattn/model/bda_model.h"
+#include "numattn/transform/pipeline.h"
 
 namespace numattn {
 
@@ -226,7 +227,8 @@ LlamaModel finish_tensor_model(const GgufFile& f, const ModelHParams& hp, LlamaW
   return build_tensor_model(hp, std::move(w), fac, source);
 }
 
-void write_tensor_gguf(const GgufFile& source, const TensorFactors& fac, const std::string& path) {
+void write_tensor_gguf(const GgufFile& source, const TensorFactors& fac, const std::string& path,
+                       const std::string& transform) {
   check_outputs_distinct({{"converted model", path}}, {{"source model", source.path()}});
   NUMATTN_CHECK(source.architecture() == "llama", "write_tensor_gguf: the source {} is '{}', not a llama model",
                 source.path(), source.architecture());
@@ -270,6 +272,7 @@ void write_tensor_gguf(const GgufFile& source, const TensorFactors& fac, const s
   }
   if (sp.factored) out.set(key("exec"), GgufValue::string("factored"));
   out.set(key("spec"), GgufValue::string(sp.canonical()));
+  if (!transform.empty()) out.set(transform::kTransformKey, GgufValue::string(transform));
   out.set(key("version"), u32(kTensorFormatVersion));
   for (const GgufTensorInfo& t : source.tensors()) {
     bool dropped = false;

@@ -198,11 +198,23 @@ TEST(ReportCli, SpecListsReachEveryCommandWhole) {
               " --chunks 1 --bd-seeds 1 --bd-tokens 8 --mla-ranks 4 --analyze-tokens 16 "
               "--analyze-layers 0 --long-n 32,64 --long-ctx 64 --long-methods "
               "'sparse.window(left=16,sinks=4),lowrank.loki(topk_frac=0.5)' --long-tol 0.5" +
-              " --python " + fake_python(dir),
+              " --transform 'bda(pairs=vo,coef=f32)'" + " --python " + fake_python(dir),
           &rc);
   const auto meta = read_json(dir.file("r/data/steps.json"));
   std::map<std::string, nlohmann::json> steps;
   for (const auto& s : meta["steps"]) steps[s["id"]] = s;
+  // Model transforms reach ppl as one --transform pipeline string: the report's own (BDA, MLA)
+  // and each --transform given to it, whose row carries the canonical pipeline.
+  ASSERT_TRUE(steps.count("transform_1")) << out;
+  EXPECT_NE(steps["transform_1"]["command"].get<std::string>().find("--transform 'bda(pairs=vo,coef=f32)'"),
+            std::string::npos)
+      << steps["transform_1"].dump();
+  EXPECT_EQ(steps["transform_1"]["status"], "ok") << steps["transform_1"].dump();
+  EXPECT_EQ(read_json(dir.file("r/data/transform/transform_1.json"))["transform"], "bda(pairs=vo,coef=f32)");
+  EXPECT_NE(steps["bda_ppl_vo"]["command"].get<std::string>().find("--transform 'bda(pairs=vo)'"), std::string::npos)
+      << steps["bda_ppl_vo"].dump();
+  EXPECT_NE(steps["mla_rank4"]["command"].get<std::string>().find("--transform 'mla(rank=4)'"), std::string::npos)
+      << steps["mla_rank4"].dump();
   // Every bench step ran the one spec whole.
   for (const char* id : {"bench_gaussian", "bench_spiky", "bench_captured_n64"}) {
     ASSERT_TRUE(steps.count(id)) << out;

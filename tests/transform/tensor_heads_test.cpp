@@ -344,11 +344,14 @@ TEST(TensorModel, CliFlags) {
   EXPECT_EQ(out.find("nonexistent"), std::string::npos) << out;
   rc = test::run_command(std::string(NUMATTN_CLI_PATH) + " ppl --tensor vo-cp:rank=8 --bda vo" + none, &out);
   EXPECT_EQ(rc, 1);
-  EXPECT_NE(out.find("--bda"), std::string::npos) << out;
-  // convert: a bad spec, or --tensor with --mla-rank, before the model is opened.
-  for (const std::string flags : {"--tensor vo-cp:rank=-1", "--tensor vo-cp:rank=8 --mla-rank 8"})
-    test::expect_cli_error("convert --out /tmp/numattn_never.gguf --model /nonexistent/m.gguf " + flags, {"--tensor"},
-                           {"nonexistent"});
+  EXPECT_NE(out.find("cannot be combined with bda"), std::string::npos) << out;
+  // convert: a bad spec, or --tensor with --mla-rank (the pipeline mla|tensor.vo_cp), before the
+  // model is opened.
+  test::expect_cli_error("convert --out /tmp/numattn_never.gguf --model /nonexistent/m.gguf --tensor vo-cp:rank=-1",
+                         {"--tensor"}, {"nonexistent"});
+  test::expect_cli_error("convert --out /tmp/numattn_never.gguf --model /nonexistent/m.gguf --tensor vo-cp:rank=8 "
+                         "--mla-rank 8",
+                         {"--transform", "after mla only tensor.qk_cp applies"}, {"nonexistent"});
   // End to end on the tiny model with a vocabulary: the exact block form keeps the perplexity.
   const std::string tm = test::tiny_model_with_vocab();
   test::ScratchDir dir;
@@ -642,7 +645,8 @@ TEST(TensorFile, CliConvertThenPplEqualsPplTensor) {
                                   " --tensor vo-cp:rank=4 --mla-rank 8 2>&1",
                               &msg),
             1);
-  EXPECT_NE(msg.find("error: --tensor: cannot be combined"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("error: --transform: "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("after mla only tensor.qk_cp applies"), std::string::npos) << msg;
   // ppl --mla-rank with qk-cp on the NoPE part: the block form keeps the MLA model's perplexity
   // (the KL baseline); the GQA schemes are refused with --mla-rank.
   const std::string mla = "ppl --ctx 64 --threads 2 --calib-tokens 128 --mla-rank 0 --model " + tm + " --text " + text +
@@ -653,7 +657,7 @@ TEST(TensorFile, CliConvertThenPplEqualsPplTensor) {
   const auto qk4 = cli_row(mla + " --tensor qk-cp:rank=4");
   EXPECT_GT(std::abs(qk4.at("ppl_rel_change").get<double>()), 1e-4) << qk4.dump();
   EXPECT_EQ(qk4.at("tensor_exec_head_dim").get<std::int64_t>(), 4) << qk4.dump();
-  test::expect_cli_error(mla + " --tensor vo-cp:rank=4", {"--tensor", "qk-cp"});
+  test::expect_cli_error(mla + " --tensor vo-cp:rank=4", {"--transform", "tensor.qk_cp"});
 }
 
 // Checked: on the default model the written factors give the perplexity of

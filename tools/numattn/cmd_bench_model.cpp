@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "mla_cli.h"
 #include "tensor_cli.h"
+#include "transform_cli.h"
 #include "numattn/attention/kv_reads.h"
 #include "numattn/gguf/gguf.h"
 #include "numattn/model/bda_model.h"
@@ -20,6 +21,7 @@
 #include "numattn/model/data.h"
 #include "numattn/model/llama.h"
 #include "numattn/model/mla_model.h"
+#include "numattn/model/transform_model.h"
 #include "numattn/model/tokenizer.h"
 #include "numattn/quant/qgemv.h"
 
@@ -28,12 +30,12 @@ namespace numattn::cli {
 namespace {
 struct BenchModelOptions {
   std::string model = "default", ctx = "0,128,512", weights = "gguf", format = "md",
-              activations = "f32", bda = "none", bda_coef = "q8_0", tensor, kv = "f16";
+              activations = "f32", kv = "f16";
   std::vector<std::string> attn;
   std::int64_t decode = 64, warmup = 1;
   int threads = 0, reps = 1;
   double bandwidth_mib = 0;
-  MlaCliOptions mla;
+  TransformCliOptions xf;
 };
 
 // "30 × rms+gqa, rms+swiglu": the model's layers as blocks, runs of equal layers counted.
@@ -92,28 +94,28 @@ void add_bench_model(CLI::App& app) {
                   "size of the streaming-read buffer in MiB (0 = twice the last-level cache, at "
                   "least 256 MiB)")
       ->capture_default_str();
-  sub->add_option("--bda", o->bda,
-                  "also measure each model form with BD Attention applied at load (as `ppl --bda`): none | vo | "
-                  "qk | qkvo; its rows are interleaved with the dense form's, repetition by repetition")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
-  sub->add_option("--bda-coef", o->bda_coef,
-                  "storage of the BD coefficients and W_o' with --weights gguf: q8_0, source (the source "
-                  "tensors' types) or f32 (as `ppl --bda-coef`)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"q8_0", "source", "f32"}));
   sub->add_option("--kv", o->kv,
                   "comma-separated KV-cache element types, each a form of its own: f16 (as llama.cpp), bf16, f32")
       ->capture_default_str();
   sub->add_option("--attn", o->attn,
                   "attention spec of every layer (repeatable: each spec is a form of its own, measured in the same "
                   "repetitions; default exact.flash)");
-  add_mla_options(*sub, o->mla);
-  add_tensor_option(*sub, o->tensor);
+  sub->add_option("--transform", o->xf.transform,
+                  "model transforms (`numattn transforms`), e.g. \"mla(rank=128)|bda(pairs=vo)\": the model "
+                  "is measured before and after each stage (each form, then the form with the stage applied), "
+                  "interleaved repetition by repetition");
+  add_mla_options(*sub, o->xf.mla);
+  sub->add_option("--bda", o->xf.bda, "deprecated alias of --transform \"bda(pairs=...)\": none | vo | qk | qkvo")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
+  sub->add_option("--bda-coef", o->xf.bda_coef, "deprecated alias of --transform \"bda(coef=...)\": q8_0 | source | f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"q8_0", "source", "f32"}));
+  add_tensor_alias_option(*sub, o->xf.tensor);
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
     ExecContext ctx{o->threads};
-    check_mla_options(*sub, o->mla);
+    const transform::TransformPipeline xp = resolve_transforms(*sub, o->xf);
     const int nt = ctx.num_threads();
     NUMATTN_CHECK_OPTION(o->decode >= 1, "decode", "must be at least 1, got {}", o->decode);
     const std::vector<Activations> acts = check_activations_option(o->activations, o->weights);
@@ -151,9 +153,8 @@ void add_bench_model(CLI::App& app) {
     const auto t_open = std::chrono::steady_clock::now();
     auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
     const ModelHParams hp = LlamaModel::read_hparams(*file);
-    check_mla_against_model(o->mla, hp, file->architecture() == "numattn-mla");
-    const std::optional<transform::TensorSpec> tspec = parse_tensor_option(o->tensor, o->bda, o->mla.requested());
-    if (tspec) check_tensor_spec(*tspec, hp, o->mla.requested() || file->architecture() == "numattn-mla");
+    check_transforms(xp, hp, file->architecture() == "numattn-mla");
+    const std::string file_transform = file->get_string(transform::kTransformKey, "");
     const double open_s = seconds_since(t_open);
     for (std::int64_t L : lens)
       NUMATTN_CHECK_OPTION(std::max<std::int64_t>(L, 1) + o->decode <= hp.n_ctx_train, "ctx",
@@ -170,18 +171,24 @@ void add_bench_model(CLI::App& app) {
       std::string name;
       LlamaModel model;
       KvType kv = KvType::kF32;
+      std::string transform;  ///< the stages of --transform applied to it (canonical)
     };
+    // A form's transforms, then stage i of the pipeline.
+    auto then = [&](const std::string& before, std::size_t i) {
+      return before.empty() ? xp.stages[i].spec() : before + "|" + xp.stages[i].spec();
+    };
+    const std::string mla_exec = xp.mla ? xp.mla->exec : o->xf.mla.exec;
     std::vector<Form> forms;
-    if (o->mla.requested()) {
-      NUMATTN_CHECK_OPTION(!loaded.has_mla(), "mla-rank", "the model {} is already an MLA model", path);
+    std::size_t stage = 0;
+    if (xp.mla) {
       LlamaModel mla = loaded;
-      const MlaCliResult res = convert_for_cli(mla, Tokenizer::from_gguf(*file), o->mla, kMlaCalibChunk, ctx, true);
-      forms.push_back({"gqa", std::move(loaded)});
-      forms.push_back({fmt::format("mla r={} d_rope={} {}", res.report.rank, res.report.d_rope, o->mla.exec),
-                       std::move(mla)});
+      const MlaStageResult res = apply_mla_stage(mla, Tokenizer::from_gguf(*file), *xp.mla, ctx, true);
+      forms.push_back({"gqa", std::move(loaded), KvType::kF32, ""});
+      forms.push_back({fmt::format("mla r={} d_rope={} {}", res.report.rank, res.report.d_rope, mla_exec),
+                       std::move(mla), KvType::kF32, then("", stage++)});
     } else {
-      if (loaded.has_mla()) loaded.set_mla_exec(parse_mla_exec(o->mla.exec));
-      forms.push_back({loaded.has_mla() ? "mla (file) " + o->mla.exec : "gqa", std::move(loaded)});
+      if (loaded.has_mla()) loaded.set_mla_exec(parse_mla_exec(mla_exec));
+      forms.push_back({loaded.has_mla() ? "mla (file) " + mla_exec : "gqa", std::move(loaded), KvType::kF32, ""});
     }
 
     // --bda, --tensor: each form followed by its rewrite (copies share the mapped file), so the
@@ -195,16 +202,19 @@ void add_bench_model(CLI::App& app) {
         forms.push_back(std::move(r));
       }
     };
-    if (o->bda != "none")
+    if (xp.bda) {
       add_rewrites([&](const Form& f) {
-        Form b{f.name + " + bda " + o->bda, f.model};
-        const ModelBdaReport rep = apply_bda(b.model, o->bda, {}, parse_bda_coef(o->bda_coef));
+        Form b{f.name + " + bda " + xp.bda->pairs, f.model, KvType::kF32, then(f.transform, stage)};
+        const ModelBdaReport rep = apply_bda(b.model, xp.bda->pairs, {}, parse_bda_coef(xp.bda->coef));
         if (!rep.coef_type.empty()) b.name += " (" + rep.coef_type + ")";
         return b;
       });
-    if (tspec)
+      ++stage;
+    }
+    if (xp.tensor)
       add_rewrites([&](const Form& f) {
-        return Form{f.name + " + tensor " + tspec->canonical(), compress_model_tensor(f.model, *tspec, ctx)};
+        return Form{f.name + " + tensor " + xp.tensor->canonical(), compress_model_tensor(f.model, *xp.tensor, ctx),
+                    KvType::kF32, then(f.transform, stage)};
       });
 
     // --attn, --kv: every form once per attention spec and cache type (copies share the file).
@@ -224,7 +234,7 @@ void add_bench_model(CLI::App& app) {
                            f.name.c_str());
               kv = KvType::kF32;
             }
-            forms.push_back({f.name, f.model, kv});
+            forms.push_back({f.name, f.model, kv, f.transform});
             forms.back().model.set_attention(a);
             forms.back().model.make_cache(1, kv);  // refuses a type the layers cannot hold
           }
@@ -236,7 +246,7 @@ void add_bench_model(CLI::App& app) {
       forms.clear();
       for (const Form& f : base)
         for (Activations a : acts) {
-          forms.push_back({f.name, f.model, f.kv});
+          forms.push_back({f.name, f.model, f.kv, f.transform});
           forms.back().model.set_activations(a);
         }
     }
@@ -348,6 +358,8 @@ void add_bench_model(CLI::App& app) {
       Row row;
       row["model"] = path;
       row["attention"] = forms[m.form].name;
+      row["transform"] = forms[m.form].transform;
+      if (!file_transform.empty()) row["file_transform"] = file_transform;
       row["attn"] = model.attention_spec();
       row["kv"] = to_string(forms[m.form].kv);
       row["kv_cache_bytes_per_token_layer"] =

@@ -22,6 +22,8 @@
 #include "numattn/model/tokenizer.h"
 #include "qkv_source.h"
 #include "text_window.h"
+#include "transform_cli.h"
+#include "numattn/model/transform_model.h"
 
 namespace numattn::cli {
 
@@ -32,6 +34,7 @@ struct CaptureOptions {
   std::string out, format = "md";
   bool pre_rope = false;
   int threads = 0;
+  TransformCliOptions xf;
 };
 
 }  // namespace
@@ -44,9 +47,12 @@ void add_capture(CLI::App& app) {
   o->w.add_to(*sub, "layers to write: comma-separated indices, or 'all'");
   sub->add_flag("--pre-rope", o->pre_rope, "write q and k before RoPE (default: after, what attention sees)");
   sub->add_option("--out", o->out, "output directory (created if missing)")->required();
+  add_transform_options(*sub, o->xf, {false, false, false});
   add_common(*sub, &o->threads, &o->format);
-  sub->callback([o] {
+  sub->callback([o, sub] {
     ExecContext ctx{o->threads};
+    const transform::TransformPipeline xp = resolve_transforms(*sub, o->xf);
+    NUMATTN_CHECK_OPTION(capture_refusal(xp).empty(), "transform", "'{}': {}", xp.canonical(), capture_refusal(xp));
     const auto t_start = std::chrono::steady_clock::now();
     namespace fs = std::filesystem;
     const std::int64_t N = o->w.tokens;
@@ -59,6 +65,7 @@ void add_capture(CLI::App& app) {
         }
       outputs.push_back({"--out file manifest.json", (fs::path(o->out) / "manifest.json").string()});
       check_outputs_distinct(outputs, {{"--model", t.model_path}, {"--text", t.text_path}});
+      check_transforms(xp, t.hp, t.file.architecture() == "numattn-mla");
       const std::int64_t per_layer =
           checked_mul(checked_mul(t.hp.n_head + 2 * t.hp.n_head_kv, N, "capture size"), t.hp.head_dim, "capture size");
       check_memory(4 * static_cast<std::uint64_t>(per_layer) * t.layers.size(), "the captured q/k/v");
@@ -67,7 +74,7 @@ void add_capture(CLI::App& app) {
     const std::vector<std::int64_t>& layers = w.layers;
     const std::int64_t Hq = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim;
     const std::vector<LayerTensors> t = capture_layers(w, o->pre_rope ? RopeState::kPre : RopeState::kPost,
-                                                       !o->w.no_progress, "capture", ctx);
+                                                       !o->w.no_progress, "capture", ctx, xp);
     std::error_code ec;
     fs::create_directories(o->out, ec);
     NUMATTN_CHECK(!ec && fs::is_directory(o->out), "--out: cannot create directory '{}': {}", o->out,
@@ -91,6 +98,7 @@ void add_capture(CLI::App& app) {
     m["version"] = 1;
     m["model"] = w.model_path;
     m["model_name"] = w.file.get_string("general.name", "");
+    m["transform"] = xp.canonical();
     m["text"] = w.text_path;
     m["text_tokens"] = w.text_tokens;
     m["offset"] = o->w.offset;
@@ -131,6 +139,7 @@ void add_capture(CLI::App& app) {
     Row row;
     row["out"] = o->out;
     row["model"] = w.model_path;
+    row["transform"] = xp.canonical();
     row["text"] = w.text_path;
     row["offset"] = o->w.offset;
     row["tokens"] = N;

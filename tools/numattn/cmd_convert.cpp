@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "mla_cli.h"
 #include "tensor_cli.h"
+#include "transform_cli.h"
 #include "numattn/core/file_io.h"
 #include "numattn/gguf/gguf.h"
 #include "numattn/model/bda_model.h"
@@ -19,29 +20,32 @@
 #include "numattn/model/mla_model.h"
 #include "numattn/model/tensor_convert.h"
 #include "numattn/model/tokenizer.h"
+#include "numattn/model/transform_model.h"
 
 namespace numattn::cli {
 
 namespace {
 struct ConvertOptions {
-  std::string model = "default", bda = "vo", out, format = "md", tensor;
+  std::string model = "default", out, format = "md";
   double kappa_threshold = 1e4;
   int threads = 0;
   bool no_progress = false;
-  MlaCliOptions mla;
+  TransformCliOptions xf;
 };
 }  // namespace
 
 void add_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertOptions>();
   auto* sub = app.add_subcommand(
-      "convert", "rewrite a GGUF Llama model with BD Attention (lossless VO pair), convert its "
-                 "attention to MLA (--mla-rank), or compress it with a tensor decomposition "
-                 "(--tensor), and write it as GGUF; numattn loads the result like any model");
+      "convert", "rewrite a GGUF Llama model with one transform (--transform: BD Attention, the "
+                 "default, bda(pairs=vo,coef=f32); MLA conversion, mla(...); or a tensor compression, "
+                 "tensor.*(...)), and write it as GGUF with the pipeline under numattn.transform; "
+                 "numattn loads the result like any model");
   sub->add_option("--model", o->model, "GGUF file, or 'default'")->capture_default_str();
-  sub->add_option("--bda", o->bda, "pairs to rewrite: vo | qk | qkvo (qk is refused for RoPE "
-                                   "models); not with --mla-rank")
-      ->capture_default_str()
+  sub->add_option("--transform", o->xf.transform,
+                  "the transform written (`numattn transforms`): one stage, bda(pairs=...,coef=f32) (the "
+                  "file stores the BD form in float32), mla(...) or tensor.*(...)");
+  sub->add_option("--bda", o->xf.bda, "deprecated alias of --transform \"bda(pairs=...,coef=f32)\": vo | qk | qkvo")
       ->check(CLI::IsMember({"vo", "qk", "qkvo"}));
   sub->add_option("--kappa-threshold", o->kappa_threshold,
                   "KV heads whose basis block has a larger condition number stay dense")
@@ -51,37 +55,43 @@ void add_convert(CLI::App& app) {
                   "previous file intact; must not be the --model file)")
       ->required();
   sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
-  add_mla_options(*sub, o->mla);
-  sub->add_option("--tensor", o->tensor,
-                  std::string("write the tensor-compressed model (as `ppl --tensor SPEC`) as a "
-                              "numattn-tensor GGUF: the float32 factors, every untouched tensor copied "
-                              "byte for byte (model/tensor_convert.h); not with --bda/--mla-rank. ") +
-                      transform::tensor_spec_grammar());
+  add_mla_options(*sub, o->xf.mla);
+  add_tensor_alias_option(*sub, o->xf.tensor);
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
     NUMATTN_CHECK_OPTION(o->kappa_threshold >= 0, "kappa-threshold",
                          "must be >= 0 (below 1 every head stays dense, as κ >= 1; inf keeps none "
                          "dense), got {}", o->kappa_threshold);
     ExecContext ctx{o->threads};
-    std::optional<transform::TensorSpec> tspec;
-    if (!o->tensor.empty()) {
-      tspec = transform::parse_tensor_spec(o->tensor);
-      NUMATTN_CHECK_OPTION(sub->count("--bda") == 0 && !o->mla.requested(), "tensor",
-                           "cannot be combined with --bda or --mla-rank in one file");
-    }
-    check_mla_options(*sub, o->mla);
+    // The older form wrote the BD form in float32 whatever --bda-coef said: its alias says so.
+    TransformCliOptions xf = o->xf;
+    xf.bda_coef = "f32";
+    transform::TransformPipeline xp = resolve_transforms(*sub, xf);
+    if (xp.empty()) xp = transform::parse_transforms("bda(pairs=vo,coef=f32)");
+    NUMATTN_CHECK_OPTION(xp.stages.size() == 1, "transform",
+                         "'{}': one file holds one transform (the file layouts store an MLA, a BDA or a "
+                         "tensor-compressed model; BDA on an MLA model runs at load: ppl --model X.gguf "
+                         "--transform \"bda(...)\")", xp.canonical());
+    NUMATTN_CHECK_OPTION(!xp.bda || xp.bda->coef == "f32", "transform",
+                         "'{}': the file stores the BD form in float32: give coef=f32", xp.canonical());
+    const std::optional<transform::TensorSpec> tspec = xp.tensor;
+    // A file made from a converted file records both pipelines.
+    auto recorded = [&](const GgufFile& src) {
+      const std::string before = src.get_string(transform::kTransformKey, "");
+      return before.empty() ? xp.canonical() : before + "|" + xp.canonical();
+    };
     const std::string path = resolve_model_path(o->model);
     check_output_options(*sub, {{"--out", o->out, OutputKind::kFile}}, {{"--model", path}});
     if (tspec) {
       auto src = std::make_shared<const GgufFile>(GgufFile::open(path));
       NUMATTN_CHECK_OPTION(src->architecture() == "llama", "tensor", "{} is a '{}' model; --tensor needs a plain llama model",
                            path, src->architecture());
-      check_tensor_spec(*tspec, LlamaModel::read_hparams(*src));
+      check_transforms(xp, LlamaModel::read_hparams(*src), false);
       const LlamaModel model = LlamaModel::load(src, ctx, WeightStorage::kInPlace);
       TensorModelReport rep;
       TensorFactors fac;
       const LlamaModel compressed = compress_model_tensor(model, *tspec, ctx, &rep, &fac);
-      write_tensor_gguf(*src, fac, o->out);
+      write_tensor_gguf(*src, fac, o->out, recorded(*src));
       // Read it back: the rebuilt weights must be the ones the compression ran.
       const LlamaModel back = LlamaModel::load(o->out, ctx, WeightStorage::kInPlace);
       for (std::size_t l = 0; l < back.weights().layers.size(); ++l) {
@@ -94,23 +104,21 @@ void add_convert(CLI::App& app) {
       Row row;
       row["model"] = path;
       row["out"] = o->out;
+      row["transform"] = recorded(*src);
       add_tensor_columns(row, rep, o->format == "json");
       row["bytes_source"] = src->file_size();
       row["bytes_out"] = GgufFile::open(o->out).file_size();
       print_table(std::cout, {row}, parse_format(o->format), true);
       return;
     }
-    if (o->mla.requested()) {
-      NUMATTN_CHECK_OPTION(sub->count("--bda") == 0, "bda",
-                           "cannot be combined with --mla-rank in one file (BDA on an MLA model "
-                           "runs at load: ppl --model X.gguf --bda qk|vo|qkvo)");
+    if (xp.mla) {
       auto src = std::make_shared<const GgufFile>(GgufFile::open(path));
-      check_mla_against_model(o->mla, LlamaModel::read_hparams(*src), src->architecture() == "numattn-mla");
+      check_transforms(xp, LlamaModel::read_hparams(*src), src->architecture() == "numattn-mla");
       const Tokenizer tok = Tokenizer::from_gguf(*src);
       // In place: the conversion dequantizes Wq|Wk|Wv one layer at a time, the rest is copied.
       LlamaModel model = LlamaModel::load(src, ctx, WeightStorage::kInPlace);
-      const MlaCliResult res = convert_for_cli(model, tok, o->mla, kMlaCalibChunk, ctx, !o->no_progress);
-      write_mla_gguf(*src, model, o->mla.options(), o->out);
+      const MlaStageResult res = apply_mla_stage(model, tok, *xp.mla, ctx, !o->no_progress);
+      write_mla_gguf(*src, model, xp.mla->options, o->out, recorded(*src));
       // Read it back: the written file must load and give the same MLA weights.
       LlamaModel back = LlamaModel::load(o->out, ctx, WeightStorage::kInPlace);
       for (std::size_t l = 0; l < back.weights().layers.size(); ++l) {
@@ -124,7 +132,8 @@ void add_convert(CLI::App& app) {
       row["model"] = path;
       row["out"] = o->out;
       row["layers"] = back.hparams().n_layer;
-      add_mla_columns(row, o->mla, res);
+      row["transform"] = recorded(*src);
+      add_mla_columns(row, *xp.mla, res);
       row["kv_bytes_per_token"] = back.kv_bytes_per_token();
       row["kv_bytes_per_token_gqa"] = res.report.kv_bytes_gqa;
       row["kv_ratio"] = static_cast<double>(back.kv_bytes_per_token()) / static_cast<double>(res.report.kv_bytes_gqa);
@@ -134,14 +143,14 @@ void add_convert(CLI::App& app) {
     GgufFile src = GgufFile::open(path);
     NUMATTN_CHECK_OPTION(src.architecture() != "numattn-mla", "bda",
                          "{} is an MLA model: its BDA form is not stored in a file (BDA on an MLA "
-                         "model runs at load: ppl --model X.gguf --bda qk|vo|qkvo)", path);
+                         "model runs at load: ppl --model X.gguf --transform \"bda(...)\")", path);
     LlamaModel model = LlamaModel::load(src, ctx);
     const auto t0 = std::chrono::steady_clock::now();
     transform::BdaOptions opt;
     opt.kappa_threshold = o->kappa_threshold;
-    const ModelBdaReport rep = apply_bda(model, o->bda, opt);
+    const ModelBdaReport rep = apply_bda(model, xp.bda->pairs, opt, parse_bda_coef(xp.bda->coef));
     const double bda_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    write_bda_gguf(src, model, o->out);
+    write_bda_gguf(src, model, o->out, recorded(src));
     // Read it back: the written file must load and give the same weights.
     LlamaModel back = LlamaModel::load(o->out, ctx, WeightStorage::kF32);
     for (std::size_t l = 0; l < back.weights().layers.size(); ++l) {
@@ -153,6 +162,7 @@ void add_convert(CLI::App& app) {
     Row row;
     row["model"] = path;
     row["out"] = o->out;
+    row["transform"] = recorded(src);
     row["bda"] = rep.pairs;
     row["layers"] = rep.layers.size();
     row["params_before"] = rep.params_before;

@@ -6,11 +6,13 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "transform_cli.h"
 #include "numattn/gguf/gguf.h"
 #include "numattn/model/bench_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/llama.h"
 #include "numattn/model/tokenizer.h"
+#include "numattn/model/transform_model.h"
 #include "numattn/quant/qgemv.h"
 
 namespace numattn::cli {
@@ -22,6 +24,7 @@ struct GenerateOptions {
   std::int64_t max_tokens = 32;
   int threads = 0;
   bool chat = false;
+  TransformCliOptions xf;
 };
 }  // namespace
 
@@ -48,9 +51,11 @@ void add_generate(CLI::App& app) {
       ->check(CLI::IsMember({"f16", "bf16", "f32"}));
   sub->add_flag("--chat", o->chat,
                 "wrap the prompt in the chat turns its vocabulary marks (ChatML <|im_start|>... or Gemma <start_of_turn>...) and stop at the end of the model's turn");
+  add_transform_options(*sub, o->xf, {false, false, false});
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
     ExecContext ctx{o->threads};
+    const transform::TransformPipeline xp = resolve_transforms(*sub, o->xf);
     // Every request check comes before the model's weights are read (a few seconds): the
     // flags alone first, then the prompt's length against the file's trained context.
     check_generation(o->max_tokens);
@@ -66,6 +71,7 @@ void add_generate(CLI::App& app) {
     const auto t_open = std::chrono::steady_clock::now();
     auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
     const ModelHParams hp = LlamaModel::read_hparams(*file);
+    check_transforms(xp, hp, file->architecture() == "numattn-mla");
     const Tokenizer tok = Tokenizer::from_gguf(*file);
     std::string prompt = o->prompt;
     if (o->chat) prompt = tok.chat_prompt(prompt);
@@ -79,6 +85,7 @@ void add_generate(CLI::App& app) {
     check_model_attention("attn", o->attn, hp, 1, n_prompt + o->max_tokens, "decode step's");
     const auto t_load = std::chrono::steady_clock::now();
     LlamaModel model = LlamaModel::load(file, ctx, parse_weight_storage(o->weights));
+    apply_transforms(model, tok, xp, ctx, true);
     model.set_attention(o->attn);
     model.set_activations(act);
     KvType kv = parse_kv_type(o->kv);
@@ -108,9 +115,10 @@ void add_generate(CLI::App& app) {
     if (md) {
       std::cout << std::endl;
       std::fprintf(stderr,
-                   "[%zu prompt + %zu generated tokens in %.2f s, attn %s, weights %s, kv %s, load %.3f s, "
+                   "[%zu prompt + %zu generated tokens in %.2f s, attn %s, weights %s, kv %s%s%s, load %.3f s, "
                    "peak RSS %.1f MiB]\n",
                    ids.size(), out.size(), s, model.attention_spec().c_str(), o->weights.c_str(), to_string(kv),
+                   xp.empty() ? "" : ", transform ", xp.canonical().c_str(),
                    std::chrono::duration<double>(t_ready - t_load).count(),
                    static_cast<double>(peak_resident_bytes()) / (1024.0 * 1024.0));
       return;
@@ -124,6 +132,7 @@ void add_generate(CLI::App& app) {
     row["seconds"] = s;
     row["tokens_per_s"] = out.empty() ? 0.0 : static_cast<double>(out.size()) / s;
     row["attn"] = model.attention_spec();
+    row["transform"] = xp.canonical();
     row["weights"] = o->weights;
     row["activations"] = o->activations;
     row["kv"] = to_string(kv);

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "numattn/gguf/gguf.h"
 #include "numattn/gguf/tensor_data.h"
+#include "numattn/transform/pipeline.h"
 #include "numattn/model/data.h"
 
 namespace numattn::cli {
@@ -109,6 +110,16 @@ void run_gguf_info(const GgufInfoOptions& o) {
     tensor_rows.push_back(std::move(r));
   }
 
+  // The pipeline `convert` recorded (transform/pipeline.h), read back through the parser: its
+  // canonical form, or why it does not parse.
+  std::string xform = f.get_string(transform::kTransformKey, "");
+  if (!xform.empty()) {
+    try {
+      xform = transform::parse_transforms(xform).canonical();
+    } catch (const Error& e) {
+      xform += fmt::format(" (does not parse: {})", e.what());
+    }
+  }
   if (fmt == Format::kJson) {
     nlohmann::ordered_json j;
     j["file"] = path;
@@ -118,6 +129,7 @@ void run_gguf_info(const GgufInfoOptions& o) {
     j["data_offset"] = f.data_offset();
     j["metadata_count"] = f.metadata().size();
     j["tensor_count"] = f.tensors().size();
+    if (!xform.empty()) j["transform"] = xform;
     nlohmann::ordered_json md = nlohmann::ordered_json::object();
     for (const auto& [k, v] : f.metadata()) {
       nlohmann::ordered_json e;
@@ -140,7 +152,9 @@ void run_gguf_info(const GgufInfoOptions& o) {
   std::cout << "# " << path << "\n\n"
             << "GGUF v" << f.version() << ", " << f.file_size() << " bytes, alignment "
             << f.alignment() << ", data at byte " << f.data_offset() << ", " << f.metadata().size()
-            << " metadata keys, " << f.tensors().size() << " tensors\n\n## metadata\n\n";
+            << " metadata keys, " << f.tensors().size() << " tensors\n\n";
+  if (!xform.empty()) std::cout << "Made by the model transforms " << xform << "\n\n";
+  std::cout << "## metadata\n\n";
   std::vector<Row> kv_rows;
   for (const auto& [k, v] : f.metadata()) {
     Row r;

@@ -14,6 +14,7 @@
 #include "dist_cli.h"
 #include "mla_cli.h"
 #include "tensor_cli.h"
+#include "transform_cli.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/file_io.h"
 #include "numattn/core/memory.h"
@@ -25,18 +26,18 @@
 #include "numattn/model/mla_model.h"
 #include "numattn/model/ppl.h"
 #include "numattn/model/tokenizer.h"
+#include "numattn/model/transform_model.h"
 
 namespace numattn::cli {
 
 namespace {
 struct PplCliOptions {
   std::string model = "default", text = "default", attn = "exact.flash", baseline, format = "md",
-              bos = "auto", bda = "none", bda_coef = "q8_0", weights = "gguf", tensor,
-              activations = "f32", kv = "f32";
+              bos = "auto", weights = "gguf", activations = "f32", kv = "f32";
   std::int64_t ctx = 512, chunks = -1;
   int threads = 0;
   bool no_progress = false, allow_long_ctx = false;
-  MlaCliOptions mla;
+  TransformCliOptions xf;
 };
 }  // namespace
 
@@ -66,20 +67,6 @@ void add_ppl(CLI::App& app) {
                   "first token of each chunk: auto (replaced by BOS if the vocabulary's "
                   "add_bos_token is set, as llama.cpp), replace (always), keep (never)")
       ->capture_default_str();
-  sub->add_option("--bda", o->bda,
-                  "apply BD Attention at load: none | vo | qk | qkvo (qk needs position-free Q/K "
-                  "dimensions and is refused for RoPE models; on an MLA model (--mla-rank or an "
-                  "MLA file) qk rewrites the NoPE QK pair and vo each head's W_uv[h] with its W_o "
-                  "block); KL is then measured against the dense model")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"none", "vo", "qk", "qkvo"}));
-  sub->add_option("--bda-coef", o->bda_coef,
-                  "storage of the VO pair's BD coefficients and W_o' with --weights gguf: q8_0 (re-quantized "
-                  "to Q8_0: the model stays quantized at a small cost), source (to the source tensors' "
-                  "types: a 4-bit source loses much, model/bda_model.h) or f32 (float32, the exact "
-                  "rewrite of the loaded weights)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"q8_0", "source", "f32"}));
   sub->add_option("--weights", o->weights,
                   "weight storage: gguf (the file's encoding, read in place) or f32 (dequantized "
                   "at load: the exactness reference)")
@@ -92,8 +79,7 @@ void add_ppl(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f16", "bf16", "f32"}));
   sub->add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
-  add_mla_options(*sub, o->mla);
-  add_tensor_option(*sub, o->tensor);
+  add_transform_options(*sub, o->xf);
   add_common(*sub, &o->threads, &o->format);
   sub->callback([o, sub] {
     ExecContext ctx{o->threads};
@@ -114,8 +100,7 @@ void add_ppl(CLI::App& app) {
     const Activations act = check_activations_option(o->activations, o->weights).at(0);
     NUMATTN_CHECK_OPTION(split_list(o->activations).size() == 1, "activations", "takes one value, got '{}'",
                          o->activations);
-    check_mla_options(*sub, o->mla);
-    const std::optional<transform::TensorSpec> tspec = parse_tensor_option(o->tensor, o->bda, o->mla.requested());
+    const transform::TransformPipeline xp = resolve_transforms(*sub, o->xf);
     const std::string mpath = resolve_model_path(o->model);
     const std::string tpath = resolve_text_path(o->text);
     const std::string text =
@@ -123,8 +108,8 @@ void add_ppl(CLI::App& app) {
     GgufFile file = GgufFile::open(mpath);
     const ModelHParams hp = LlamaModel::read_hparams(file);
     check_ppl_options(po, &hp);
-    check_mla_against_model(o->mla, hp, file.architecture() == "numattn-mla");
-    if (tspec) check_tensor_spec(*tspec, hp, o->mla.requested() || file.architecture() == "numattn-mla");
+    check_transforms(xp, hp, file.architecture() == "numattn-mla");
+    const std::string file_transform = file.get_string(transform::kTransformKey, "");
     // Each method must be able to run the model's problem (a chunk: ctx causal queries, GQA),
     // asked of its own can_run before the weights load.
     check_model_attention("attn", po.attn, hp, po.ctx, po.ctx, "chunk's");
@@ -140,39 +125,40 @@ void add_ppl(CLI::App& app) {
     t0 = std::chrono::steady_clock::now();
     LlamaModel model = LlamaModel::load(std::make_shared<const GgufFile>(std::move(file)), ctx,
                                         parse_weight_storage(o->weights));
-    // --mla-rank: the GQA model converted at load (model/mla_convert.h); the GQA original is
-    // the KL baseline, run with a KV cache of its own shape.
+    // The stages of --transform in order, each keeping the model before it as the KL baseline.
+    // mla: the GQA model converted at load (model/mla_convert.h); the GQA original is the KL
+    // baseline, run with a KV cache of its own shape.
     std::unique_ptr<LlamaModel> gqa;
-    MlaCliResult mla;
-    if (o->mla.requested()) {
-      NUMATTN_CHECK_OPTION(!model.has_mla(), "mla-rank", "the model {} is already an MLA model", mpath);
+    MlaStageResult mla;
+    if (xp.mla) {
       if (!model.weights().in_place())
         check_memory(4 * static_cast<std::uint64_t>(hp.weight_count(model.weights().output.empty())),
-                     "a GQA copy of the model (the KL baseline of --mla-rank)");
+                     "a GQA copy of the model (the KL baseline of mla)");
       gqa = std::make_unique<LlamaModel>(model);
-      mla = convert_for_cli(model, tok, o->mla, kMlaCalibChunk, ctx, po.progress);
+      mla = apply_mla_stage(model, tok, *xp.mla, ctx, po.progress);
     }
-    if (model.has_mla()) model.set_mla_exec(parse_mla_exec(o->mla.exec));
+    const std::string mla_exec = xp.mla ? xp.mla->exec : o->xf.mla.exec;
+    if (model.has_mla()) model.set_mla_exec(parse_mla_exec(mla_exec));
     std::unique_ptr<LlamaModel> dense;
     ModelBdaReport bda;
-    if (o->bda != "none") {
+    if (xp.bda) {
       // The baseline of the KL divergence: a second copy of the model (of every weight with
       // f32 storage; in place, copies share the mapped file).
       if (!model.weights().in_place())
         check_memory(4 * static_cast<std::uint64_t>(hp.weight_count(model.weights().output.empty())),
-                     "a dense copy of the model (the KL baseline of --bda)");
+                     "a dense copy of the model (the KL baseline of bda)");
       dense = std::make_unique<LlamaModel>(model);
-      bda = apply_bda(model, o->bda, {}, parse_bda_coef(o->bda_coef));
+      bda = apply_bda(model, xp.bda->pairs, {}, parse_bda_coef(xp.bda->coef));
     }
-    // --tensor: the compressed model replaces the loaded one (with --mla-rank, the MLA model),
-    // which stays as the KL baseline.
+    // tensor.*: the compressed model replaces the loaded one (after mla, the MLA model), which
+    // stays as the KL baseline.
     TensorModelReport tensor;
-    if (tspec) {
+    if (xp.tensor) {
       if (!model.weights().in_place())
         check_memory(4 * static_cast<std::uint64_t>(hp.weight_count(model.weights().output.empty())),
-                     "a dense copy of the model (the KL baseline of --tensor)");
+                     "a dense copy of the model (the KL baseline of tensor)");
       dense = std::make_unique<LlamaModel>(model);
-      model = compress_model_tensor(*dense, *tspec, ctx, &tensor);
+      model = compress_model_tensor(*dense, *xp.tensor, ctx, &tensor);
     }
     // --activations q8: the model (and the baseline of a transform, so that its KL measures the
     // transform alone) multiplies 8-bit activations; without another baseline model, the same
@@ -221,14 +207,16 @@ void add_ppl(CLI::App& app) {
     row["ppl_baseline"] = r.has_baseline ? Row(r.ppl_baseline) : Row();
     bool file_bda = false;
     for (const DecoderLayer& d : model.layers()) file_bda |= d.attn->kind() == "bd-v";
-    row["bda"] = o->bda != "none" ? o->bda : (file_bda ? "vo (stored in the file)" : "none");
+    row["transform"] = xp.canonical();
+    if (!file_transform.empty()) row["file_transform"] = file_transform;
+    row["bda"] = xp.bda ? xp.bda->pairs : (file_bda ? "vo (stored in the file)" : "none");
     const std::int64_t kv_gqa = 2 * hp.n_layer * hp.n_head_kv * hp.head_dim * 4;
     row["kv"] = to_string(r.kv);
     row["baseline_kv"] = r.has_baseline ? Row(to_string(r.baseline_kv)) : Row();
     row["kv_bytes_per_token"] = model.kv_bytes_per_token(r.kv);
     row["kv_bytes_per_token_gqa"] = kv_gqa;
     row["kv_ratio"] = static_cast<double>(model.kv_bytes_per_token(r.kv)) / static_cast<double>(kv_gqa);
-    if (model.has_mla()) row["mla_exec"] = o->mla.exec;
+    if (model.has_mla()) row["mla_exec"] = mla_exec;
     if (r.has_baseline) {
       // Largest per-token log-prob difference against the baseline (the exactness check of an
       // exact rewrite: ΔPPL alone can hide cancelling errors).
@@ -237,14 +225,14 @@ void add_ppl(CLI::App& app) {
         dmax = std::max(dmax, std::abs(r.nll[i] - r.base_nll[i]));
       row["logprob_max_abs_diff"] = dmax;
     }
-    if (o->mla.requested()) {
-      add_mla_columns(row, o->mla, mla);
+    if (xp.mla) {
+      add_mla_columns(row, *xp.mla, mla);
       if (!dense) {
         row["baseline"] = "GQA model, " + r.baseline_spec;
         row["ppl_rel_change"] = (r.ppl - r.ppl_baseline) / r.ppl_baseline;
       }
     }
-    if (o->bda != "none") {
+    if (xp.bda) {
       row["baseline"] = std::string(model.has_mla() ? "dense MLA model, " : "dense model, ") + r.baseline_spec;
       row["ppl_rel_change"] = (r.ppl - r.ppl_baseline) / r.ppl_baseline;
       row["bda_params_before"] = bda.params_before;
@@ -259,11 +247,11 @@ void add_ppl(CLI::App& app) {
         row["bda_up_macs_per_token_before"] = bda.up_macs_before;
         row["bda_up_macs_per_token_after"] = bda.up_macs_before - bda.macs_saved_per_token;
         row["bda_macs_saved_per_token"] = bda.macs_saved_per_token;
-        row["bda_macs_unit"] = o->mla.exec == "naive" ? "per cached token and forward pass (naive)"
+        row["bda_macs_unit"] = mla_exec == "naive" ? "per cached token and forward pass (naive)"
                                                       : "per query token (absorbed)";
       }
     }
-    if (tspec) {
+    if (xp.tensor) {
       row["baseline"] = "uncompressed model, " + r.baseline_spec;
       row["ppl_rel_change"] = (r.ppl - r.ppl_baseline) / r.ppl_baseline;
       add_tensor_columns(row, tensor, o->format == "json");

@@ -30,6 +30,7 @@
 #include "numattn/gguf/gguf.h"
 #include "numattn/model/data.h"
 #include "numattn/model/llama.h"
+#include "numattn/transform/pipeline.h"
 
 extern char** environ;
 
@@ -110,6 +111,7 @@ struct ReportOptions {
   bool full = false, no_progress = false, no_model = false, no_long = false;
   int threads = 0;
   Settings user;  // empty / 0: the preset's value
+  std::vector<std::string> transforms;  // --transform: one ppl row each
 };
 
 // One measurement: `numattn ARGS > DIR/OUT` (OUT empty: the command writes its own files).
@@ -390,7 +392,10 @@ void add_report(CLI::App& app) {
   sub->add_option("--bd-tokens", u.bd_tokens, "bd-study tokens (quick 128, full 256)")
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--mla-ranks", u.mla_ranks,
-                  "latent ranks of the MLA table (list; used when `numattn ppl` has --mla-rank)");
+                  "latent ranks of the MLA table (list; each a `ppl --transform \"mla(rank=R)\"` row)");
+  sub->add_option("--transform", o->transforms,
+                  "a model transform pipeline (`numattn transforms`, e.g. \"mla(rank=128)|bda(pairs=qk)\"): "
+                  "one perplexity and KL row of the model-transforms table (repeatable)");
   sub->add_option("--analyze-tokens", u.analyze_tokens, "tokens of `numattn analyze` (309, the survey's §9)")
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--analyze-layers", u.analyze_layers, "layers of `numattn analyze` (quick 0, the captured layer, L-1; full all)");
@@ -476,6 +481,15 @@ void add_report(CLI::App& app) {
     const std::vector<std::string> user_ppl_specs = s.ppl_methods.empty() || o->no_model
                                                         ? std::vector<std::string>{}
                                                         : specs_of("ppl-methods", s.ppl_methods);
+    // Checked before anything runs, by the parser every front-end uses.
+    for (const std::string& t : o->transforms) {
+      NUMATTN_CHECK_OPTION(!o->no_model, "transform", "needs the model (not with --no-model)");
+      try {
+        transform::parse_transforms(t);
+      } catch (const Error& e) {
+        throw OptionError("transform", e.what());
+      }
+    }
     const std::string exe = self_exe();
     const std::string script = find_plots_script(o->plots_script, exe);
     check_output_option("--out", o->out, OutputKind::kDirectory);
@@ -560,7 +574,9 @@ void add_report(CLI::App& app) {
     // What this executable can do, asked of itself (other branches add subcommands and flags).
     const std::string help = runner.probe({"--help"}, "probe_help");
     const bool has_analyze = contains_word(help, "\n  analyze ");
-    const bool has_mla = contains_word(runner.probe({"ppl", "--help"}, "probe_ppl_help"), "--mla-rank");
+    const std::string ppl_help = runner.probe({"ppl", "--help"}, "probe_ppl_help");
+    const bool has_transform = contains_word(ppl_help, "--transform");
+    const bool has_mla = has_transform || contains_word(ppl_help, "--mla-rank");
     const std::vector<MethodEntry> methods = parse_methods(runner.probe({"methods", "--format", "json"}, "probe_methods"));
 
     std::vector<Step> steps;
@@ -633,11 +649,24 @@ void add_report(CLI::App& app) {
                  "perplexity and KL: " + m + (spec != m ? " (global layers; local layers keep their window)" : ""),
                  {"--attn", spec, "--baseline", "exact.flash"}, runs_on_model(spec));
       }
-      ppl_step("bda_ppl_vo", "bda", "BD Attention (VO) on the model", {"--bda", "vo"}, true);
+      // Model transforms as pipeline strings (an executable from before --transform: its flags).
+      ppl_step("bda_ppl_vo", "bda", "BD Attention (VO) on the model",
+               has_transform ? std::vector<std::string>{"--transform", "bda(pairs=vo)"}
+                             : std::vector<std::string>{"--bda", "vo"},
+               true);
       if (has_mla && hp && hp->attention_extras().empty()) {
         fs::create_directories(dir / "data" / "mla", ec);
         for (const auto& r : split_list(s.mla_ranks))
-          ppl_step("mla_rank" + r, "mla", "MLA at latent rank " + r, {"--mla-rank", r}, false);
+          ppl_step("mla_rank" + r, "mla", "MLA at latent rank " + r,
+                   has_transform ? std::vector<std::string>{"--transform", "mla(rank=" + r + ")"}
+                                 : std::vector<std::string>{"--mla-rank", r},
+                   false);
+      }
+      if (!o->transforms.empty()) {
+        fs::create_directories(dir / "data" / "transform", ec);
+        for (std::size_t i = 0; i < o->transforms.size(); ++i)
+          ppl_step("transform_" + std::to_string(i + 1), "transform", "model transforms " + o->transforms[i],
+                   {"--transform", o->transforms[i]}, false);
       }
       if (!o->no_long) {
         // Long context: the swept configurations against exact.flash on the model's own Q/K/V

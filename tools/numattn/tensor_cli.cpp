@@ -2,9 +2,10 @@
 
 namespace numattn::cli {
 
-void add_tensor_option(CLI::App& sub, std::string& spec) {
+void add_tensor_alias_option(CLI::App& sub, std::string& spec) {
   sub.add_option("--tensor", spec,
-                 std::string("compress weights with a tensor decomposition at load (transform/"
+                 std::string("deprecated alias of --transform \"tensor.SCHEME(...)\" (vo-cp:rank=256 is "
+                             "tensor.vo_cp(rank=256)): compress weights with a tensor decomposition at load (transform/"
                              "tensor_heads.h); KL is then measured against the uncompressed model. "
                              "The compressed weights are rebuilt dense in float32 for execution. On an "
                              "MLA model (--mla-rank, or a numattn-mla file) only qk-cp applies, to the "
@@ -41,17 +42,6 @@ void add_tensor_columns(Row& row, const TensorModelReport& rep, bool json) {
     parts.push_back(r);
   }
   row["tensor_parts"] = parts;
-}
-
-std::optional<transform::TensorSpec> parse_tensor_option(const std::string& spec, const std::string& bda,
-                                                         bool mla_requested) {
-  if (spec.empty()) return std::nullopt;
-  transform::TensorSpec t = transform::parse_tensor_spec(spec);
-  NUMATTN_CHECK_OPTION(bda == "none", "tensor", "cannot be combined with --bda");
-  NUMATTN_CHECK_OPTION(!mla_requested || t.scheme == transform::TensorScheme::kQkCp, "tensor",
-                       "with --mla-rank only qk-cp applies (collaborative QK on the MLA NoPE part); "
-                       "{} compresses the GQA model's weights", transform::to_string(t.scheme));
-  return t;
 }
 
 }  // namespace numattn::cli

@@ -10,6 +10,7 @@
 #include "numattn/model/data.h"
 #include "numattn/model/ppl.h"
 #include "numattn/model/tokenizer.h"
+#include "numattn/model/transform_model.h"
 
 namespace numattn::cli {
 
@@ -93,10 +94,20 @@ TextWindow open_text_window(const TextWindowFlags& f, const std::string& out, co
   return w;
 }
 
+std::string capture_refusal(const transform::TransformPipeline& p) {
+  for (const transform::TransformStage& s : p.stages)
+    if (s.info->family != "tensor" || (p.tensor && p.tensor->is_cp()))
+      return s.info->name + " replaces the GQA layers whose q, k, v are captured (only tensor.tucker_* keep them)";
+  return "";
+}
+
 std::vector<LayerTensors> capture_layers(const TextWindow& w, RopeState rope, bool progress, const char* label,
-                                         const ExecContext& ctx) {
+                                         const ExecContext& ctx, const transform::TransformPipeline& transforms) {
   if (progress) std::fprintf(stderr, "%s: loading %s\n", label, w.model_path.c_str());
-  const LlamaModel model = LlamaModel::load(w.file, ctx);
+  LlamaModel model = LlamaModel::load(w.file, ctx);
+  const std::string refusal = capture_refusal(transforms);
+  NUMATTN_CHECK_OPTION(refusal.empty(), "transform", "{}", refusal);
+  if (!transforms.empty()) apply_transforms(model, Tokenizer::from_gguf(w.file), transforms, ctx, progress);
   const auto N = static_cast<index_t>(w.tokens.size());
   const index_t D = w.hp.head_dim;
   std::vector<int> slot(static_cast<std::size_t>(w.hp.n_layer), -1);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "numattn/core/exec.h"
+#include "numattn/transform/pipeline.h"
 #include "numattn/gguf/gguf.h"
 #include "numattn/model/llama.h"
 
@@ -58,9 +59,17 @@ struct LayerTensors {
 };
 enum class RopeState { kPost, kPre, kBoth };
 
-/// Loads the weights and runs one forward pass over the window, keeping the layers of `w.layers`
-/// (in that order). A progress bar `label` over the layers on a terminal (none with --no-progress).
+/// Loads the weights, applies `transforms` (transform/pipeline.h; its stages must keep GQA
+/// layers of the file's head width: see capture_refusal), and runs one forward pass over the
+/// window, keeping the layers of `w.layers` (in that order). A progress bar `label` over the layers
+/// on a terminal (none with --no-progress).
 std::vector<LayerTensors> capture_layers(const TextWindow& w, RopeState rope, bool progress, const char* label,
-                                         const ExecContext& ctx);
+                                         const ExecContext& ctx, const transform::TransformPipeline& transforms = {});
+
+/// Why capture_layers cannot capture the model that `p` makes ("" when it can): the q, k, v it
+/// writes are those of GQA layers of the file's head width, which the mla and bda stages replace
+/// by layers of other forms, and tensor.vo_cp / tensor.qk_cp by wider heads; the tensor.tucker_*
+/// stages keep them.
+std::string capture_refusal(const transform::TransformPipeline& p);
 
 }  // namespace numattn::cli

@@ -93,6 +93,9 @@ std::int64_t gguf_block_index(const std::string& name, const std::string& suffix
 /// Writes `bda_model` (made by apply_bda from the model in `source`) as a GGUF file next to
 /// the source's metadata and untouched tensors (see the layout above). The file is written
 /// atomically (core/file_io.h); a `path` that is the source file itself is refused.
-void write_bda_gguf(const GgufFile& source, const LlamaModel& bda_model, const std::string& path);
+/// `transform`: the canonical transform pipeline it was made with (transform/pipeline.h), stored
+/// under `numattn.transform` when not empty.
+void write_bda_gguf(const GgufFile& source, const LlamaModel& bda_model, const std::string& path,
+                    const std::string& transform = "");
 
 }  // namespace numattn

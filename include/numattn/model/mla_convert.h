@@ -77,7 +77,9 @@ MlaModelReport convert_model_to_mla(LlamaModel& model,
 
 /// Writes `mla_model` (converted from the model in `source` with `opt`) as a `numattn-mla`
 /// GGUF file (layout above), atomically; refuses `path` == the source file.
+/// `transform`: the canonical transform pipeline it was made with (transform/pipeline.h), stored
+/// under `numattn.transform` when not empty.
 void write_mla_gguf(const GgufFile& source, const LlamaModel& mla_model,
-                    const transform::MlaOptions& opt, const std::string& path);
+                    const transform::MlaOptions& opt, const std::string& path, const std::string& transform = "");
 
 }  // namespace numattn

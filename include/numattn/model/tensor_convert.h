@@ -72,6 +72,9 @@ LlamaModel finish_tensor_model(const GgufFile& f, const ModelHParams& hp, LlamaW
 /// Writes the compressed model given by `factors` (from compress_model_tensor on the model of
 /// `source`) as a numattn-tensor file, atomically; refuses `path` == the source file, a source
 /// that is not a plain `llama` file, and factors that do not match its hyper-parameters.
-void write_tensor_gguf(const GgufFile& source, const TensorFactors& factors, const std::string& path);
+/// `transform`: the canonical transform pipeline it was made with (transform/pipeline.h), stored
+/// under `numattn.transform` when not empty.
+void write_tensor_gguf(const GgufFile& source, const TensorFactors& factors, const std::string& path,
+                       const std::string& transform = "");
 
 }  // namespace numattn

@@ -1,0 +1,59 @@
+/// @file transform_model.h
+/// A transform pipeline (transform/pipeline.h) applied to a loaded Llama model: the one place
+/// where the stages of `--transform` (CLI) and `Model.load(transform=...)` (Python) run.
+///
+/// Stages run in pipeline order on the model in place: `mla` calibrates the GQA model on its
+/// text (model/mla_convert.h calibrate_mla, chunks of kMlaCalibChunk tokens, each from an empty
+/// cache) and converts every layer; `bda` is apply_bda; `tensor.*` is compress_model_tensor.
+/// Front-ends that keep a baseline copy between stages (`ppl` keeps the model before the last
+/// stage as its KL baseline) call the stage functions one by one.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "numattn/arch/hparams.h"
+#include "numattn/core/exec.h"
+#include "numattn/model/bda_model.h"
+#include "numattn/model/llama.h"
+#include "numattn/model/mla_convert.h"
+#include "numattn/model/tensor_model.h"
+#include "numattn/model/tokenizer.h"
+#include "numattn/transform/pipeline.h"
+
+namespace numattn {
+
+/// Tokens per calibration chunk, the same for every front-end so that they convert a model
+/// identically.
+inline constexpr std::int64_t kMlaCalibChunk = 512;
+
+/// The refusals that depend only on the pipeline and the model's header, before its weights are
+/// read: `mla` on an MLA file or on attention with per-head extras (a norm of k after its
+/// projection cannot act on a shared latent), rope_heads above the KV head count, freqfold not
+/// dividing n_rot/2; the tensor stage's check_tensor_spec. Throws numattn::OptionError("transform").
+void check_transforms(const transform::TransformPipeline& p, const ModelHParams& hp, bool file_is_mla);
+
+struct MlaStageResult {
+  MlaModelReport report;
+  std::int64_t calib_tokens = 0;  ///< tokens actually used (the text may be shorter)
+  double calib_s = 0;
+};
+
+/// The `mla` stage: calibrates `model` (GQA) on the last calib_tokens tokens of the calib text,
+/// converts it in place and sets its MLA execution. Progress on stderr when `progress` and
+/// stderr is a terminal.
+MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const transform::MlaStage& s,
+                               const ExecContext& ctx, bool progress);
+
+/// What apply_transforms did, per stage present.
+struct TransformReport {
+  std::optional<MlaStageResult> mla;
+  std::optional<ModelBdaReport> bda;
+  std::optional<TensorModelReport> tensor;
+};
+
+/// Every stage of `p` in order, in place (check_transforms first).
+TransformReport apply_transforms(LlamaModel& model, const Tokenizer& tok, const transform::TransformPipeline& p,
+                                 const ExecContext& ctx, bool progress = false);
+
+}  // namespace numattn
