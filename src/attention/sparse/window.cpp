@@ -253,7 +253,7 @@ index_t WindowAttention::keys_read(const AttentionProblem& p, index_t i) const {
 }
 
 std::size_t WindowAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
-  static const std::unique_ptr<AttentionMethod> flash = create_method("exact.flash");
+  static const std::unique_ptr<AttentionMethod> flash = create_exact_method();
   const Band bd = band_of(p, params());
   AttentionProblem sub = p;
   sub.window_left = bd.left;
