@@ -584,9 +584,14 @@ LlamaModel LlamaModel::load(const std::string& path, const ExecContext& ctx, Wei
 LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecContext& ctx,
                             WeightStorage storage) {
   NUMATTN_CHECK(file != nullptr, "LlamaModel::load: no file");
-  if (storage == WeightStorage::kF32) return load(*file, ctx);
   const GgufFile& f = *file;
   const ModelHParams hp = read_hparams(f);  // shapes and types of every tensor below checked
+  const bool in_place = storage == WeightStorage::kInPlace;
+  const bool tied = f.find_tensor("output.weight") == nullptr;
+  // Every size below is a checked tensor's: weight_count(tied) bounds them all.
+  if (!in_place)
+    check_memory(static_cast<std::uint64_t>(checked_mul(hp.weight_count(tied), 4, "model weight bytes")),
+                 fmt::format("loading {} ({} float32 weights)", f.path(), hp.weight_count(tied)));
   const std::int64_t E = hp.n_embd, D = hp.head_dim, Hkv = hp.n_head_kv;
   const bool mla = f.architecture() == "numattn-mla";
   const MlaFileDims md = mla ? read_mla_dims(f, hp) : MlaFileDims{};
@@ -594,11 +599,27 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
   const bool tens = f.architecture() == "numattn-tensor";
   const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
   auto keep = [&](const char* kind) { return !tens || !tl.rebuilds(kind); };
+  // One weight matrix made of the row blocks `names` (stacked in order): held in place in the
+  // file's encoding, or dequantized to float32.
+  auto matrix = [&](QuantMatrix& qm, std::vector<float>& fm, std::initializer_list<std::string> names) {
+    if (in_place) {
+      for (const std::string& n : names) append_tensor(qm, f.tensor(n));
+      return;
+    }
+    std::int64_t total = 0;
+    for (const std::string& n : names) total += f.tensor(n).n_elements();
+    fm.resize(static_cast<std::size_t>(total));
+    std::int64_t at = 0;
+    for (const std::string& n : names) {
+      const std::int64_t c = f.tensor(n).n_elements();
+      load_tensor(f, n, fm.data() + at, c, ctx);
+      at += c;
+    }
+  };
   LlamaWeights w;
-  auto q = [&](QuantMatrix& m, const std::string& name) { append_tensor(m, f.tensor(name)); };
-  q(w.token_embd_q, "token_embd.weight");
+  matrix(w.token_embd_q, w.token_embd, {"token_embd.weight"});
   load_tensor(f, "output_norm.weight", w.output_norm, E, ctx);
-  if (f.find_tensor("output.weight")) q(w.output_q, "output.weight");
+  if (!tied) matrix(w.output_q, w.output, {"output.weight"});
   w.layers.resize(static_cast<std::size_t>(hp.n_layer));
   for (std::int64_t l = 0; l < hp.n_layer; ++l) {
     auto& L = w.layers[static_cast<std::size_t>(l)];
@@ -610,24 +631,23 @@ LlamaModel LlamaModel::load(std::shared_ptr<const GgufFile> file, const ExecCont
       // MLA projections are float32 arithmetic of their own (model/mla_model.h).
       L.mla = load_mla_layer(f, l, hp, md, ctx);
     } else if (keep("attn_q")) {
-      q(L.wqkv_q, p + "attn_q.weight");
-      q(L.wqkv_q, p + "attn_k.weight");
       if (f.find_tensor(p + "attn_v_bd.coef")) {
-        // The BD projection is float32 arithmetic of its own (transform/bd_projection.h).
+        // A BDA file (model/bda_model.h) stores the VO pair's fused projection instead of
+        // attn_v; the BD projection is float32 arithmetic of its own (transform/bd_projection.h).
+        matrix(L.wqkv_q, L.wqkv, {p + "attn_q.weight", p + "attn_k.weight"});
         L.v_bd = load_v_bd(f, p, E, Hkv, D, ctx);
       } else {
-        q(L.wqkv_q, p + "attn_v.weight");
+        matrix(L.wqkv_q, L.wqkv, {p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"});
       }
     }
-    if (keep("attn_output")) q(L.wo_q, p + "attn_output.weight");
+    if (keep("attn_output")) matrix(L.wo_q, L.wo, {p + "attn_output.weight"});
     if (keep("ffn_gate")) {
-      q(L.w_gate_up_q, p + "ffn_gate.weight");
-      q(L.w_gate_up_q, p + "ffn_up.weight");
-      q(L.w_down_q, p + "ffn_down.weight");
+      matrix(L.w_gate_up_q, L.w_gate_up, {p + "ffn_gate.weight", p + "ffn_up.weight"});
+      matrix(L.w_down_q, L.w_down, {p + "ffn_down.weight"});
     }
   }
-  w.file = file;
-  if (tens) return finish_tensor_model(*file, hp, std::move(w), ctx);
+  if (in_place) w.file = file;
+  if (tens) return finish_tensor_model(f, hp, std::move(w), ctx);
   return LlamaModel(hp, std::move(w));
 }
 
@@ -723,62 +743,8 @@ ModelHParams LlamaModel::read_hparams(const GgufFile& f) {
 }
 
 LlamaModel LlamaModel::load(const GgufFile& f, const ExecContext& ctx) {
-  const ModelHParams hp = read_hparams(f);
-  const bool tied = f.find_tensor("output.weight") == nullptr;
-  // Every size below is a checked tensor's: weight_count(tied) bounds them all.
-  check_memory(static_cast<std::uint64_t>(checked_mul(hp.weight_count(tied), 4, "model weight bytes")),
-               fmt::format("loading {} ({} float32 weights)", f.path(), hp.weight_count(tied)));
-
-  LlamaWeights w;
-  const std::int64_t E = hp.n_embd, D = hp.head_dim, F = hp.n_ff, Hq = hp.n_head, Hkv = hp.n_head_kv;
-  const bool mla = f.architecture() == "numattn-mla";
-  const MlaFileDims md = mla ? read_mla_dims(f, hp) : MlaFileDims{};
-  const bool tens = f.architecture() == "numattn-tensor";
-  const TensorFileLayout tl = tens ? read_tensor_file_layout(f, hp) : TensorFileLayout{};
-  auto keep = [&](const char* kind) { return !tens || !tl.rebuilds(kind); };
-  load_tensor(f, "token_embd.weight", w.token_embd, hp.n_vocab * E, ctx);
-  load_tensor(f, "output_norm.weight", w.output_norm, E, ctx);
-  if (!tied) load_tensor(f, "output.weight", w.output, hp.n_vocab * E, ctx);
-  w.layers.resize(static_cast<std::size_t>(hp.n_layer));
-  for (std::int64_t l = 0; l < hp.n_layer; ++l) {
-    auto& L = w.layers[static_cast<std::size_t>(l)];
-    const std::string p = "blk." + std::to_string(l) + ".";
-    load_tensor(f, p + "attn_norm.weight", L.attn_norm, E, ctx);
-    load_tensor(f, p + "ffn_norm.weight", L.ffn_norm, E, ctx);
-    load_extra_norms(f, p, hp, L, ctx);
-    if (mla) {
-      L.mla = load_mla_layer(f, l, hp, md, ctx);
-      load_tensor(f, p + "attn_output.weight", L.wo, E * Hq * md.d_v, ctx);
-      L.w_gate_up.resize(static_cast<std::size_t>(2 * F * E));
-      load_tensor(f, p + "ffn_gate.weight", L.w_gate_up.data(), F * E, ctx);
-      load_tensor(f, p + "ffn_up.weight", L.w_gate_up.data() + F * E, F * E, ctx);
-      load_tensor(f, p + "ffn_down.weight", L.w_down, E * F, ctx);
-      continue;
-    }
-    if (keep("attn_q")) {
-      // A BDA file (model/bda_model.h) stores the VO pair's fused projection instead of attn_v.
-      const bool bd = f.find_tensor(p + "attn_v_bd.coef") != nullptr;
-      L.wqkv.resize(static_cast<std::size_t>((bd ? Hq + Hkv : Hq + 2 * Hkv) * D * E));
-      float* q = L.wqkv.data();
-      float* k = q + Hq * D * E;
-      load_tensor(f, p + "attn_q.weight", q, Hq * D * E, ctx);
-      load_tensor(f, p + "attn_k.weight", k, Hkv * D * E, ctx);
-      if (bd) {
-        L.v_bd = load_v_bd(f, p, E, Hkv, D, ctx);
-      } else {
-        load_tensor(f, p + "attn_v.weight", k + Hkv * D * E, Hkv * D * E, ctx);
-      }
-      load_tensor(f, p + "attn_output.weight", L.wo, E * Hq * D, ctx);
-    }
-    if (keep("ffn_gate")) {
-      L.w_gate_up.resize(static_cast<std::size_t>(2 * F * E));
-      load_tensor(f, p + "ffn_gate.weight", L.w_gate_up.data(), F * E, ctx);
-      load_tensor(f, p + "ffn_up.weight", L.w_gate_up.data() + F * E, F * E, ctx);
-      load_tensor(f, p + "ffn_down.weight", L.w_down, E * F, ctx);
-    }
-  }
-  if (tens) return finish_tensor_model(f, hp, std::move(w), ctx);
-  return LlamaModel(hp, std::move(w));
+  // A non-owning pointer: float32 storage keeps no reference to the file.
+  return load(std::shared_ptr<const GgufFile>(std::shared_ptr<const GgufFile>(), &f), ctx, WeightStorage::kF32);
 }
 
 const float* LlamaModel::output_matrix() const {

@@ -1,14 +1,15 @@
 #include "numattn/attention/blocks/dense_softmax.h"
 
-#include "attention/exact/flash.h"
-#include "numattn/attention/registry.h"
+#include "numattn/attention/blocks/flash.h"
 
 namespace numattn::blocks {
 
 void dense_softmax_attention(const AttentionProblem& sub, const ExecContext& ctx) {
-  // One configured instance (its defaults); forward is const and may run concurrently.
-  static const std::unique_ptr<AttentionMethod> flash = create_method("exact.flash");
-  flash->forward(sub, ctx);
+  flash_attention(sub, FlashConfig{}, ctx);
+}
+
+std::size_t dense_softmax_workspace_bytes(const AttentionProblem& sub, int threads) {
+  return flash_workspace_bytes(sub, FlashConfig{}, threads);
 }
 
 }  // namespace numattn::blocks

@@ -1,7 +1,7 @@
 #include "attention/exact/flash.h"
 
-#include "attention/exact/flash_ops.h"
 #include "attention/method_def.h"
+#include "numattn/attention/blocks/flash.h"
 #include "numattn/core/cpu.h"
 
 namespace numattn {
@@ -10,9 +10,8 @@ namespace {
 
 const bool kRegistered = (register_kernel_family("exact.flash", CpuPath::kAvx512), true);
 
-/// The variant of the library's CPU path (core/cpu.h).
-const flash::Ops& ops() {
-  return *pick_isa_variant(flash::portable::ops(), flash::avx2::ops(), flash::avx512::ops());
+blocks::FlashConfig config_of(const ParamValues& pv) {
+  return {pv.get_int("block_q"), pv.get_int("block_k"), pv.get_int("split_kv"), pv.get_int("key_lanes")};
 }
 
 }  // namespace
@@ -67,11 +66,11 @@ const MethodInfo& FlashAttention::describe() {
 Status FlashAttention::can_run(const AttentionProblem& p) const { return AttentionMethod::can_run(p); }
 
 std::size_t FlashAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
-  return ops().workspace_bytes(p, params_, ctx.num_threads());
+  return blocks::flash_workspace_bytes(p, config_of(params_), ctx.num_threads());
 }
 
 void FlashAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
-  ops().forward(p, params_, ctx);
+  blocks::flash_attention(p, config_of(params_), ctx);
 }
 
 NUMATTN_DEFINE_METHOD(FlashAttention)

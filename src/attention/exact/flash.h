@@ -4,63 +4,16 @@
 
 namespace numattn {
 
-/// `exact.flash`: tiled online-softmax attention in float32 (FlashAttention's forward pass).
-///
-/// Shapes: q `[B, Hq, Nq, Dk]`, k `[B, Hkv, Nk, Dk]`, v `[B, Hkv, Nk, Dv]` → out
-/// `[B, Hq, Nq, Dv]`, lse `[B, Hq, Nq, 1]` (problem.h; any row strides, last dim contiguous).
-///
-/// Work item: a block of up to 64 rows of one (batch, kv head), where the rows of a kv head are
-/// the (query, head) pairs of its GQA group, so the query heads that share a K/V tile read it
-/// once (decoding with 8 heads on 1 kv head is one 8-row block). Key/value tiles of `block_k`
-/// keys stream through cache; the running maximum m, normaliser l and unnormalised output are
-/// rescaled by exp(m_old − m_new) as each tile arrives, so no Nq × Nk buffer ever exists.
-/// Tiles that the causal rule or window hide from every row of the block are skipped; tiles
-/// are cut at the edges of the key range every row of the block sees, so only narrow boundary
-/// tiles (or every tile, with a mask) are masked element by element. When there are
-/// fewer blocks than 2 × threads (decoding), each block's key range is split and the partial
-/// (m, l, acc) merge exactly through log-sum-exp, in a fixed order. Threads take work units
-/// (block, split) from a shared counter, grouped by (batch, kv head) and heaviest first within
-/// a group; since a unit's result does not depend on which thread computes it, the output is
-/// bitwise reproducible for a given thread count.
-///
-/// Kernels (flash_kernels.h): query rows sit in the SIMD lanes, so S = K·(scale·Q)ᵀ and
-/// O += Vᵀ·P are register-blocked broadcast-FMA loops that read K and V rows in place, and the
-/// softmax statistics are vertical vector ops. Decoding, where a kv head has fewer rows (G·Nq)
-/// than half a vector, would leave most lanes idle: there the head dimension sits in the lanes
-/// ("key lanes"), a logit is a dot product reduced across lanes, P·V broadcasts a probability
-/// against a V row, and one block holds the rows of as many kv heads as 64 rows allow, so a
-/// tile of the KV cache's [position, kv head, dim] rows is read as one stream (1.1–5× faster
-/// per decode step on AVX2 for G = 1..4, docs/model-runner.md). AVX-512 (16 lanes), AVX2+FMA
-/// (8 lanes) or a portable fallback, each compiled in its own variant unit and chosen at run time
-/// by the library's CPU path (core/cpu.h); all give the same algorithm. The register tile holds
-/// 4 query vectors on AVX-512 and 2 on AVX2 (its 16 registers): each group of keys of a 64-row
-/// block goes through one register tile on AVX-512 and four on AVX2, from L1.
-///
-/// Half-precision K/V (problem.h HalfKv, a KV cache in binary16 or bfloat16): the key-lane
-/// kernels read the 16-bit elements in place, W at a time, widened in registers (F16C's
-/// vcvtph2ps for binary16, a zero-extension and 16-bit shift for bfloat16; a scalar conversion
-/// on the portable path), so a decode step reads half the bytes and converts nothing else;
-/// blocks in query lanes (a prefill) run on a float32 copy of the visible rows (widen_kv,
-/// O(Nk·D) against their O(Nq·Nk·D)). Every half value is a float32, so the result is bitwise
-/// the float32 kernels' on the widened values.
+/// `exact.flash`: tiled online-softmax attention in float32 (FlashAttention's forward pass) —
+/// the method form of the flash block, include/numattn/attention/blocks/flash.h, which documents
+/// the blocking, the schedule, the kernels, the cost and the error.
 ///
 /// Parameters: `block_q` rows per block (rounded up to whole SIMD vectors, at most 64),
 /// `block_k` keys per tile, `split_kv` key-range splits per block (0 = automatic), `key_lanes`
 /// the most rows per kv head that run in key lanes (-1 = automatic: half a vector; 0 = never).
-///
-/// Cost: 2·Nq·Nk·(Dk+Dv) flops per query head (about half for causal), no BLAS calls;
-/// workspace O(threads·64·(Dk + Dv + block_k)) floats plus, when split, 64·(Dv+2) floats per
-/// (block, split). Error: logits are rounded once more than in `exact.naive` (scale folded
-/// into q); probabilities below e^-64 of the row maximum are flushed to 0 (below float32
-/// resolution); P·V is summed per tile and then added to the running output (blocked
-/// summation). Measured at B=1 H=8 N=4096 D=128 (256 rows): rel_fro_error 5.2e-7 vs naive's
-/// 1.0e-6 with plain logits, 2.30e-6 vs 2.30e-6 with logits ×10 (docs/numerics.md).
-/// Edges (problem.h): no pass over K or V looks for NaN, ±inf or overflow; the kernels carry
-/// them into the row instead (exp_cut keeps NaN, l = NaN is not an empty row, and a lane whose
-/// smallest raw logit is -inf, which the softmax would drop without a trace, gets l = NaN), and
-/// `run` settles those rows in float64. Cost: one vector min per logit vector, none per tile.
-/// Dao et al., FlashAttention, NeurIPS 2022; Milakov & Gimelshein, Online normalizer
-/// calculation for softmax, 2018; split-KV as in flash-decoding (Dao et al., 2023).
+/// Measured at B=1 H=8 N=4096 D=128 (256 rows): rel_fro_error 5.2e-7 vs naive's 1.0e-6 with
+/// plain logits, 2.30e-6 vs 2.30e-6 with logits ×10 (docs/numerics.md).
+/// Dao et al., FlashAttention, NeurIPS 2022.
 class FlashAttention final : public AttentionMethod {
  public:
   using AttentionMethod::AttentionMethod;

@@ -8,7 +8,7 @@
 
 #include "attention/method_def.h"
 #include "attention/sparse/kept_keys_budget.h"
-#include "numattn/attention/blocks/dense_softmax.h"
+#include "numattn/attention/blocks/flash.h"
 
 namespace numattn {
 
@@ -49,7 +49,7 @@ const MethodInfo& QuestAttention::describe() {
         "Tang, Zhao, Zhu, Xiao, Kasikci, Han, Quest: Query-Aware Sparsity for Efficient Long-Context "
         "LLM Inference, ICML 2024";
     m.time_complexity = "O(Nq·((Nk/page)·G·Dk + (sinks+recent+pages·page)·(Dk+Dv)))";
-    m.memory_complexity = "O(threads·kept·(Dk+Dv)) + 2·B·Hkv·(Nk/page)·Dk floats of page summaries";
+    m.memory_complexity = "O(B·Hkv·Nq·pages) ranges + 2·B·Hkv·(Nk/page)·Dk floats of page summaries";
     m.params = {
         {"page", ParamType::kInt, "16", 1, 4096, {}, "keys per page"},
         {"pages", ParamType::kInt, "64", 0, 1e9, {}, "pages each row attends to, chosen by their bound"},
@@ -86,11 +86,13 @@ index_t QuestAttention::keys_read(const AttentionProblem& p, index_t i) const {
 
 std::size_t QuestAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
   const Budget bg = budget_of(params());
-  const auto kept = static_cast<std::size_t>(std::min(p.n_kv(), bg.kept() + bg.page));
   const auto pages = static_cast<std::size_t>(p.n_kv() / bg.page);
-  return sizeof(float) * (static_cast<std::size_t>(ctx.num_threads()) *
-                              (kept * static_cast<std::size_t>(p.d_qk() + p.d_v()) + 2 * pages) +
-                          2 * pages * static_cast<std::size_t>(p.batch() * p.kv_heads() * p.d_qk()));
+  const auto groups = static_cast<std::size_t>(p.batch() * p.kv_heads() * p.n_q());
+  // The flash block's scratch (as for a decode step), the chosen ranges of every group, the
+  // summaries.
+  return blocks::flash_workspace_bytes(p, blocks::FlashConfig{}, ctx.num_threads()) +
+         groups * sizeof(KeyRange) * static_cast<std::size_t>(std::min(p.n_kv(), bg.pages + 2)) +
+         sizeof(float) * 2 * pages * static_cast<std::size_t>(p.batch() * p.kv_heads() * p.d_qk());
 }
 
 void QuestAttention::summarise(const AttentionProblem& p) const {
@@ -135,81 +137,65 @@ void QuestAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
   const std::lock_guard<std::mutex> lock(mu_);
   summarise(p);
   const Budget bg = budget_of(params());
-  const index_t B = p.batch(), Hk = p.kv_heads(), G = p.group(), nq = p.n_q(), dk = p.d_qk(), dv = p.d_v();
-  const double scale = p.effective_scale();
+  const index_t B = p.batch(), Hk = p.kv_heads(), G = p.group(), dk = p.d_qk();
+  const auto scale = static_cast<float>(p.effective_scale());
   const Summary& s = sum_;
-  parallel_for(ctx, B * Hk * nq, [&](std::int64_t t) {
-    const index_t qi = t % nq, bh = t / nq, b = bh / Hk, hk = bh % Hk;
+  // The row's key ranges, sorted: all of them, or sinks, the chosen pages of the middle, recent;
+  // adjacent chosen pages coalesce into one range, so the kernel streams runs of the cache.
+  blocks::flash_attention_selected(p, [&](index_t b, index_t hk, index_t qi, std::vector<KeyRange>& out) {
     const KeyRange r = p.key_range(qi);
-    if (r.empty()) {
-      for (index_t g = 0; g < G; ++g) {
-        float* o = p.out.row(b, hk * G + g, qi);
-        std::fill(o, o + dv, 0.f);
-        if (!p.lse.empty()) p.lse(b, hk * G + g, qi, 0) = -std::numeric_limits<float>::infinity();
-      }
+    if (r.empty()) return;
+    if (r.end - r.begin <= bg.kept()) {
+      out.push_back(r);
       return;
     }
-    // The row's key ranges: all of them, or sinks, the chosen pages of the middle, recent.
-    std::vector<KeyRange> ranges;
-    if (r.end - r.begin <= bg.kept()) {
-      ranges.push_back(r);
-    } else {
-      const index_t s_end = r.begin + bg.sinks, r0 = r.end - bg.recent;
-      ranges.push_back({r.begin, s_end});
-      ranges.push_back({r0, r.end});
-      const index_t first = s_end / bg.page, last = (r0 - 1) / bg.page;
-      std::vector<std::pair<double, index_t>> scored;
-      std::vector<double> qs(static_cast<std::size_t>(G * dk));
-      for (index_t g = 0; g < G; ++g) {
-        const float* q = p.q.row(b, hk * G + g, qi);
-        for (index_t d = 0; d < dk; ++d) qs[static_cast<std::size_t>(g * dk + d)] = scale * q[d];
-      }
-      for (index_t P = first; P <= last; ++P) {
-        const KeyRange pr{std::max(P * bg.page, s_end), std::min(P * bg.page + bg.page, r0)};
-        if (P >= s.pages) {  // no summary yet (the partial last page): always attended
-          ranges.push_back(pr);
-          continue;
-        }
-        const float* mn = s.mn.data() + ((P * B + b) * Hk + hk) * dk;
-        const float* mx = s.mx.data() + ((P * B + b) * Hk + hk) * dk;
-        double best = -std::numeric_limits<double>::infinity();
-        for (index_t g = 0; g < G; ++g) {
-          const double* q = qs.data() + g * dk;
-          double ub = 0;
-          for (index_t d = 0; d < dk; ++d) ub += std::max(q[d] * mn[d], q[d] * mx[d]);
-          best = std::max(best, ub);
-        }
-        scored.emplace_back(best, P);
-      }
-      const auto keep = static_cast<std::ptrdiff_t>(std::min<index_t>(bg.pages, static_cast<index_t>(scored.size())));
-      // Ties broken by page index, so the choice does not depend on the sort's internals.
-      std::nth_element(scored.begin(), scored.begin() + keep, scored.end(),
-                       [](const auto& x, const auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
-      for (std::ptrdiff_t c = 0; c < keep; ++c) {
-        const index_t P = scored[static_cast<std::size_t>(c)].second;
-        ranges.push_back({std::max(P * bg.page, s_end), std::min(P * bg.page + bg.page, r0)});
-      }
+    const index_t s_end = r.begin + bg.sinks, r0 = r.end - bg.recent;
+    const index_t first = s_end / bg.page, last = (r0 - 1) / bg.page;
+    thread_local std::vector<float> qs;
+    thread_local std::vector<std::pair<float, index_t>> scored;
+    thread_local std::vector<index_t> pick;
+    qs.resize(static_cast<std::size_t>(G * dk));
+    for (index_t g = 0; g < G; ++g) {
+      const float* q = p.q.row(b, hk * G + g, qi);
+      for (index_t d = 0; d < dk; ++d) qs[static_cast<std::size_t>(g * dk + d)] = scale * q[d];
     }
-    index_t nsel = 0;
-    for (const KeyRange& kr : ranges) nsel += std::max<index_t>(0, kr.end - kr.begin);
-    std::vector<float> gk(static_cast<std::size_t>(nsel * dk)), gv(static_cast<std::size_t>(nsel * dv));
-    index_t at = 0;
-    for (const KeyRange& kr : ranges)
-      for (index_t j = kr.begin; j < kr.end; ++j, ++at) {
-        load_row(p, true, b, hk, j, gk.data() + at * dk);
-        load_row(p, false, b, hk, j, gv.data() + at * dv);
+    scored.clear();
+    pick.clear();
+    for (index_t P = first; P <= last; ++P) {
+      if (P >= s.pages) {  // no summary yet (the partial last page): always attended
+        pick.push_back(P);
+        continue;
       }
-    // Exact softmax of the group's G rows over the gathered keys (exact.flash, key lanes).
-    AttentionProblem sub;
-    sub.q = TensorView<const float>(p.q.row(b, hk * G, qi), {1, G, 1, dk}, {0, p.q.stride[1], p.q.stride[2], 1});
-    sub.k = TensorView<const float>::contiguous(gk.data(), {1, 1, nsel, dk});
-    sub.v = TensorView<const float>::contiguous(gv.data(), {1, 1, nsel, dv});
-    sub.out = TensorView<float>(p.out.row(b, hk * G, qi), {1, G, 1, dv}, {0, p.out.stride[1], p.out.stride[2], 1});
-    if (!p.lse.empty())
-      sub.lse = TensorView<float>(&p.lse(b, hk * G, qi, 0), {1, G, 1, 1}, {0, p.lse.stride[1], p.lse.stride[2], 1});
-    sub.scale = p.scale;
-    blocks::dense_softmax_attention(sub, ExecContext{1});
-  });
+      const float* mn = s.mn.data() + ((P * B + b) * Hk + hk) * dk;
+      const float* mx = s.mx.data() + ((P * B + b) * Hk + hk) * dk;
+      float best = -std::numeric_limits<float>::infinity();
+      for (index_t g = 0; g < G; ++g) {
+        const float* q = qs.data() + g * dk;
+        float ub = 0.f;
+        for (index_t d = 0; d < dk; ++d) ub += std::max(q[d] * mn[d], q[d] * mx[d]);
+        best = std::max(best, ub);
+      }
+      scored.emplace_back(best, P);
+    }
+    const auto keep = static_cast<std::ptrdiff_t>(std::min<index_t>(bg.pages, static_cast<index_t>(scored.size())));
+    // Ties broken by page index, so the choice does not depend on the selection's internals; a
+    // NaN bound (a NaN key) ranks first, so the NaN reaches the row.
+    std::nth_element(scored.begin(), scored.begin() + keep, scored.end(), [](const auto& x, const auto& y) {
+      const bool xn = std::isnan(x.first), yn = std::isnan(y.first);
+      if (xn != yn) return xn;
+      return x.first > y.first || (!(x.first < y.first) && x.second < y.second);
+    });
+    for (std::ptrdiff_t c = 0; c < keep; ++c) pick.push_back(scored[static_cast<std::size_t>(c)].second);
+    std::sort(pick.begin(), pick.end());
+    const auto add = [&](KeyRange kr) {
+      if (kr.empty()) return;
+      if (!out.empty() && out.back().end == kr.begin) out.back().end = kr.end;
+      else out.push_back(kr);
+    };
+    add({r.begin, s_end});
+    for (const index_t P : pick) add({std::max(P * bg.page, s_end), std::min(P * bg.page + bg.page, r0)});
+    add({r0, r.end});
+  }, blocks::FlashConfig{}, ctx);
 }
 
 NUMATTN_DEFINE_METHOD(QuestAttention)

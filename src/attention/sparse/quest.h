@@ -16,7 +16,8 @@ namespace numattn {
 /// the per-dimension minimum and maximum of its keys, m_P and M_P. For query row i and the G
 /// query heads of a GQA group, a page's score is the largest over the group of Quest's upper
 /// bound on its logits, Σ_d max(s·q_d·m_P,d, s·q_d·M_P,d) (s the softmax scale). Row i attends, by
-/// exact softmax (exact.flash over the gathered rows), to: its `sinks` first visible keys, its
+/// exact softmax (the flash block reading the chosen ranges of the cache in place,
+/// blocks::flash_attention_selected, split across threads in a decode step), to: its `sinks` first visible keys, its
 /// `recent` last ones, and the `pages` best-scoring pages between them (clipped to that middle
 /// range; a page without a summary, the partial last one, always counts); a row that sees at
 /// most sinks + recent + pages·page keys attends to all of them (exact). The same choice per row
@@ -32,8 +33,9 @@ namespace numattn {
 /// one instance are serialised by a mutex.
 ///
 /// Reads half-precision K/V in place (problem.h HalfKv). Shapes as problem.h; no masks or
-/// window. Cost per row: O((Nk/page)·G·Dk) for the scores, O(kept·(Dk + Dv)) for the attention;
-/// workspace O(kept·(Dk + Dv)) per thread plus the summaries, 2·B·Hkv·(Nk/page)·Dk floats.
+/// window. Cost per row: O((Nk/page)·G·Dk) for the scores (in float32), O(kept·(Dk + Dv)) for
+/// the attention; workspace: the flash block's, the chosen ranges, and the summaries,
+/// 2·B·Hkv·(Nk/page)·Dk floats.
 /// Limit case: pages·page ≥ Nk is exact softmax attention.
 class QuestAttention final : public AttentionMethod {
  public:

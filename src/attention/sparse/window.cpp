@@ -306,7 +306,7 @@ void WindowAttention::forward(const AttentionProblem& p, const ExecContext& ctx)
   // Per row: the sinks outside the band (at most `sinks` keys) merged into the band's result;
   // then rows left non-finite recomputed in float64 (see exact_row_f64). The scan is O(Nq·Dv)
   // per head, as run()'s own check.
-  const index_t nblk = (nq + kRowBlock - 1) / kRowBlock, dv = p.d_v();
+  const index_t nblk = (nq + kRowBlock - 1) / kRowBlock;
   const float scale = static_cast<float>(p.effective_scale());
   parallel_for(ctx, B * H * nblk, [&](std::int64_t t) {
     const index_t blk = t % nblk, bh = t / nblk, b = bh / H, h = bh % H;

@@ -1,7 +1,7 @@
-// Internal: exact.flash's blocking, scheduling and online softmax (flash.h), written once and
-// compiled per instruction-set variant (core/isa_begin.h) by flash_portable.cpp, flash_avx2.cpp
-// and flash_avx512.cpp; flash.cpp describes the method and calls the variant of the library's
-// CPU path. The SIMD width W (4, 8 or 16 lanes) shapes the plan (rows per block, key lanes), so
+// Internal: the flash block's blocking, scheduling and online softmax
+// (include/numattn/attention/blocks/flash.h), written once and compiled per instruction-set
+// variant (core/isa_begin.h) by flash_portable.cpp, flash_avx2.cpp and flash_avx512.cpp;
+// flash.cpp calls the variant of the library's CPU path. The SIMD width W (4, 8 or 16 lanes) shapes the plan (rows per block, key lanes), so
 // everything that depends on it is here.
 #pragma once
 
@@ -12,9 +12,10 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <thread>
 #include <vector>
 
-#include "attention/exact/flash_ops.h"
+#include "attention/blocks/flash_ops.h"
 #include "numattn/attention/method.h"
 #include "numattn/core/exec.h"
 #include "numattn/core/simd.h"
@@ -24,7 +25,7 @@
 #include "core/isa_begin.h"
 #include "core/simd_vec.h"
 #if NUMATTN_ISA_COMPILED
-#include "attention/exact/flash_kernels.h"
+#include "attention/blocks/flash_kernels.h"
 #endif
 
 namespace numattn::flash::NUMATTN_ISA_NS {
@@ -88,20 +89,20 @@ index_t auto_key_lanes() { return W / 2; }
 constexpr double kMinParallelFlops = 8e6;
 constexpr double kMinParallelFlopsKeyLanes = 1e6;
 
-Plan make_plan(const AttentionProblem& p, const ParamValues& pv, int threads) {
+Plan make_plan(const AttentionProblem& p, const blocks::FlashConfig& cfg, int threads) {
   Plan pl;
   pl.G = p.group();
   pl.rows = pl.G * p.n_q();
-  const index_t kl = pv.get_int("key_lanes");
+  const index_t kl = cfg.key_lanes;
   pl.key_lanes = pl.rows <= (kl < 0 ? auto_key_lanes() : kl);
   // Key lanes take all rows of several kv heads as one block (at most 64 = kMaxCI·W rows):
   // with the KV cache's [position, kv head, dim] rows, a tile of keys is then one contiguous
   // stream of memory instead of one strided pass per kv head.
   pl.hpi = pl.key_lanes ? std::min<index_t>(p.kv_heads(), kMaxCI * W / pl.rows) : 1;
-  const index_t want = pl.key_lanes ? pl.hpi * pl.rows : std::min<index_t>(pv.get_int("block_q"), pl.rows);
+  const index_t want = pl.key_lanes ? pl.hpi * pl.rows : std::min<index_t>(cfg.block_q, pl.rows);
   pl.ci = static_cast<int>(std::clamp<index_t>((want + W - 1) / W, 1, kMaxCI));
   pl.br = pl.ci * W;
-  pl.bk = std::clamp<index_t>(pv.get_int("block_k"), 1, p.n_kv());
+  pl.bk = std::clamp<index_t>(cfg.block_k, 1, p.n_kv());
   pl.lds = (pl.bk + W - 1) / W * W;
   pl.nblk = (pl.rows + pl.br - 1) / pl.br;
   pl.items = p.batch() * ((p.kv_heads() + pl.hpi - 1) / pl.hpi) * pl.nblk;
@@ -112,7 +113,7 @@ Plan make_plan(const AttentionProblem& p, const ParamValues& pv, int threads) {
                              static_cast<double>(p.n_kv()) * static_cast<double>(p.d_qk() + p.d_v());
   pl.threads = flops_bound < (pl.key_lanes ? kMinParallelFlopsKeyLanes : kMinParallelFlops) ? 1 : std::max(1, threads);
   threads = pl.threads;
-  index_t s = pv.get_int("split_kv");
+  index_t s = cfg.split_kv;
   if (s == 0) {
     // Few blocks (decoding): split each block's key range so that every thread gets about
     // eight pieces, fine enough for the shared-counter schedule to even out a thread that the
@@ -407,13 +408,13 @@ void mask_row(const AttentionProblem& p, const Scratch& ws, index_t r, index_t j
 }
 
 /// attend_block in key lanes (flash_kernels.h, "Key lanes"): the same online softmax, per row,
-/// reading keys and values of type T in place.
+/// reading keys and values of type T in place, over the sorted disjoint ranges[0..nr) in turn.
 template <KvType T>
-void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys,
-                 Scratch& ws, State st) {
+void attend_rows_over(const AttentionProblem& p, const Plan& pl, const Item& it, const KeyRange* ranges,
+                      index_t nr, Scratch& ws, State st) {
   const index_t dk = p.d_qk(), dv = p.d_v(), n = it.nrows, br = pl.br, lds = pl.lds;
   const float scale = static_cast<float>(p.effective_scale());
-  const KeyRange span = set_lanes(p, pl, it, keys, br, ws);
+  set_lanes(p, pl, it, nr > 0 ? ranges[0] : KeyRange{0, 0}, br, ws);
 
   float* q = ws.qt.data();
   for (index_t r = 0; r < n; ++r) {
@@ -427,7 +428,9 @@ void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyR
   float low[kMaxCI * W], corr[kMaxCI * W];
   std::fill(low, low + n, std::numeric_limits<float>::infinity());
 
-  const index_t ldk = p.k.stride[2], ldv = p.v.stride[2], rpk = pl.rows;
+  // Rows per kv head in this block: Plan::rows, or fewer when the block holds one group's rows
+  // (forward_selected).
+  const index_t ldk = p.k.stride[2], ldv = p.v.stride[2], rpk = std::min(pl.rows, n);
   float* s = ws.s.data();
   constexpr int NR = kRowsPerPass;
   std::vector<RowPass>& passes = ws.passes;
@@ -442,7 +445,7 @@ void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyR
       passes.push_back({a, b - a, k_rows<T>(p, it.b, kvh), v_rows<T>(p, it.b, kvh)});
     }
   }
-  for_each_tile(p, ws, n, span, pl.bk, [&](index_t jt, index_t cols, bool full) {
+  const auto tile = [&](index_t jt, index_t cols, bool full) {
     for (const RowPass& ps : passes) {
       float* sr = s + ps.r0 * lds;
       const float* qr = q + ps.r0 * dk;
@@ -509,13 +512,19 @@ void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyR
         default: pv_rows_tile<NR, T>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
       }
     }
-  });
+  };
+  for (index_t i = 0; i < nr; ++i) for_each_tile(p, ws, n, set_lanes(p, pl, it, ranges[i], br, ws), pl.bk, tile);
   // The -inf check of attend_block, and the state in its layout (lanes = rows) for
   // merge_state and finish_block.
   for (index_t r = 0; r < n; ++r)
     if (low[r] == kNegInf) st.l[r] = std::numeric_limits<float>::quiet_NaN();
   for (index_t d = 0; d < dv; ++d)
     for (index_t r = 0; r < br; ++r) st.ot[d * br + r] = r < n ? o[r * dv + d] : 0.f;
+}
+
+template <KvType T>
+void attend_rows(const AttentionProblem& p, const Plan& pl, const Item& it, KeyRange keys, Scratch& ws, State st) {
+  attend_rows_over<T>(p, pl, it, &keys, 1, ws, st);
 }
 
 /// Writes out = ot / l and lse = m + log l for the item's rows.
@@ -551,6 +560,39 @@ void merge_state(const Plan& pl, index_t dv, State dst, const State& src) {
   }
 }
 
+/// Split-KV partial states, one per work unit (item, split): the thread that completes an
+/// item's last split merges them in split order (exact through LSE) and writes the rows, inside
+/// the same parallel region (a second region would add one more fork/join, which on a loaded
+/// machine can cost a scheduling quantum).
+class SplitStates {
+ public:
+  SplitStates(const Plan& pl, index_t units, index_t dv) : pl_(pl), dv_(dv) {
+    if (pl.splits == 1) return;
+    partial_.resize(static_cast<std::size_t>(units) * per_unit());
+    done_ = std::make_unique<std::atomic<index_t>[]>(static_cast<std::size_t>(pl.items));
+    for (index_t w = 0; w < pl.items; ++w) done_[static_cast<std::size_t>(w)].store(0);
+  }
+  State state(index_t u) {
+    float* base = partial_.data() + static_cast<std::size_t>(u) * per_unit();
+    const auto br = static_cast<std::size_t>(pl_.br);
+    return State{base, base + br, base + 2 * br};
+  }
+  /// Counts one finished split of item w; the last one merges and finishes the item.
+  void finish_if_last(const AttentionProblem& p, const Plan& pl, const Item& it, index_t w) {
+    if (done_[static_cast<std::size_t>(w)].fetch_add(1, std::memory_order_acq_rel) + 1 != pl.splits) return;
+    const State dst = state(w * pl.splits);
+    for (index_t s2 = 1; s2 < pl.splits; ++s2) merge_state(pl, dv_, dst, state(w * pl.splits + s2));
+    finish_block(p, pl, it, dst);
+  }
+
+ private:
+  std::size_t per_unit() const { return static_cast<std::size_t>(pl_.br) * static_cast<std::size_t>(dv_ + 2); }
+  const Plan& pl_;
+  index_t dv_;
+  AlignedFloats partial_;
+  std::unique_ptr<std::atomic<index_t>[]> done_;
+};
+
 using BlockFn = void (*)(const AttentionProblem&, const Plan&, const Item&, KeyRange, Scratch&, State);
 
 template <int CI>
@@ -562,8 +604,8 @@ constexpr BlockFn block_fn_for(int ci) {
   }
 }
 
-std::size_t workspace_bytes(const AttentionProblem& p, const ParamValues& params, int threads) {
-  const Plan pl = make_plan(p, params, threads);
+std::size_t workspace_bytes(const AttentionProblem& p, const blocks::FlashConfig& cfg, int threads) {
+  const Plan pl = make_plan(p, cfg, threads);
   // Half-precision K/V in query lanes (a prefill) run on a float32 copy (widen_kv).
   const std::size_t widened = p.half_kv() && !pl.key_lanes
                                   ? sizeof(float) * static_cast<std::size_t>(p.batch() * p.kv_heads() * p.n_kv() *
@@ -581,14 +623,14 @@ std::size_t workspace_bytes(const AttentionProblem& p, const ParamValues& params
   return per_thread * static_cast<std::size_t>(pl.threads) + partial + widened;
 }
 
-void forward(const AttentionProblem& p, const ParamValues& params, const ExecContext& ctx) {
-  const Plan pl = make_plan(p, params, ctx.num_threads());
+void forward(const AttentionProblem& p, const blocks::FlashConfig& cfg, const ExecContext& ctx) {
+  const Plan pl = make_plan(p, cfg, ctx.num_threads());
   // Half-precision K/V: the key-lane kernels (decoding) read them in place; the query-lane
   // kernels (many rows per kv head, a prefill) run on a float32 copy of the visible rows,
   // O(Nk·D) against their O(Nq·Nk·D).
   if (p.half_kv() && !pl.key_lanes) {
     const WidenedKv w = widen_kv(p);
-    return forward(w.problem, params, ctx);
+    return forward(w.problem, cfg, ctx);
   }
   const int threads = pl.threads;
   const ExecContext run_ctx{threads};
@@ -625,22 +667,7 @@ void forward(const AttentionProblem& p, const ParamValues& params, const ExecCon
   }
   std::atomic<index_t> next{0};
 
-  const std::size_t sbr = static_cast<std::size_t>(pl.br);
-  AlignedFloats partial;
-  if (pl.splits > 1) partial.resize(static_cast<std::size_t>(units) * sbr * static_cast<std::size_t>(dv + 2));
-  auto part_state = [&](index_t u) {
-    float* base = partial.data() + static_cast<std::size_t>(u) * sbr * static_cast<std::size_t>(dv + 2);
-    return State{base, base + sbr, base + 2 * sbr};
-  };
-
-  // Split-KV: the thread that completes an item's last split merges the partial states in
-  // split order (exact through LSE), inside the same parallel region: a second region would
-  // add one more fork/join, which on a loaded machine can cost a scheduling quantum.
-  std::unique_ptr<std::atomic<index_t>[]> done;
-  if (pl.splits > 1) {
-    done = std::make_unique<std::atomic<index_t>[]>(static_cast<std::size_t>(pl.items));
-    for (index_t w = 0; w < pl.items; ++w) done[static_cast<std::size_t>(w)].store(0);
-  }
+  SplitStates parts(pl, units, dv);
 
   parallel_for(run_ctx, threads, [&](std::int64_t) {
     Scratch ws;
@@ -656,12 +683,100 @@ void forward(const AttentionProblem& p, const ParamValues& params, const ExecCon
         finish_block(p, pl, it, st);
         continue;
       }
-      block(p, pl, it, split_keys(pl, all, s), ws, part_state(u));
-      if (done[static_cast<std::size_t>(w)].fetch_add(1, std::memory_order_acq_rel) + 1 == pl.splits) {
-        const State dst = part_state(w * pl.splits);
-        for (index_t s2 = 1; s2 < pl.splits; ++s2) merge_state(pl, dv, dst, part_state(w * pl.splits + s2));
-        finish_block(p, pl, it, dst);
+      block(p, pl, it, split_keys(pl, all, s), ws, parts.state(u));
+      parts.finish_if_last(p, pl, it, w);
+    }
+  });
+}
+
+void forward_selected(const AttentionProblem& p, const blocks::SelectKeys& select, const blocks::FlashConfig& cfg,
+                      const ExecContext& ctx) {
+  // One group = the G rows of one (batch, kv head, query), in key lanes whatever G·Nq is: its
+  // keys are its own, so rows of different queries share no tile.
+  Plan pl;
+  pl.G = p.group();
+  pl.rows = pl.G * p.n_q();
+  pl.key_lanes = true;
+  pl.hpi = 1;
+  pl.ci = static_cast<int>(std::clamp<index_t>((pl.G + W - 1) / W, 1, kMaxCI));
+  pl.br = pl.ci * W;
+  pl.bk = std::clamp<index_t>(cfg.block_k, 1, std::max<index_t>(1, p.n_kv()));
+  pl.lds = (pl.bk + W - 1) / W * W;
+  const index_t gblk = (pl.G + pl.br - 1) / pl.br;  // blocks per group (G > 64 rows)
+  const index_t groups = p.batch() * p.kv_heads() * p.n_q();
+  pl.nblk = gblk;
+  pl.items = groups * gblk;
+  const double flops_bound = 2.0 * static_cast<double>(p.batch() * p.heads() * p.n_q()) *
+                             static_cast<double>(p.n_kv()) * static_cast<double>(p.d_qk() + p.d_v());
+  pl.threads = flops_bound < kMinParallelFlopsKeyLanes ? 1 : std::max(1, ctx.num_threads());
+  index_t sp = cfg.split_kv;
+  if (sp == 0) sp = pl.threads > 1 && pl.items < 2 * pl.threads ? (8 * pl.threads + pl.items - 1) / pl.items : 1;
+  pl.splits = std::max<index_t>(1, sp);
+  using Over = void (*)(const AttentionProblem&, const Plan&, const Item&, const KeyRange*, index_t, Scratch&, State);
+  const Over attend = p.half.type == KvType::kF16    ? &attend_rows_over<KvType::kF16>
+                      : p.half.type == KvType::kBf16 ? &attend_rows_over<KvType::kBf16>
+                                                     : &attend_rows_over<KvType::kF32>;
+  const index_t units = pl.items * pl.splits, dv = p.d_v();
+  const auto item = [&](index_t w) {
+    const index_t g = w / gblk, blk = w % gblk, qi = g % p.n_q(), bh = g / p.n_q();
+    return Item{bh / p.kv_heads(), bh % p.kv_heads(), qi * pl.G + blk * pl.br, std::min(pl.br, pl.G - blk * pl.br)};
+  };
+
+  // A group's ranges are chosen once, by the first thread that needs them (or, while it waits
+  // for another thread to finish choosing, any group nobody has claimed yet).
+  std::vector<std::vector<KeyRange>> chosen(static_cast<std::size_t>(groups));
+  std::unique_ptr<std::atomic<int>[]> state = std::make_unique<std::atomic<int>[]>(static_cast<std::size_t>(groups));
+  for (index_t g = 0; g < groups; ++g) state[static_cast<std::size_t>(g)].store(0);
+  std::atomic<index_t> unclaimed{0};
+  const auto choose = [&](index_t g) {
+    const index_t bh = g / p.n_q();
+    select(bh / p.kv_heads(), bh % p.kv_heads(), g % p.n_q(), chosen[static_cast<std::size_t>(g)]);
+    state[static_cast<std::size_t>(g)].store(2, std::memory_order_release);
+  };
+  const auto claim = [&](index_t g) {
+    int expect = 0;
+    return state[static_cast<std::size_t>(g)].compare_exchange_strong(expect, 1, std::memory_order_acq_rel);
+  };
+  const auto ensure = [&](index_t g) {
+    if (state[static_cast<std::size_t>(g)].load(std::memory_order_acquire) == 2) return;
+    if (claim(g)) return choose(g);
+    while (state[static_cast<std::size_t>(g)].load(std::memory_order_acquire) != 2) {
+      const index_t o = unclaimed.fetch_add(1);
+      if (o < groups && claim(o)) choose(o);
+      else if (o >= groups) std::this_thread::yield();
+    }
+  };
+
+  SplitStates parts(pl, units, dv);
+  std::atomic<index_t> next{0};
+  parallel_for(ExecContext{pl.threads}, pl.threads, [&](std::int64_t) {
+    Scratch ws;
+    ws.reserve(p, pl);
+    std::vector<KeyRange> piece;
+    for (index_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) {
+      const index_t w = u / pl.splits, sidx = u % pl.splits, g = w / gblk;
+      const Item it = item(w);
+      ensure(g);
+      const std::vector<KeyRange>& all = chosen[static_cast<std::size_t>(g)];
+      if (pl.splits == 1) {
+        const State st{ws.m.data(), ws.l.data(), ws.ot.data()};
+        attend(p, pl, it, all.data(), static_cast<index_t>(all.size()), ws, st);
+        finish_block(p, pl, it, st);
+        continue;
       }
+      // Split sidx takes the keys [sidx·chunk, (sidx+1)·chunk) of the ranges laid end to end.
+      index_t total = 0;
+      for (const KeyRange& r : all) total += r.end - r.begin;
+      const index_t chunk = (total + pl.splits - 1) / pl.splits, c0 = sidx * chunk, c1 = std::min(total, c0 + chunk);
+      piece.clear();
+      index_t at = 0;
+      for (const KeyRange& r : all) {
+        const index_t len = r.end - r.begin, b = std::max(c0, at), e = std::min(c1, at + len);
+        if (b < e) piece.push_back({r.begin + (b - at), r.begin + (e - at)});
+        at += len;
+      }
+      attend(p, pl, it, piece.data(), static_cast<index_t>(piece.size()), ws, parts.state(u));
+      parts.finish_if_last(p, pl, it, w);
     }
   });
 }
@@ -677,7 +792,7 @@ void forward(const AttentionProblem& p, const ParamValues& params, const ExecCon
 namespace numattn::flash::NUMATTN_ISA_NS {
 const Ops* ops() {
 #if NUMATTN_ISA_COMPILED
-  static constexpr Ops k{workspace_bytes, forward};
+  static constexpr Ops k{workspace_bytes, forward, forward_selected};
   return &k;
 #else
   return nullptr;
