@@ -47,7 +47,6 @@ REGISTRY = "src/attention/registry.cpp"
 # listed file that no longer breaks a rule makes the check fail, so it cannot go stale.
 # path -> who is removing the violation.
 KNOWN_VIOLATIONS = {
-    "src/attention/blocks/dense_softmax.cpp": "lead (exact.flash's kernels move into blocks/)",
     "src/attention/kernel/performer.cpp": "h-leak (features=0 runs the dense_softmax block)",
 }
 

@@ -331,14 +331,13 @@ std::size_t workspace_bytes(const AttentionMethod& inner, const AttentionMethod*
   const auto B = static_cast<std::size_t>(p.batch()), H = static_cast<std::size_t>(p.heads()),
              Hk = static_cast<std::size_t>(p.kv_heads());
   const auto dv = static_cast<std::size_t>(p.d_v());
-  static const auto flash = create_exact_method();
   std::size_t rmax = 0, kmax = 0, most = 0;
   for (const Part& t : parts(p, block)) {
     rmax = std::max(rmax, static_cast<std::size_t>(t.c - t.a));
     kmax = std::max(kmax, static_cast<std::size_t>(t.kb - t.ka));
     AttentionProblem sub = block_problem(p, t, p.q, p.k, p.v);
     sub.out = rows(p.out, t.a, t.c - t.a);
-    most = std::max(most, t.full ? inner.workspace_bytes(sub, ctx) : flash->workspace_bytes(sub, ctx));
+    most = std::max(most, t.full ? inner.workspace_bytes(sub, ctx) : blocks::dense_softmax_workspace_bytes(sub, ctx.num_threads()));
     if (t.full && lse) most = std::max(most, lse->workspace_bytes(sub, ctx));
   }
   std::size_t bytes = most + sizeof(double) * B * H * static_cast<std::size_t>(p.n_q()) +
