@@ -14,7 +14,8 @@ namespace {
 bool communicates(const std::string& specs) {
   if (specs.empty()) return false;  // no baseline
   for (const std::string& item : split_spec_list(specs))
-    if (const MethodInfo* info = find_method(parse_spec(item).name); info && info->caps.communicates) return true;
+    if (const MethodInfo* info = find_method(parse_spec(item).name); info && info->caps.communicates)
+      return true;
   return false;
 }
 

@@ -337,7 +337,8 @@ std::size_t workspace_bytes(const AttentionMethod& inner, const AttentionMethod*
     kmax = std::max(kmax, static_cast<std::size_t>(t.kb - t.ka));
     AttentionProblem sub = block_problem(p, t, p.q, p.k, p.v);
     sub.out = rows(p.out, t.a, t.c - t.a);
-    most = std::max(most, t.full ? inner.workspace_bytes(sub, ctx) : blocks::dense_softmax_workspace_bytes(sub, ctx.num_threads()));
+    most = std::max(most, t.full ? inner.workspace_bytes(sub, ctx)
+                                 : blocks::dense_softmax_workspace_bytes(sub, ctx.num_threads()));
     if (t.full && lse) most = std::max(most, lse->workspace_bytes(sub, ctx));
   }
   std::size_t bytes = most + sizeof(double) * B * H * static_cast<std::size_t>(p.n_q()) +

@@ -78,7 +78,8 @@ PerformerAttention::Kernel PerformerAttention::kernel() const {
 
 std::vector<double> PerformerAttention::directions(index_t d, index_t hk) const {
   const index_t stream = params_.get_string("redraw") == "head" ? hk : 0;
-  return blocks::performer_directions(params_.get_int("features"), d, static_cast<std::uint64_t>(params_.get_int("seed")),
+  return blocks::performer_directions(params_.get_int("features"), d,
+                                      static_cast<std::uint64_t>(params_.get_int("seed")),
                                       static_cast<std::uint64_t>(stream), params_.get_bool("orthogonal"));
 }
 

@@ -83,7 +83,8 @@ Status ScatterbrainAttention::can_run(const AttentionProblem& p) const {
 
 std::vector<double> ScatterbrainAttention::directions(index_t d, index_t hk) const {
   // kernel.performer's default draw (orthogonal, one per KV head) for the same features and seed.
-  return blocks::performer_directions(params_.get_int("features"), d, static_cast<std::uint64_t>(params_.get_int("seed")),
+  return blocks::performer_directions(params_.get_int("features"), d,
+                                      static_cast<std::uint64_t>(params_.get_int("seed")),
                                       static_cast<std::uint64_t>(hk), true);
 }
 

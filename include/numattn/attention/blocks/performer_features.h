@@ -22,7 +22,7 @@ namespace numattn::blocks {
 /// the QRs of an orthogonal draw, O(M·d) for a Gaussian one; a process-wide cache of the last 32
 /// draws (they cost more than a small problem, and methods are often re-created per call) makes a
 /// repeated key O(M·d). Thread-safe.
-std::vector<double> performer_directions(index_t m, index_t d, std::uint64_t seed, std::uint64_t stream,
-                                         bool orthogonal);
+std::vector<double> performer_directions(index_t m, index_t d, std::uint64_t seed,
+                                         std::uint64_t stream, bool orthogonal);
 
 }  // namespace numattn::blocks
