@@ -7,7 +7,7 @@
 #include "numattn/attention/random_problem.h"
 #include "numattn/attention/reference.h"
 #include "numattn/attention/registry.h"
-#include "common/blas_restart.h"
+#include "numattn/core/blas_restart.h"
 #include "numattn/core/blas.h"
 
 namespace {
@@ -62,7 +62,7 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  tools::restart_with_fast_blas_kernels(argv);
+  restart_with_fast_blas_kernels(argv);
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

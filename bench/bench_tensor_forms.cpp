@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "common/blas_restart.h"
+#include "numattn/core/blas_restart.h"
 #include "numattn/attention/tensor_forms.h"
 #include "numattn/core/rng.h"
 
@@ -75,7 +75,7 @@ void bench_tpa(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  numattn::tools::restart_with_fast_blas_kernels(argv);
+  numattn::restart_with_fast_blas_kernels(argv);
   benchmark::RegisterBenchmark("hot.modewise", bench_hot, false)->Arg(32)->Arg(128)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("hot.dense", bench_hot, true)->Arg(32)->Arg(128)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("axial", bench_axial)->Arg(32)->Arg(128)->Unit(benchmark::kMillisecond);

@@ -139,7 +139,7 @@ std::vector<std::string> advise_candidates(const AttentionProblem& p, const Advi
   std::vector<std::string> specs;
   for (const MethodInfo* info : list_methods()) {
     const bool wanted = opt.methods.empty()
-                            ? !info->caps.exact && info->family != "dist" && info->family != "auto" && !oracle(*info)
+                            ? !info->caps.exact && !info->caps.communicates && info->family != "auto" && !oracle(*info)
                             : std::find(opt.methods.begin(), opt.methods.end(), info->name) != opt.methods.end();
     if (!wanted) continue;
     for (const std::string& s : advise_grid(*info, p)) specs.push_back(s);
@@ -158,14 +158,14 @@ Advice advise(const AttentionProblem& p, const AdviseOptions& opt, const ExecCon
   std::vector<const MethodInfo*> methods;
   for (const MethodInfo* info : list_methods()) {
     const bool wanted = opt.methods.empty()
-                            ? !info->caps.exact && info->family != "dist" && info->family != "auto" && !oracle(*info)
+                            ? !info->caps.exact && !info->caps.communicates && info->family != "auto" && !oracle(*info)
                             : std::find(opt.methods.begin(), opt.methods.end(), info->name) != opt.methods.end();
     if (wanted) methods.push_back(info);
   }
   const std::size_t total = methods.size() + 1;
   if (progress) progress(0, total, "exact.flash");
 
-  const auto flash = create_method("exact.flash");
+  const auto flash = create_exact_method();
   adv.baseline = blank(flash->spec(), "baseline");
   const Status bst = flash->can_run(p);
   NUMATTN_CHECK(bst.is_ok(), "advise: the baseline exact.flash cannot run this problem: {}", bst.reason());

@@ -36,7 +36,7 @@ std::string AttentionMethod::spec() const {
 bool AttentionMethod::causal_recursion() const {
   const MethodInfo& m = info();
   const TargetKind t = target().kind;
-  return m.family != "auto" && m.family != "dist" && m.caps.deterministic &&
+  return m.family != "auto" && !m.caps.communicates && m.caps.deterministic &&
          (t == TargetKind::kSoftmax || t == TargetKind::kGaussian);
 }
 

@@ -4,31 +4,13 @@
 #include <cctype>
 #include <cmath>
 
+#include "attention/exact/flash.h"
+#include "attention/method_def.h"
 #include "numattn/attention/spec_syntax.h"
 
 namespace numattn {
 
-#define NUMATTN_METHOD(Class)                              \
-  const MethodInfo& numattn_describe_##Class();            \
-  std::unique_ptr<AttentionMethod> numattn_make_##Class(ParamValues p);
-#include "attention/methods.inc"
-#undef NUMATTN_METHOD
-
 namespace {
-
-struct Entry {
-  const MethodInfo& (*describe)();
-  std::unique_ptr<AttentionMethod> (*make)(ParamValues);
-};
-
-const std::vector<Entry>& entries() {
-  static const std::vector<Entry> table = {
-#define NUMATTN_METHOD(Class) {&numattn_describe_##Class, &numattn_make_##Class},
-#include "attention/methods.inc"
-#undef NUMATTN_METHOD
-  };
-  return table;
-}
 
 std::string trim(std::string_view s) {
   std::size_t b = 0, e = s.size();
@@ -209,12 +191,12 @@ std::vector<std::string> split_specs(std::string_view list, std::string_view sep
 
 std::vector<const MethodInfo*> list_methods() {
   std::vector<const MethodInfo*> v;
-  for (const Entry& e : entries()) v.push_back(&e.describe());
+  for (const MethodEntry& e : registered_methods()) v.push_back(&e.describe());
   return v;
 }
 
 const MethodInfo* find_method(std::string_view name) {
-  for (const Entry& e : entries())
+  for (const MethodEntry& e : registered_methods())
     if (e.describe().name == name) return &e.describe();
   return nullptr;
 }
@@ -238,13 +220,17 @@ ParamValues bind_params(const MethodInfo& info,
 
 std::unique_ptr<AttentionMethod> create_method(std::string_view spec) {
   ParsedSpec ps = parse_spec(spec);
-  for (const Entry& e : entries()) {
+  for (const MethodEntry& e : registered_methods()) {
     const MethodInfo& info = e.describe();
     if (info.name == ps.name) return e.make(bind_params(info, ps.params));
   }
   std::string names;
-  for (const Entry& e : entries()) names += (names.empty() ? "" : ", ") + e.describe().name;
+  for (const MethodEntry& e : registered_methods()) names += (names.empty() ? "" : ", ") + e.describe().name;
   throw Error(fmt::format("unknown method '{}' (registered: {}; see `numattn methods`)", ps.name, names));
+}
+
+std::unique_ptr<AttentionMethod> create_exact_method() {
+  return std::make_unique<FlashAttention>(bind_params(FlashAttention::describe(), {}));
 }
 
 }  // namespace numattn

@@ -108,7 +108,7 @@ const MethodInfo& RingAttention::describe() {
                  "how rows are split across ranks: zigzag (chunks r and 2R-1-r, causal work "
                  "balanced) or contiguous"}};
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = true, .decode = false};
+              .window = true, .lse = true, .decode = false, .communicates = true};
     m.accuracy = AccuracyContract::exact({{{"partition", "contiguous"}}});
     return m;
   }();
@@ -146,7 +146,7 @@ const MethodInfo& UlyssesAttention::describe() {
     m.time_complexity = "O(Nq·Nk·(Dk+Dv)/R) per rank (about half with causal)";
     m.memory_complexity = "O(B·(Hq·Nq·(Dk+Dv) + Hkv·Nk·(Dk+Dv))/R) for the exchanged shards";
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = true, .decode = false};
+              .window = true, .lse = true, .decode = false, .communicates = true};
     m.accuracy = AccuracyContract::exact();
     return m;
   }();

@@ -3,15 +3,30 @@
 #include <algorithm>
 
 #include "numattn/attention/registry.h"
+#include "numattn/model/llama.h"
 
 namespace numattn::dist {
+
+namespace {
+
+/// Whether a method of the per-layer spec list `specs` (model/llama.h) is collective across
+/// ranks. Nested specs need no look: auto.causal refuses such an inner method itself.
+bool communicates(const std::string& specs) {
+  if (specs.empty()) return false;  // no baseline
+  for (const std::string& item : split_spec_list(specs))
+    if (const MethodInfo* info = find_method(parse_spec(item).name); info && info->caps.communicates)
+      return true;
+  return false;
+}
+
+}  // namespace
 
 PplResult evaluate_perplexity(Comm& comm, const LlamaModel& model, const std::vector<std::int32_t>& tokens,
                               std::int32_t bos_id, bool add_bos, const PplOptions& opt, const ExecContext& ctx) {
   const int R = comm.size(), me = comm.rank();
   // Every rank checks the same options on the same inputs, so a bad option fails on all alike.
   for (const std::string* spec : {&opt.attn, &opt.baseline})
-    if (spec->find("dist.") != std::string::npos)
+    if (communicates(*spec))
       throw OptionError(spec == &opt.attn ? "attn" : "baseline",
                         "dist.* attention cannot run inside a distributed ppl (each rank evaluates "
                         "other chunks); use exact.flash, or run ppl without mpirun");

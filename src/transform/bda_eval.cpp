@@ -157,7 +157,7 @@ BdaAccuracy evaluate_bda(const AttentionLayerWeights& w, const BdaLayer& layer, 
   MatrixXd o_ref = a64 * to64(w.wo, H * dh, d);
   add_bias(o_ref, w.bo);
 
-  auto flash = create_method("exact.flash");
+  auto flash = create_exact_method();
   BdaAccuracy acc;
   acc.tokens = n;
 

@@ -10,7 +10,7 @@
 #include <set>
 #include <vector>
 
-#include "attention/auto/select.h"
+#include "analysis/auto_select.h"
 #include "numattn/analysis/advise.h"
 #include "numattn/analysis/estimate.h"
 #include "numattn/analysis/metrics.h"

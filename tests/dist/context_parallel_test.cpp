@@ -13,6 +13,8 @@
 #include "numattn/attention/registry.h"
 #include "numattn/dist/comm.h"
 #include "numattn/dist/context_parallel.h"
+#include "numattn/dist/ppl.h"
+#include "support/tiny_llama.h"
 
 namespace numattn::dist {
 namespace {
@@ -210,6 +212,42 @@ TEST(DistMethods, RegisteredAndRefusingWhatTheyCannotDo) {
   EXPECT_FALSE(ulysses_can_run(rp.problem(), 2).is_ok());
   EXPECT_NE(ulysses_can_run(rp.problem(), 2).reason().find("kv_heads (1) must be a multiple of the 2 ranks"),
             std::string::npos);
+}
+
+// The methods that communicate are known by their capability, not their name: exactly the dist
+// family has it, and a distributed perplexity refuses them wherever they appear in the per-layer
+// list of attn or baseline, before any chunk runs, while any other list runs.
+TEST(DistMethods, CommunicatingIsACapabilityThatDistributedPplRefuses) {
+  int communicating = 0;
+  for (const MethodInfo* info : list_methods()) {
+    EXPECT_EQ(info->caps.communicates, info->family == "dist") << info->name;
+    communicating += info->caps.communicates;
+  }
+  EXPECT_EQ(communicating, 2);
+
+  LlamaModel m = LlamaModel::load(test::write_gguf(test::make_tiny(false), "tiny_dist_ppl.gguf"), ExecContext{1});
+  std::vector<std::int32_t> toks(40);
+  for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<std::int32_t>((i * 7 + 3) % 64);
+  for (const auto& [attn, baseline] : std::vector<std::pair<std::string, std::string>>{
+           {"dist.ring", ""},
+           {"exact.flash;dist.ulysses", ""},
+           {"exact.flash", "dist.ring(partition=contiguous)"}}) {
+    PplOptions o;
+    o.ctx = 16;
+    o.attn = attn;
+    o.baseline = baseline;
+    try {
+      (void)evaluate_perplexity(self_comm(), m, toks, 1, false, o, ExecContext{1});
+      ADD_FAILURE() << attn << " / " << baseline << " must be refused";
+    } catch (const OptionError& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot run inside a distributed ppl"), std::string::npos) << e.what();
+    }
+  }
+  PplOptions o;
+  o.ctx = 16;
+  o.attn = "exact.flash;exact.naive";
+  o.baseline = "exact.flash";
+  EXPECT_GT(evaluate_perplexity(self_comm(), m, toks, 1, false, o, ExecContext{1}).ppl, 1.0);
 }
 
 }  // namespace NUMATTN_UNITY_ID

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "commands.h"
-#include "common/blas_restart.h"
+#include "numattn/core/blas_restart.h"
 #include "numattn/core/cpu.h"
 #include "numattn/core/error.h"
 #include "numattn/quant/qgemv.h"
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", version_text, "Print the version and the CPU path of every kernel family, and exit");
   // After a successful parse (so --help and flag errors answer at once), before the subcommand.
   app.parse_complete_callback([argv] {
-    numattn::tools::restart_with_fast_blas_kernels(argv);
+    numattn::restart_with_fast_blas_kernels(argv);
     numattn::check_quant_environment();  // a bad NUMATTN_CPU_PATH / NUMATTN_GEMV_SPLIT fails here
   });
   auto table = numattn::cli::command_table();

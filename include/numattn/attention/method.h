@@ -52,6 +52,10 @@ struct Capabilities {
   bool deterministic = true;   ///< bitwise-equal results across runs at a fixed thread count
   bool randomized = false;     ///< draws from the seeded RNG (has a `seed` parameter)
   bool half_kv = false;        ///< reads half-precision K/V (problem.h HalfKv)
+  /// Collective across ranks (dist.*, dist/context_parallel.h): under mpirun every rank must call
+  /// it together, so it cannot run inside work that ranks split among themselves (a distributed
+  /// perplexity), inside another method, or as an advise candidate.
+  bool communicates = false;
 };
 
 struct MethodInfo {

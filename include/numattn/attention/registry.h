@@ -9,8 +9,11 @@
 ///                                         spec (auto.causal(inner=lowrank.nystrom(landmarks=64)));
 ///                                         only commas outside parentheses separate params
 ///
-/// Every registered method is listed once in `src/attention/methods.inc`; from there it reaches
-/// the CLI, the conformance tests and the benchmarks by itself.
+/// Every registered method is listed once, in the methods.inc of its layer's folder
+/// (`src/attention/methods.inc` for the attention families, `src/analysis/methods.inc` for
+/// auto.select, `src/dist/methods.inc` for dist.*); the library's registration unit
+/// (src/methods.cpp) composes them, and from there a method reaches the CLI, the conformance
+/// tests, the benchmarks and Python by itself.
 #pragma once
 
 #include <memory>
@@ -50,6 +53,13 @@ const MethodInfo* find_method(std::string_view name);
 /// Creates a method from a spec string. Unknown names list the registered ones; unknown keys,
 /// bad types and out-of-range values list the valid keys with their ranges.
 std::unique_ptr<AttentionMethod> create_method(std::string_view spec);
+
+/// `exact.flash` at its default parameters, constructed by its class, not looked up by name: the
+/// library's exact float32 attention for library code that needs an exact method object (a
+/// fallback, a baseline, the normalisers of the causal recursion, the `run` of an exact
+/// sub-problem with its float64 edge handling). A sub-problem that needs no edge handling runs
+/// through blocks::dense_softmax_attention (attention/blocks/dense_softmax.h) instead.
+std::unique_ptr<AttentionMethod> create_exact_method();
 
 /// Validates raw values against a schema and fills defaults (used by `create_method`).
 ParamValues bind_params(const MethodInfo& info,

@@ -40,7 +40,7 @@ const char* core_name();
 /// OpenBLAS 0.3.21 (Debian 12) predates Sapphire/Emerald Rapids and runs SSE3 GEMM there, 5–10×
 /// below its own AVX-512 kernels. The variable is read when the library loads, so only a program
 /// can act on it, by setting it and re-executing itself before any work: the numattn CLI and the
-/// benchmark program do (tools/common/blas_restart.h); the library never does. Results are the
+/// benchmark programs do (core/blas_restart.h); the library never does. Results are the
 /// same with either kernel family, only speed differs.
 const char* recommended_coretype();
 

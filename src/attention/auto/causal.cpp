@@ -31,7 +31,7 @@ std::unique_ptr<AttentionMethod> make_checked(const std::string& spec, const cha
     throw Error(fmt::format("{}: {}={}: {}", kName, what, spec, e.what()));
   }
   const MethodInfo& info = m->info();
-  NUMATTN_CHECK(info.family != "auto" && info.family != "dist",
+  NUMATTN_CHECK(info.family != "auto" && !info.caps.communicates,
                 "{}: {}={}: a method of the '{}' family cannot run inside {} (give the method it would "
                 "run, e.g. lowrank.nystrom(landmarks=64))",
                 kName, what, spec, info.family, kName);
@@ -48,7 +48,7 @@ std::unique_ptr<AttentionMethod> make_checked(const std::string& spec, const cha
 /// The canonical value of `lse` for `inner`: "inner", or the canonical spec of the method whose
 /// LSE gives the normalisers.
 std::string resolve_lse(const AttentionMethod& inner, const std::string& lse) {
-  if (lse == "auto") return inner.info().caps.lse ? "inner" : create_method("exact.flash")->spec();
+  if (lse == "auto") return inner.info().caps.lse ? "inner" : create_exact_method()->spec();
   if (lse == "inner") {
     NUMATTN_CHECK(inner.info().caps.lse,
                   "{}(lse=inner): {} gives no log-sum-exp; use lse=auto or lse=exact.flash (exact "
@@ -287,7 +287,7 @@ std::vector<Part> parts(const AttentionProblem& p, index_t block) {
 }
 
 const AttentionMethod* auto_lse(const AttentionMethod& inner) {
-  static const std::unique_ptr<AttentionMethod> flash = create_method("exact.flash");
+  static const std::unique_ptr<AttentionMethod> flash = create_exact_method();
   return inner.info().caps.lse ? nullptr : flash.get();
 }
 
@@ -331,14 +331,14 @@ std::size_t workspace_bytes(const AttentionMethod& inner, const AttentionMethod*
   const auto B = static_cast<std::size_t>(p.batch()), H = static_cast<std::size_t>(p.heads()),
              Hk = static_cast<std::size_t>(p.kv_heads());
   const auto dv = static_cast<std::size_t>(p.d_v());
-  static const auto flash = create_method("exact.flash");
   std::size_t rmax = 0, kmax = 0, most = 0;
   for (const Part& t : parts(p, block)) {
     rmax = std::max(rmax, static_cast<std::size_t>(t.c - t.a));
     kmax = std::max(kmax, static_cast<std::size_t>(t.kb - t.ka));
     AttentionProblem sub = block_problem(p, t, p.q, p.k, p.v);
     sub.out = rows(p.out, t.a, t.c - t.a);
-    most = std::max(most, t.full ? inner.workspace_bytes(sub, ctx) : flash->workspace_bytes(sub, ctx));
+    most = std::max(most, t.full ? inner.workspace_bytes(sub, ctx)
+                                 : blocks::dense_softmax_workspace_bytes(sub, ctx.num_threads()));
     if (t.full && lse) most = std::max(most, lse->workspace_bytes(sub, ctx));
   }
   std::size_t bytes = most + sizeof(double) * B * H * static_cast<std::size_t>(p.n_q()) +

@@ -3,17 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <tuple>
 
 #include "attention/method_def.h"
 #include "numattn/attention/blocks/linear_attention.h"
+#include "numattn/attention/blocks/performer_features.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/simd.h"
-#include "numattn/decomp/random_features.h"
 
 namespace numattn {
 
@@ -80,28 +77,10 @@ PerformerAttention::Kernel PerformerAttention::kernel() const {
 }
 
 std::vector<double> PerformerAttention::directions(index_t d, index_t hk) const {
-  const index_t m = params_.get_int("features");
-  const auto seed = static_cast<std::uint64_t>(params_.get_int("seed"));
   const index_t stream = params_.get_string("redraw") == "head" ? hk : 0;
-  const bool ortho = params_.get_bool("orthogonal");
-  // A process-wide cache: the draws are a pure function of the key, and the QRs and Gaussian
-  // draws cost more than a small problem (a method is often re-created per call).
-  using Key = std::tuple<index_t, index_t, std::uint64_t, index_t, bool>;
-  static std::mutex mutex;
-  static std::map<Key, std::shared_ptr<const std::vector<double>>> cache;
-  const Key key{m, d, seed, stream, ortho};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it != cache.end()) return *it->second;
-  }
-  auto w = std::make_shared<const std::vector<double>>(
-      ortho ? decomp::orthogonal_features(m, d, seed, static_cast<std::uint64_t>(stream))
-            : decomp::gaussian_features(m, d, seed, static_cast<std::uint64_t>(stream)));
-  std::lock_guard<std::mutex> lock(mutex);
-  if (cache.size() >= 32) cache.clear();  // bounded: at most 32 draws of ≤ 1024·Dk doubles
-  cache.emplace(key, w);
-  return *w;
+  return blocks::performer_directions(params_.get_int("features"), d,
+                                      static_cast<std::uint64_t>(params_.get_int("seed")),
+                                      static_cast<std::uint64_t>(stream), params_.get_bool("orthogonal"));
 }
 
 void PerformerAttention::features_f64(Kernel kernel, const std::vector<double>& w, index_t m, const double* x,

@@ -4,10 +4,9 @@
 #include <cmath>
 #include <limits>
 
-#include "attention/kernel/performer.h"
 #include "attention/method_def.h"
 #include "numattn/attention/blocks/nonfinite_rows.h"
-#include "numattn/attention/registry.h"
+#include "numattn/attention/blocks/performer_features.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/simd.h"
 
@@ -83,9 +82,10 @@ Status ScatterbrainAttention::can_run(const AttentionProblem& p) const {
 }
 
 std::vector<double> ScatterbrainAttention::directions(index_t d, index_t hk) const {
-  const auto m = create_method(fmt::format("kernel.performer(features={},seed={})", params_.get_int("features"),
-                                           params_.get_int("seed")));
-  return dynamic_cast<const PerformerAttention&>(*m).directions(d, hk);
+  // kernel.performer's default draw (orthogonal, one per KV head) for the same features and seed.
+  return blocks::performer_directions(params_.get_int("features"), d,
+                                      static_cast<std::uint64_t>(params_.get_int("seed")),
+                                      static_cast<std::uint64_t>(hk), true);
 }
 
 std::vector<reformer::Round> ScatterbrainAttention::plan(const AttentionProblem& p, index_t b, index_t h) const {

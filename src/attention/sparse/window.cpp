@@ -12,7 +12,6 @@
 #include "attention/sparse/kept_keys_budget.h"
 #include "numattn/attention/blocks/dense_softmax.h"
 #include "numattn/attention/blocks/lse_merge.h"
-#include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
 
 namespace numattn {
@@ -253,7 +252,6 @@ index_t WindowAttention::keys_read(const AttentionProblem& p, index_t i) const {
 }
 
 std::size_t WindowAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
-  static const std::unique_ptr<AttentionMethod> flash = create_method("exact.flash");
   const Band bd = band_of(p, params());
   AttentionProblem sub = p;
   sub.window_left = bd.left;
@@ -262,7 +260,7 @@ std::size_t WindowAttention::workspace_bytes(const AttentionProblem& p, const Ex
   std::size_t extra = sizeof(float) * static_cast<std::size_t>(ctx.num_threads() * kRowBlock * bd.sinks);
   if (bd.sinks > 0 && p.lse.empty())
     extra += sizeof(float) * static_cast<std::size_t>(p.batch() * p.heads() * p.n_q());
-  return flash->workspace_bytes(sub, ctx) + extra;
+  return blocks::dense_softmax_workspace_bytes(sub, ctx.num_threads()) + extra;
 }
 
 void WindowAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {

@@ -144,7 +144,7 @@ std::vector<double> hot_reference(const float* q, const float* k, const float* v
 void axial_attention(const float* q, const float* k, const float* v, index_t n1, index_t n2, index_t d, index_t dv,
                      bool causal, float* out, const ExecContext& ctx) {
   check_sizes("axial_attention", {n1, n2, d, dv});
-  const auto flash = create_method("exact.flash");
+  const auto flash = create_exact_method();
   std::vector<float> y(static_cast<std::size_t>(n1 * n2 * dv));
   // Pass 1, along axis 2: "head" a, sequence b (contiguous rows).
   AttentionProblem p;
@@ -229,7 +229,7 @@ void tpa_head(const TpaFactors& f, index_t n, index_t heads, index_t dh, index_t
 void tpa_attention(const TpaFactors& q, const TpaFactors& k, const TpaFactors& v, index_t n, index_t heads,
                    index_t head_dim, bool causal, float* out, const ExecContext& ctx) {
   check_sizes("tpa_attention", {n, heads, head_dim, q.rank, k.rank, v.rank});
-  const auto flash = create_method("exact.flash");
+  const auto flash = create_exact_method();
   parallel_for(ctx, heads, [&](std::int64_t h) {
     std::vector<float> qh(static_cast<std::size_t>(n * head_dim)), kh(qh.size()), vh(qh.size());
     tpa_head(q, n, heads, head_dim, h, qh.data());

@@ -1,4 +1,4 @@
-#include "attention/auto/select.h"
+#include "analysis/auto_select.h"
 
 #include <algorithm>
 #include <atomic>
@@ -54,7 +54,7 @@ std::size_t AutoSelectAttention::workspace_bytes(const AttentionProblem& p, cons
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = chosen_.find(key_of(p)); it != chosen_.end()) return it->second->workspace_bytes(p, ctx);
   }
-  std::size_t most = create_method("exact.flash")->workspace_bytes(p, ctx);
+  std::size_t most = create_exact_method()->workspace_bytes(p, ctx);
   if (params_.get_float("tol") == 0) return most;
   AdviseOptions opt;
   for (const std::string& spec : advise_candidates(p, opt)) {
@@ -75,7 +75,7 @@ std::shared_ptr<const AttentionMethod> AutoSelectAttention::choose(const Attenti
   std::shared_ptr<const AttentionMethod> pick;
   std::string why;
   if (tol == 0) {
-    pick = create_method("exact.flash");
+    pick = create_exact_method();
     why = "tol = 0: only exact attention meets it";
   } else {
     AdviseOptions opt;
@@ -88,7 +88,7 @@ std::shared_ptr<const AttentionMethod> AutoSelectAttention::choose(const Attenti
       why = fmt::format("est_rel_error {:.3g}, bound {:.3g} ≤ {:g}, {:.2f}× exact.flash", c->estimate.rel_error,
                         c->estimate.rel_error_hi, tol, c->speedup_vs_exact);
     } else {
-      pick = create_method("exact.flash");
+      pick = create_exact_method();
       why = fmt::format("no approximation of the {} tried meets {:g} faster than exact", adv.candidates.size(), tol);
     }
   }
@@ -101,7 +101,7 @@ std::shared_ptr<const AttentionMethod> AutoSelectAttention::choose(const Attenti
 
 void AutoSelectAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
   std::shared_ptr<const AttentionMethod> m = choose(p, ctx);
-  if (!m->can_run(p).is_ok()) m = create_method("exact.flash");
+  if (!m->can_run(p).is_ok()) m = create_exact_method();
   // run, not forward: the chosen method settles its own edges (an exact method recomputes a
   // float32 overflow in float64, which this non-exact wrapper's run would refuse).
   m->run(p, ctx);

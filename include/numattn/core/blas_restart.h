@@ -1,7 +1,9 @@
-// Programs only (the CLI, the benchmark program): re-executes the program with a fitting
-// OPENBLAS_CORETYPE when the linked OpenBLAS fell back to its generic kernels on this CPU
-// (blas::recommended_coretype()). A library must not re-execute its host process, so this lives
-// with the tools; a program embedding numattn can do the same with these few lines.
+/// @file blas_restart.h
+/// For programs only (the numattn CLI, the benchmark programs, a program embedding numattn):
+/// re-executes the program with a fitting OPENBLAS_CORETYPE when the linked OpenBLAS fell back to
+/// its generic kernels on this CPU (blas::recommended_coretype()). A library must not re-execute
+/// its host process, so the library never calls this; it is a header of its own, inline, for the
+/// programs' main() to call.
 #pragma once
 
 #include <cstdio>
@@ -11,7 +13,7 @@
 
 #include "numattn/core/blas.h"
 
-namespace numattn::tools {
+namespace numattn {
 
 /// Call after the arguments parsed and before any work. When the kernels need fixing, says so in
 /// one line on stderr, sets OPENBLAS_CORETYPE and re-executes `/proc/self/exe` with `argv`
@@ -32,4 +34,4 @@ inline void restart_with_fast_blas_kernels(char** argv) {
   std::fprintf(stderr, "numattn: restart failed; going on with the generic kernels\n");
 }
 
-}  // namespace numattn::tools
+}  // namespace numattn

@@ -10,7 +10,8 @@
 namespace numattn {
 
 /// `auto.select(tol=0, rows=0, reps=3)`, also written `auto(tol=E)`: the method `advise`
-/// (analysis/advise.h) picks on the problem it is given, measured there, then used.
+/// (analysis/advise.h) picks on the problem it is given, measured there, then used. It lives in
+/// the analysis layer, beside advise, and is registered from src/analysis/methods.inc.
 ///
 /// The first time an instance runs a problem of a given shape (B, Hq, Hkv, Nq, Nk, Dk, Dv,
 /// causal rule, window, mask kind) it runs the selection on that very problem: every registered
