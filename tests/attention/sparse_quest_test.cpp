@@ -77,10 +77,12 @@ TEST(SparseQuest, HalvesGiveTheResultOfTheirWidenedCopy) {
 TEST(SparseQuest, ReadsSinksRecentPagesAndSummaries) {
   Cache c(test::base_seed() + 2802);
   const auto m = create_method(kSpec);
-  // Up to 2 + 8 + 3·8 = 34 keys a row sees all of them; beyond, those plus 2 rows per page.
+  // Up to 2 + 8 + 3·8 = 34 keys a row sees all of them; beyond, those plus ⌈2·Dk / (Dk + Dv)⌉
+  // rows per page for its summaries (one here, Dk = Dv, in the cache's element type).
   EXPECT_EQ(kv_rows_read(*m, c.problem(20, false), 0), 20);
   EXPECT_EQ(kv_rows_read(*m, c.problem(34, false), 0), 34);
-  EXPECT_EQ(kv_rows_read(*m, c.problem(100, false), 0), 34 + 2 * 13);
+  EXPECT_EQ(kv_rows_read(*m, c.problem(100, false), 0), 34 + 13);
+  EXPECT_EQ(kv_rows_read(*m, c.problem(100, true), 0), 34 + 13);
 }
 
 }  // namespace NUMATTN_UNITY_ID

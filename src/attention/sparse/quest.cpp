@@ -9,6 +9,7 @@
 #include "attention/method_def.h"
 #include "attention/sparse/kept_keys_budget.h"
 #include "numattn/attention/blocks/flash.h"
+#include "numattn/quant/quant.h"
 
 namespace numattn {
 
@@ -81,7 +82,8 @@ index_t QuestAttention::keys_read(const AttentionProblem& p, index_t i) const {
   const KeyRange r = p.key_range(i);
   const index_t n = r.empty() ? 0 : r.end - r.begin;
   if (n <= bg.kept()) return n;
-  return bg.kept() + 2 * ((r.end + bg.page - 1) / bg.page);
+  const index_t row = p.d_qk() + p.d_v();
+  return bg.kept() + (2 * p.d_qk() + row - 1) / row * ((r.end + bg.page - 1) / bg.page);
 }
 
 std::size_t QuestAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
@@ -92,7 +94,7 @@ std::size_t QuestAttention::workspace_bytes(const AttentionProblem& p, const Exe
   // summaries.
   return blocks::flash_workspace_bytes(p, blocks::FlashConfig{}, ctx.num_threads()) +
          groups * sizeof(KeyRange) * static_cast<std::size_t>(std::min(p.n_kv(), bg.pages + 2)) +
-         sizeof(float) * 2 * pages * static_cast<std::size_t>(p.batch() * p.kv_heads() * p.d_qk());
+         (p.half_kv() ? 2 : sizeof(float)) * 2 * pages * static_cast<std::size_t>(p.batch() * p.kv_heads() * p.d_qk());
 }
 
 void QuestAttention::summarise(const AttentionProblem& p) const {
@@ -109,25 +111,39 @@ void QuestAttention::summarise(const AttentionProblem& p) const {
     s.pages = 0;
     s.mn.clear();
     s.mx.clear();
+    s.mn16.clear();
+    s.mx16.clear();
   }
   s.base = base;
   s.type = p.half.type;
   s.stride = p.k.stride;
   s.shape = p.k.shape;
   const index_t want = p.n_kv() / pg, per = B * Hk * D;
-  s.mn.resize(static_cast<std::size_t>(want * per));
-  s.mx.resize(s.mn.size());
-  std::vector<float> row(static_cast<std::size_t>(D));
+  const bool half = p.half_kv();
+  const auto total = static_cast<std::size_t>(want * per);
+  if (half) s.mn16.resize(total), s.mx16.resize(total);
+  else s.mn.resize(total), s.mx.resize(total);
+  std::uint16_t (*narrow)(float) = p.half.type == KvType::kBf16 ? fp32_to_bf16 : fp32_to_fp16;
+  std::vector<float> row(static_cast<std::size_t>(D)), mn(row.size()), mx(row.size());
   for (index_t P = s.pages; P < want; ++P)
     for (index_t b = 0; b < B; ++b)
       for (index_t h = 0; h < Hk; ++h) {
-        float* mn = s.mn.data() + ((P * B + b) * Hk + h) * D;
-        float* mx = s.mx.data() + ((P * B + b) * Hk + h) * D;
-        std::fill(mn, mn + D, std::numeric_limits<float>::infinity());
-        std::fill(mx, mx + D, -std::numeric_limits<float>::infinity());
+        std::fill(mn.begin(), mn.end(), std::numeric_limits<float>::infinity());
+        std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
         for (index_t j = P * pg; j < P * pg + pg; ++j) {
           load_row(p, true, b, h, j, row.data());
-          for (index_t d = 0; d < D; ++d) mn[d] = std::min(mn[d], row[d]), mx[d] = std::max(mx[d], row[d]);
+          for (index_t d = 0; d < D; ++d) {
+            const auto u = static_cast<std::size_t>(d);
+            mn[u] = std::min(mn[u], row[u]), mx[u] = std::max(mx[u], row[u]);
+          }
+        }
+        const auto at = static_cast<std::size_t>(((P * B + b) * Hk + h) * D);
+        if (half) {
+          // Minima and maxima of 16-bit values are 16-bit values: narrowing is exact.
+          for (std::size_t d = 0; d < row.size(); ++d) s.mn16[at + d] = narrow(mn[d]), s.mx16[at + d] = narrow(mx[d]);
+        } else {
+          std::copy(mn.begin(), mn.end(), s.mn.begin() + static_cast<std::ptrdiff_t>(at));
+          std::copy(mx.begin(), mx.end(), s.mx.begin() + static_cast<std::ptrdiff_t>(at));
         }
       }
   s.pages = want;
@@ -151,7 +167,7 @@ void QuestAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     }
     const index_t s_end = r.begin + bg.sinks, r0 = r.end - bg.recent;
     const index_t first = s_end / bg.page, last = (r0 - 1) / bg.page;
-    thread_local std::vector<float> qs;
+    thread_local std::vector<float> qs, mn16w, mx16w;
     thread_local std::vector<std::pair<float, index_t>> scored;
     thread_local std::vector<index_t> pick;
     qs.resize(static_cast<std::size_t>(G * dk));
@@ -166,8 +182,18 @@ void QuestAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
         pick.push_back(P);
         continue;
       }
-      const float* mn = s.mn.data() + ((P * B + b) * Hk + hk) * dk;
-      const float* mx = s.mx.data() + ((P * B + b) * Hk + hk) * dk;
+      const index_t at = ((P * B + b) * Hk + hk) * dk;
+      const float* mn = nullptr;
+      const float* mx = nullptr;
+      if (p.half_kv()) {
+        mn16w.resize(static_cast<std::size_t>(dk));
+        mx16w.resize(static_cast<std::size_t>(dk));
+        widen_row(s.mn16.data() + at, s.type, dk, mn16w.data());
+        widen_row(s.mx16.data() + at, s.type, dk, mx16w.data());
+        mn = mn16w.data(), mx = mx16w.data();
+      } else {
+        mn = s.mn.data() + at, mx = s.mx.data() + at;
+      }
       float best = -std::numeric_limits<float>::infinity();
       for (index_t g = 0; g < G; ++g) {
         const float* q = qs.data() + g * dk;

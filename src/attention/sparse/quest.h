@@ -1,6 +1,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <mutex>
 #include <vector>
 
@@ -45,17 +46,21 @@ class QuestAttention final : public AttentionMethod {
   std::size_t workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const override;
   void forward(const AttentionProblem& p, const ExecContext& ctx) const override;
   /// Rows row i reads: sinks + recent + pages·page among its visible keys, plus its summaries
-  /// counted as 2 rows per page (2·Dk floats against a row's Dk + Dv halves).
+  /// counted in rows of the cache: ⌈2·Dk / (Dk + Dv)⌉ per page (the summaries are kept in the
+  /// cache's element type).
   index_t keys_read(const AttentionProblem& p, index_t i) const;
 
  private:
-  /// Page minima and maxima, [page][b][kv head][d], of the buffer `base` (layout `stride`).
+  /// Page minima and maxima, [page][b][kv head][d], of the buffer `base` (layout `stride`):
+  /// float32 for a float32 cache, else in the cache's 16-bit type (`mn16`, `mx16`), which holds
+  /// a minimum or maximum of its own values exactly, so a decode step reads half the bytes.
   struct Summary {
     const void* base = nullptr;
     std::array<index_t, 4> stride{}, shape{};
     KvType type = KvType::kF32;
     index_t pages = 0;
     std::vector<float> mn, mx;
+    std::vector<std::uint16_t> mn16, mx16;
   };
   void summarise(const AttentionProblem& p) const;
   mutable std::mutex mu_;
