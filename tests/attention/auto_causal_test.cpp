@@ -428,7 +428,6 @@ const std::set<std::string> kKnownLeaks = {
     "kernel.polysketch",    // sketch statistics over all keys
     "kernel.tensorsketch",  // sketch statistics over all keys
     "lowrank.loki",         // PCA basis of all keys, including future ones
-    "sparse.reformer",      // future keys' LSH buckets change the chunks of earlier queries
 };
 
 // Every registered method runs causal problems (both alignments, Nq ≠ Nk, GQA, odd sizes), and
