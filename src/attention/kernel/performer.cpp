@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "attention/method_def.h"
+#include "numattn/attention/blocks/dense_softmax.h"
 #include "numattn/attention/blocks/linear_attention.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
@@ -22,6 +23,7 @@ namespace {
 constexpr float kEps = 1e-6f;             // the official numerical_stabilizer
 constexpr double kLogitRefusal = 1e6;     // |s|·max‖q‖·max‖k‖ beyond which we refuse
 constexpr index_t kCausalChunk = 32;      // b of the block algorithm: measured fastest at N = 16384 (16–128 tried)
+constexpr double kMaxKeyExponent = 60;    // key features ≤ e^60: Nk·e^60·max|v| stays in float32
 
 double budget(const BudgetInput& in) {
   if (in.params.get_int("features") == 0) return exact_f32_tolerance(in.logit_magnitude).rel_fro_error;
@@ -147,8 +149,7 @@ std::size_t PerformerAttention::workspace_bytes(const AttentionProblem& p, const
 
 void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
   if (params_.get_int("features") == 0) {  // M → ∞: exp(q·k) exactly, by the exact flash kernel
-    static const std::unique_ptr<AttentionMethod> exact = create_method("exact.flash");
-    exact->forward(p, ctx);
+    blocks::dense_softmax_attention(p, ctx);
     return;
   }
   const index_t m = params_.get_int("features"), d = p.d_qk();
@@ -203,9 +204,15 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
     return mx;
   };
 
-  // Keys: project; the exponent's maximum per key (max E − s‖k‖²/2, or s‖k‖²/2 for trig's
-  // weight), the head's maximum over the keys read (finite ones: a non-finite key must not poison
-  // the others), then features with offset = key maximum − head maximum ≤ 0.
+  // Keys: project; the exponent's maximum per key E_j (max E − s‖k‖²/2, or s‖k‖²/2 for trig's
+  // weight); then features with offset = −(s‖k‖²/2 + c), one shift c per head (it cancels).
+  // The official stabiliser takes c = max_j E_j over every key: a later key then changes the
+  // features, and the outputs, of earlier rows. Here c is E of the head's first finite key, the
+  // one key every row that sees a key sees (no windows), so no row's output depends on a key it
+  // does not see. positive/hyperbolic: ω·x − ‖x‖²/2 = ‖ω‖²/2 − ‖x − ω‖²/2 ≤ max‖ω‖²/2 =: c_ω,
+  // and c is raised to at least c_ω − kMaxKeyExponent, so no key feature exceeds e^60 (its sums
+  // over Nk keys stay in float32). trig: exp(s‖k‖²/2 − c) has no such bound; a row that sees a
+  // key with s‖k‖²/2 − c > kMaxKeyExponent is refused below.
   const index_t nk = blocks::keys_read(p), nbk = p.batch() * p.kv_heads();
   // Key features of every head: 4·B·Hkv·Nk·f bytes, the largest buffer here. Reused by the calling
   // thread across calls (a fresh one costs a page fault and a kernel page clear per 4 KiB, ~20% of
@@ -245,21 +252,35 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
       key_exp[at] = ker == Kernel::kTrig ? n2h : static_cast<double>(mx) - n2h;
     }
   });
-  // The refusal bound needs max‖k‖ over the keys read (finite ones), and each query's norm below.
-  double kmax = 0;
-  for (double n2h : key_norm) kmax = std::max(kmax, std::sqrt(2 * n2h / std::max(s, 1e-300)));
-  std::vector<double> head_max(static_cast<std::size_t>(nbk), -std::numeric_limits<double>::infinity());
-  for (index_t bk = 0; bk < nbk; ++bk)
-    for (index_t j = 0; j < nk; ++j) {
-      const double e = key_exp[static_cast<std::size_t>(bk * nk + j)];
-      if (std::isfinite(e)) head_max[static_cast<std::size_t>(bk)] = std::max(head_max[static_cast<std::size_t>(bk)], e);
+  // Per head: the shift c, and the running maximum of s‖k‖²/2 over the keys j' ≤ j (finite ones),
+  // which bounds each query's logits by the keys it sees.
+  std::vector<double> head_shift(static_cast<std::size_t>(nbk), 0.0);
+  for (index_t bk = 0; bk < nbk; ++bk) {
+    double c = std::numeric_limits<double>::quiet_NaN();
+    for (index_t j = 0; j < nk && !std::isfinite(c); ++j) c = key_exp[static_cast<std::size_t>(bk * nk + j)];
+    if (ker != Kernel::kTrig) {
+      const index_t hk = bk % p.kv_heads();
+      const float* w = dir_of(hk);  // d × M, √s folded in: ‖ω_m‖² = Σ_k w[k·M + m]² / s
+      double cw = 0;
+      for (index_t r = 0; r < m; ++r) {
+        double n2 = 0;
+        for (index_t k = 0; k < d; ++k) n2 += static_cast<double>(w[k * m + r]) * w[k * m + r];
+        cw = std::max(cw, n2 / std::max(s, 1e-300) / 2);
+      }
+      c = std::isfinite(c) ? std::max(c, cw - kMaxKeyExponent) : cw;
     }
+    head_shift[static_cast<std::size_t>(bk)] = std::isfinite(c) ? c : 0.0;
+    for (index_t j = 1; j < nk; ++j)
+      key_norm[static_cast<std::size_t>(bk * nk + j)] =
+          std::max(key_norm[static_cast<std::size_t>(bk * nk + j)], key_norm[static_cast<std::size_t>(bk * nk + j - 1)]);
+  }
   parallel_for(ctx, nbk * nseg, [&](std::int64_t t) {
     const index_t bk = t / nseg, j0 = (t % nseg) * kSeg, rows = std::min(kSeg, nk - j0);
     for (index_t r = 0; r < rows; ++r) {
       const std::size_t at = static_cast<std::size_t>(bk * nk + j0 + r);
       const double e = key_exp[at];
-      const float off = static_cast<float>(e - head_max[static_cast<std::size_t>(bk)]);  // NaN stays NaN
+      // E_j − c; the row maximum is then added back in `finish`: exp(E − max E + (max E − c)).
+      const float off = static_cast<float>(e - head_shift[static_cast<std::size_t>(bk)]);  // NaN stays NaN
       finish(keys_data + at * f, off);
     }
   });
@@ -267,13 +288,22 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
   // Queries: each row shifted by its own maximum (offset 0).
   blocks::FeatureFn query = [&](index_t b, index_t h, index_t i0, index_t rows, float* psi) {
     project(p.q.row(b, h, i0), p.q.stride[2], rows, h / p.group(), psi);
+    const index_t bk = b * p.kv_heads() + h / p.group();
     for (index_t r = 0; r < rows; ++r) {
+      const index_t seen = p.causal == Causal::kNone ? nk : p.key_range(i0 + r).end;
+      const double kn2 = seen > 0 ? key_norm[static_cast<std::size_t>(bk * nk + seen - 1)] : 0.0;
+      const double kmax = std::sqrt(2 * kn2 / std::max(s, 1e-300));
       const double qn = std::sqrt(2 * half_norm2(p.q.row(b, h, i0 + r)) / std::max(s, 1e-300));
       NUMATTN_CHECK(!(s * qn * kmax > kLogitRefusal) || !std::isfinite(qn),  // non-finite: NaN features
-                    "kernel.performer: |scale|·‖q‖·max‖k‖ = {:.3g} (query row [b,h,i] = [{},{},{}]) exceeds {:.0e}; "
-                    "random features carry no information about such logits (and float32 projections lose them); "
-                    "reduce the scale or the magnitude of q and k",
+                    "kernel.performer: |scale|·‖q‖·max‖k‖ = {:.3g} (query row [b,h,i] = [{},{},{}], over the keys it "
+                    "sees) exceeds {:.0e}; random features carry no information about such logits (and float32 "
+                    "projections lose them); reduce the scale or the magnitude of q and k",
                     s * qn * kmax, b, h, i0 + r, kLogitRefusal);
+      NUMATTN_CHECK(ker != Kernel::kTrig || !(kn2 - head_shift[static_cast<std::size_t>(bk)] > kMaxKeyExponent),
+                    "kernel.performer(kernel=trig): a key seen by query row [b,h,i] = [{},{},{}] has s·‖k‖²/2 = {:.3g}, "
+                    "{:.3g} above the head's first key: its weight exp(s·‖k‖²/2) leaves float32 sums; use the positive "
+                    "kernel or reduce the magnitude of k",
+                    b, h, i0 + r, kn2, kn2 - head_shift[static_cast<std::size_t>(bk)]);
       finish(psi + r * f, 0.f);
     }
   };
