@@ -421,11 +421,8 @@ std::vector<PoisonCase> poison_cases() {
 }
 
 // Native causal forms whose earlier rows still change when later keys change (docs/methods.md,
-// "Causal forms"): each is a finding about that form, kept here so that a fix, or a new leak,
-// fails this test until the list and the catalogue are updated.
-const std::set<std::string> kKnownLeaks = {
-    "lowrank.loki",         // PCA basis of all keys, including future ones
-};
+// "Causal forms"): none. A new leak fails the test until it is fixed or listed here.
+const std::set<std::string> kKnownLeaks = {};
 
 // Every registered method runs causal problems (both alignments, Nq ≠ Nk, GQA, odd sizes), and
 // sliding-window ones when it claims windows or runs by the recursion; rows never read keys

@@ -11,17 +11,22 @@ namespace numattn {
 /// its first r principal coordinates rank keys well enough to *choose* them; the chosen keys
 /// then get exact softmax attention with full-dimensional dot products.
 ///
-/// Per (batch, kv head): P_r = the r = ceil(rank_frac·Dk) leading eigenvectors of the keys'
-/// second-moment matrix Σⱼ kⱼᵀkⱼ (uncentred: P_r then spans the best rank-r approximation of K,
-/// which is what dot products with K see). Per query row i: approximate logits
-/// s̃ᵢⱼ = scale·(qᵢP_r)·(kⱼP_r) + maskᵢⱼ over the keys it sees; T_i = the
-/// ceil(topk_frac·|visible keys|) largest (ties: lower index); output = exact softmax over T_i
-/// with logits scale·qᵢ·kⱼ + maskᵢⱼ.
+/// Per (batch, kv head) and calibration length L: P_r = the r = ceil(rank_frac·Dk) leading
+/// eigenvectors of the second-moment matrix Σ_{j<L} kⱼᵀkⱼ of the keys [0, L) (uncentred: P_r then
+/// spans the best rank-r approximation of those keys, which is what dot products with K see).
+/// Per query row i: approximate logits s̃ᵢⱼ = scale·(qᵢP_r)·(kⱼP_r) + maskᵢⱼ over the keys it
+/// sees; T_i = the ceil(topk_frac·|visible keys|) largest (ties: lower index); output = exact
+/// softmax over T_i with logits scale·qᵢ·kⱼ + maskᵢⱼ.
 ///
-/// **Self-calibration.** Loki computes P offline from calibration text, per layer and head.
-/// Here the basis comes from the problem's own keys (all finite keys of the kv head, including
-/// those a causal row does not see yet): the same estimator on the data at hand. It only
-/// steers which keys are chosen; the output of each row is still a softmax over keys it sees.
+/// **Calibration.** Loki computes P offline from calibration text, per layer and head. Here the
+/// basis comes from the problem's own keys, but only from keys each row has seen: a block of 32
+/// query rows uses L = Nk when all its rows see the last key (non-causal, no right window: every
+/// key), else L = the largest power of two ≤ F, F the smallest frontier (key_range end) of its
+/// rows. So a key beyond a row's frontier never shapes its basis, its choice or its output
+/// (a causal row's output depends only on the keys it sees, in both alignments); calibration
+/// grows with the prefix (the first rows use few keys, rows past position 2^t use at least 2^t),
+/// about log2(Nk) bases per kv head. The basis only steers which keys are chosen; the output of
+/// each row is still a softmax over keys it sees.
 ///
 /// Supports both causal alignments, boolean and additive masks and sliding windows: selection
 /// is among the keys each row sees. Error: the softmax mass of the keys left out (renormalised
@@ -36,9 +41,10 @@ namespace numattn {
 /// T_i; then blocks::attend_chosen gathers the chosen keys' k and v rows chunk by chunk of keys,
 /// so that the rows sharing keys read them from L1, for full-dimensional logits and the
 /// softmax-weighted sum of values. Cost per query head: O(Nq·Nk·r) approximate scores + O(Nq·Nk)
-/// selection + O(Nq·k·(Dk+Dv)) exact part (half of the first two with causal), plus O(Nk·Dk²)
-/// per kv head for the basis; `flops` counts the scores, the exact part and the basis. Memory:
-/// O(Nk·r) per kv head and O(32·Nk) per thread and query head of a group. No LSE (the softmax
+/// selection + O(Nq·k·(Dk+Dv)) exact part (half of the first two with causal), plus
+/// O(Nk·Dk·(Dk + r)) per kv head for the bases (Σ L ≤ 2·Nk Gram rows, about 4·Nk projected
+/// keys); `flops` counts the scores, the exact part and the bases. Memory: O(Nk·r) per kv head
+/// (about 4·Nk·r causal) and O(32·Nk) per thread and query head of a group. No LSE (the softmax
 /// over T_i is not the row's log-sum-exp).
 class LokiAttention final : public AttentionMethod {
  public:
