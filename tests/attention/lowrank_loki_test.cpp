@@ -1,6 +1,6 @@
 // lowrank.loki against a float64 transcription of Loki (Singhania et al., NeurIPS 2024): PCA basis
 // of the calibration keys (leading eigenvectors of KᵀK over the keys before the frontier of a
-// block of 32 rows, a power of two of them; all keys without one), approximate scores in r
+// block of 32 rows, rounded down to a multiple of 128; all keys without one), approximate scores in r
 // coordinates, the top
 // ceil(f·visible) keys per row, exact softmax over them; causal and masked variants against the
 // dense masked computation; limits (topk_frac = 1 exact; rank_frac = 1 = exact top-k attention);
@@ -46,12 +46,14 @@ std::vector<double> transcription(const AttentionProblem& p, double rank_frac, d
         for (index_t c = 0; c < d; ++c) K(j, c) = p.k(b, hk, j, c);
       for (index_t i = 0; i < p.n_q(); ++i) {
         // The calibration keys [0, L) of row i's block of 32 rows: all keys when every row of
-        // the block sees the last one, else the largest power of two ≤ the block's smallest
-        // frontier.
+        // the block sees the last one, else the block's smallest frontier rounded down to a
+        // multiple of 128 (to a power of two below 128).
         index_t first = nk;
         for (index_t u = i / 32 * 32; u < std::min(p.n_q(), i / 32 * 32 + 32); ++u)
           if (!p.key_range(u).empty()) first = std::min(first, p.key_range(u).end);
-        const index_t len = first < nk ? static_cast<index_t>(std::bit_floor(static_cast<std::uint64_t>(first))) : nk;
+        const index_t len = first >= nk    ? nk
+                            : first >= 128 ? first / 128 * 128
+                                           : static_cast<index_t>(std::bit_floor(static_cast<std::uint64_t>(first)));
         const Mat Kc = K.topRows(len);
         const Mat P = decomp::dense::sym_eig(Kc.transpose() * Kc).vectors.rightCols(r);  // the leading r (order within is irrelevant)
         const Mat KP = K * P;

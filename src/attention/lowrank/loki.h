@@ -21,12 +21,15 @@ namespace numattn {
 /// **Calibration.** Loki computes P offline from calibration text, per layer and head. Here the
 /// basis comes from the problem's own keys, but only from keys each row has seen: a block of 32
 /// query rows uses L = Nk when all its rows see the last key (non-causal, no right window: every
-/// key), else L = the largest power of two ≤ F, F the smallest frontier (key_range end) of its
-/// rows. So a key beyond a row's frontier never shapes its basis, its choice or its output
-/// (a causal row's output depends only on the keys it sees, in both alignments); calibration
-/// grows with the prefix (the first rows use few keys, rows past position 2^t use at least 2^t),
-/// about log2(Nk) bases per kv head. The basis only steers which keys are chosen; the output of
-/// each row is still a softmax over keys it sees.
+/// key), else L = F rounded down to a multiple of 128 (to a power of two when F < 128), F the
+/// smallest frontier (key_range end) of its rows. So a key beyond a row's frontier never shapes
+/// its basis, its choice or its output (a causal row's output depends only on the keys it sees,
+/// in both alignments), while its basis covers all but fewer than 128 of the keys it sees: the
+/// recent keys matter (coarser steps measured worse, and a basis of every key, future ones
+/// included, worse than steps of 128). About Nk/128 + 7 bases per kv head; their Gram matrices
+/// are running sums. The
+/// basis only steers which keys are chosen; the output of each row is still a softmax over keys
+/// it sees.
 ///
 /// Supports both causal alignments, boolean and additive masks and sliding windows: selection
 /// is among the keys each row sees. Error: the softmax mass of the keys left out (renormalised
@@ -42,9 +45,11 @@ namespace numattn {
 /// so that the rows sharing keys read them from L1, for full-dimensional logits and the
 /// softmax-weighted sum of values. Cost per query head: O(Nq·Nk·r) approximate scores + O(Nq·Nk)
 /// selection + O(Nq·k·(Dk+Dv)) exact part (half of the first two with causal), plus
-/// O(Nk·Dk·(Dk + r)) per kv head for the bases (Σ L ≤ 2·Nk Gram rows, about 4·Nk projected
-/// keys); `flops` counts the scores, the exact part and the bases. Memory: O(Nk·r) per kv head
-/// (about 4·Nk·r causal) and O(32·Nk) per thread and query head of a group. No LSE (the softmax
+/// O(Nk·Dk² + Σ_bases E·Dk·r) per kv head for the bases (running Gram sums; each basis projects
+/// the E keys its blocks see: about Nk²/256 keys causal, one Dk-long dot product per key and
+/// reduced coordinate); `flops` counts the scores, the exact part and the bases. Memory:
+/// O(Σ_bases E·r) per kv head (about Nk²/256·r floats causal: 17 MB per kv head at Nk = 8192,
+/// r = 16) and O(32·Nk) per thread and query head of a group. No LSE (the softmax
 /// over T_i is not the row's log-sum-exp).
 class LokiAttention final : public AttentionMethod {
  public:
