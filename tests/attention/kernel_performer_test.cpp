@@ -29,7 +29,8 @@ ProblemConfig config(index_t hq, index_t hk, index_t n, index_t nk, index_t d, i
 }
 
 /// FAVOR+ in float64 with the method's draws and its stabiliser (rows of Φ_Q over their maximum,
-/// Φ_K over the first key's maximum, + ε; trig: key weights over one factor, clamped denominator).
+/// Φ_K over the maximum of the keys every row sees, + ε; trig: key weights over one factor,
+/// clamped denominator).
 std::vector<double> dense_performer(const PerformerAttention& m, const AttentionProblem& p) {
   const auto ker = m.kernel();
   const index_t M = m.params().get_int("features"), d = p.d_qk();
@@ -79,18 +80,11 @@ std::vector<double> dense_performer(const PerformerAttention& m, const Attention
         for (index_t e = 0; e < nread * f; ++e) base[e] /= std::abs(mx);
         continue;
       }
-      // Over the first key's largest feature, but not below e^{max‖ω‖²/2 − 60} (times the
-      // features' constant M^{-1/2}, φ(0)), then + ε.
-      double cw = 0;
-      const std::vector<double>& wd = w[static_cast<std::size_t>(hk)];
-      for (index_t r = 0; r < M; ++r) {
-        double n2 = 0;
-        for (index_t k = 0; k < d; ++k) n2 += wd[static_cast<std::size_t>(r * d + k)] * wd[static_cast<std::size_t>(r * d + k)];
-        cw = std::max(cw, n2 / 2);
-      }
-      std::vector<double> zero(static_cast<std::size_t>(d), 0.0), at0(static_cast<std::size_t>(f));
-      phi(hk)(0, zero.data(), at0.data());
-      const double mx = std::max(*std::max_element(base, base + f), at0[0] * std::exp(cw - 60));
+      // Over the largest feature of the keys every row that sees a key sees, then + ε.
+      index_t common = nread;
+      for (index_t i = 0; i < nq; ++i)
+        if (test::dense_seen(p, i) > 0) common = std::min(common, test::dense_seen(p, i));
+      const double mx = *std::max_element(base, base + common * f);
       for (index_t e = 0; e < nread * f; ++e) base[e] = base[e] / mx + 1e-6;
     }
   auto kappa = [&](index_t b, index_t h, index_t i, index_t j) {

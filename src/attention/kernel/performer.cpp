@@ -23,7 +23,7 @@ namespace {
 constexpr float kEps = 1e-6f;             // the official numerical_stabilizer
 constexpr double kLogitRefusal = 1e6;     // |s|·max‖q‖·max‖k‖ beyond which we refuse
 constexpr index_t kCausalChunk = 32;      // b of the block algorithm: measured fastest at N = 16384 (16–128 tried)
-constexpr double kMaxKeyExponent = 60;    // key features ≤ e^60: Nk·e^60·max|v| stays in float32
+constexpr double kMaxKeyExponent = 60;    // key features ≤ e^60 (E_j − shift): Nk·e^60·max|v| stays in float32
 
 double budget(const BudgetInput& in) {
   if (in.params.get_int("features") == 0) return exact_f32_tolerance(in.logit_magnitude).rel_fro_error;
@@ -207,12 +207,11 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
   // Keys: project; the exponent's maximum per key E_j (max E − s‖k‖²/2, or s‖k‖²/2 for trig's
   // weight); then features with offset = −(s‖k‖²/2 + c), one shift c per head (it cancels).
   // The official stabiliser takes c = max_j E_j over every key: a later key then changes the
-  // features, and the outputs, of earlier rows. Here c is E of the head's first finite key, the
-  // one key every row that sees a key sees (no windows), so no row's output depends on a key it
-  // does not see. positive/hyperbolic: ω·x − ‖x‖²/2 = ‖ω‖²/2 − ‖x − ω‖²/2 ≤ max‖ω‖²/2 =: c_ω,
-  // and c is raised to at least c_ω − kMaxKeyExponent, so no key feature exceeds e^60 (its sums
-  // over Nk keys stay in float32). trig: exp(s‖k‖²/2 − c) has no such bound; a row that sees a
-  // key with s‖k‖²/2 − c > kMaxKeyExponent is refused below.
+  // features, and the outputs, of earlier rows. Here c = max E_j over the keys that every row
+  // reading a key sees (all keys without a causal rule: the official shift; the first key of a
+  // square causal problem; the shared prefix of a decode-like one), so no row depends on a key
+  // it does not see. A key with E_j − c > kMaxKeyExponent would leave float32 sums: a row that
+  // sees one is refused below.
   const index_t nk = blocks::keys_read(p), nbk = p.batch() * p.kv_heads();
   // Key features of every head: 4·B·Hkv·Nk·f bytes, the largest buffer here. Reused by the calling
   // thread across calls (a fresh one costs a page fault and a kernel page clear per 4 KiB, ~20% of
@@ -252,27 +251,25 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
       key_exp[at] = ker == Kernel::kTrig ? n2h : static_cast<double>(mx) - n2h;
     }
   });
-  // Per head: the shift c, and the running maximum of s‖k‖²/2 over the keys j' ≤ j (finite ones),
-  // which bounds each query's logits by the keys it sees.
+  // Per head: the shift c, and the running maxima of E_j and of s‖k‖²/2 over the keys j' ≤ j
+  // (finite ones), which bound each query's features and logits by the keys it sees.
+  index_t common = nk;  // keys every row that sees a key sees
+  for (index_t i = 0; i < p.n_q(); ++i) {
+    const KeyRange kr = p.key_range(i);
+    if (!kr.empty()) common = std::min(common, kr.end);
+  }
   std::vector<double> head_shift(static_cast<std::size_t>(nbk), 0.0);
+  std::vector<double> key_top(static_cast<std::size_t>(nbk * nk));
   for (index_t bk = 0; bk < nbk; ++bk) {
-    double c = std::numeric_limits<double>::quiet_NaN();
-    for (index_t j = 0; j < nk && !std::isfinite(c); ++j) c = key_exp[static_cast<std::size_t>(bk * nk + j)];
-    if (ker != Kernel::kTrig) {
-      const index_t hk = bk % p.kv_heads();
-      const float* w = dir_of(hk);  // d × M, √s folded in: ‖ω_m‖² = Σ_k w[k·M + m]² / s
-      double cw = 0;
-      for (index_t r = 0; r < m; ++r) {
-        double n2 = 0;
-        for (index_t k = 0; k < d; ++k) n2 += static_cast<double>(w[k * m + r]) * w[k * m + r];
-        cw = std::max(cw, n2 / std::max(s, 1e-300) / 2);
-      }
-      c = std::isfinite(c) ? std::max(c, cw - kMaxKeyExponent) : cw;
+    double c = -std::numeric_limits<double>::infinity(), top = c;
+    for (index_t j = 0; j < nk; ++j) {
+      const std::size_t at = static_cast<std::size_t>(bk * nk + j);
+      if (std::isfinite(key_exp[at])) top = std::max(top, key_exp[at]);
+      if (j < common) c = top;
+      key_top[at] = top;
+      if (j > 0) key_norm[at] = std::max(key_norm[at], key_norm[at - 1]);
     }
     head_shift[static_cast<std::size_t>(bk)] = std::isfinite(c) ? c : 0.0;
-    for (index_t j = 1; j < nk; ++j)
-      key_norm[static_cast<std::size_t>(bk * nk + j)] =
-          std::max(key_norm[static_cast<std::size_t>(bk * nk + j)], key_norm[static_cast<std::size_t>(bk * nk + j - 1)]);
   }
   parallel_for(ctx, nbk * nseg, [&](std::int64_t t) {
     const index_t bk = t / nseg, j0 = (t % nseg) * kSeg, rows = std::min(kSeg, nk - j0);
@@ -299,11 +296,12 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
                     "sees) exceeds {:.0e}; random features carry no information about such logits (and float32 "
                     "projections lose them); reduce the scale or the magnitude of q and k",
                     s * qn * kmax, b, h, i0 + r, kLogitRefusal);
-      NUMATTN_CHECK(ker != Kernel::kTrig || !(kn2 - head_shift[static_cast<std::size_t>(bk)] > kMaxKeyExponent),
-                    "kernel.performer(kernel=trig): a key seen by query row [b,h,i] = [{},{},{}] has s·‖k‖²/2 = {:.3g}, "
-                    "{:.3g} above the head's first key: its weight exp(s·‖k‖²/2) leaves float32 sums; use the positive "
-                    "kernel or reduce the magnitude of k",
-                    b, h, i0 + r, kn2, kn2 - head_shift[static_cast<std::size_t>(bk)]);
+      const double top = seen > 0 ? key_top[static_cast<std::size_t>(bk * nk + seen - 1)] : 0.0;
+      NUMATTN_CHECK(!(top - head_shift[static_cast<std::size_t>(bk)] > kMaxKeyExponent),
+                    "kernel.performer: query row [b,h,i] = [{},{},{}] sees a key whose feature exponent is {:.3g} above "
+                    "the stabiliser's shift (the largest over the keys every row sees): its features would exceed "
+                    "e^{:.0f} and leave float32 sums; reduce the spread of the key norms",
+                    b, h, i0 + r, top - head_shift[static_cast<std::size_t>(bk)], kMaxKeyExponent);
       finish(psi + r * f, 0.f);
     }
   };

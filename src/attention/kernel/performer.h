@@ -20,17 +20,15 @@ namespace numattn {
 /// Stabiliser: a query row is shifted by its own maximum of ω_mᵀx − ‖x‖²/2 (a per-row factor,
 /// cancels in the row's normalisation), the keys of a head by one shift c (cancels), then
 /// ε = 1e-6 is added to every feature; M^{-1/2} cancels and is not applied. The official code
-/// takes c = the maximum over all keys and features, so that a later key changes the features of
-/// every key and the outputs of earlier rows (a future token reaches the past). Here c is the
-/// largest exponent max_m ω_mᵀk − ‖k‖²/2 of the head's first finite key, which every row that sees
-/// a key sees: no row depends on a key it does not see, in both causal alignments. c is raised to
-/// at least max_m ‖ω_m‖²/2 − 60, an upper bound of every exponent (ω·x − ‖x‖²/2 =
-/// ‖ω‖²/2 − ‖x − ω‖²/2) less 60, so no key feature exceeds e^60 and ε is relative to the first key's
-/// largest feature (the official scheme when the first key holds the maximum). trig: the key
-/// weights exp(‖k‖²/2) are shifted by the first key's, no ε; a row that sees a key 60 or more
-/// above it in ‖k‖²/2 is refused (Error); a negative denominator estimate is clamped to 0 (that
-/// row comes out 0). The causal form is FAVOR+'s prefix sums (or their block form), which read
-/// only the keys each row sees.
+/// takes c = the maximum over all keys and features, so that under a causal rule a later key
+/// changes the features of every key and the outputs of earlier rows (a future token reaches the
+/// past). Here c is that maximum over the keys every row that reads a key sees: all keys without a
+/// causal rule (the official stabiliser), the first key of a square causal problem, the shared
+/// prefix of a decode-like one (Nq < Nk, bottom-right). No row then depends on a key it does not
+/// see. A row that sees a key whose exponent exceeds c by more than 60 is refused (Error: its
+/// features would leave float32 sums). trig: the key weights exp(‖k‖²/2) are shifted the same way,
+/// no ε, and a negative denominator estimate is clamped to 0 (that row comes out 0). The causal
+/// form is FAVOR+'s prefix sums (or their block form), which read only the keys each row sees.
 ///
 /// `redraw`: training redraws ω every few steps; one inference call has no steps, so the choice
 /// left is how draws are shared: `head` draws ω independently per KV head (stream = kv head,
