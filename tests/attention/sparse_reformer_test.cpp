@@ -42,12 +42,11 @@ std::set<index_t> union_keys(const std::vector<reformer::Round>& plan, const Att
   return keys;
 }
 
-/// Float64 softmax of row i over `keys` (rows of `k`, Dk each); the diagonal key when empty.
+/// Float64 softmax of row i over `keys` (rows of `k`, Dk each); key min(i, count − 1) when empty.
 double softmax_row(const AttentionProblem& p, index_t b, index_t h, index_t i, std::set<index_t> keys,
                    const std::vector<float>& k, std::vector<double>& o) {
   const index_t dk = p.d_qk(), dv = p.d_v(), hk = h / p.group();
-  if (keys.empty()) keys.insert(std::min<index_t>(i,
-                                                  static_cast<index_t>(k.size()) / dk - 1));
+  if (keys.empty()) keys.insert(std::min<index_t>(i, static_cast<index_t>(k.size()) / dk - 1));
   std::vector<double> l;
   double mx = -1e300;
   for (index_t j : keys) {
