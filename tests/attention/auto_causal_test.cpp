@@ -421,17 +421,8 @@ std::vector<PoisonCase> poison_cases() {
 }
 
 // Native causal forms whose earlier rows still change when later keys change (docs/methods.md,
-// "Causal forms"): each is a finding about that form, kept here so that a fix, or a new leak,
-// fails this test until the list and the catalogue are updated.
-const std::set<std::string> kKnownLeaks = {
-    "kernel.levattention",  // k = 1e30 beyond the frontier changes earlier rows
-    "kernel.performer",     // head-wide feature stabiliser over all keys, ε added after it
-    "kernel.polysketch",    // sketch statistics over all keys
-    "kernel.tensorsketch",  // sketch statistics over all keys
-    "lowrank.loki",         // PCA basis of all keys, including future ones
-    "lowrank.svd",          // the rank-r approximation of the masked P spreads onto masked entries
-    "sparse.reformer",      // future keys' LSH buckets change the chunks of earlier queries
-};
+// "Causal forms"): none. A new leak fails the test until it is fixed or listed here.
+const std::set<std::string> kKnownLeaks = {};
 
 // Every registered method runs causal problems (both alignments, Nq ≠ Nk, GQA, odd sizes), and
 // sliding-window ones when it claims windows or runs by the recursion; rows never read keys

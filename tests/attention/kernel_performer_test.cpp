@@ -29,7 +29,8 @@ ProblemConfig config(index_t hq, index_t hk, index_t n, index_t nk, index_t d, i
 }
 
 /// FAVOR+ in float64 with the method's draws and its stabiliser (rows of Φ_Q over their maximum,
-/// Φ_K over the head's maximum, + ε; trig: key weights over their maximum, clamped denominator).
+/// Φ_K over the maximum of the keys every row sees, + ε; trig: key weights over one factor,
+/// clamped denominator).
 std::vector<double> dense_performer(const PerformerAttention& m, const AttentionProblem& p) {
   const auto ker = m.kernel();
   const index_t M = m.params().get_int("features"), d = p.d_qk();
@@ -74,9 +75,17 @@ std::vector<double> dense_performer(const PerformerAttention& m, const Attention
         for (index_t k = 0; k < d; ++k) x[static_cast<std::size_t>(k)] = rs * p.k(b, hk, j, k);
         phi(hk)(0, x.data(), base + j * f);
       }
-      const double mx = *std::max_element(base, base + nread * f, [](double a, double c) { return std::abs(a) < std::abs(c); });
-      for (index_t e = 0; e < nread * f; ++e)
-        base[e] = ker == PerformerAttention::Kernel::kTrig ? base[e] / std::abs(mx) : base[e] / mx + 1e-6;
+      if (ker == PerformerAttention::Kernel::kTrig) {  // one factor per head: cancels (no ε)
+        const double mx = *std::max_element(base, base + nread * f, [](double a, double c) { return std::abs(a) < std::abs(c); });
+        for (index_t e = 0; e < nread * f; ++e) base[e] /= std::abs(mx);
+        continue;
+      }
+      // Over the largest feature of the keys every row that sees a key sees, then + ε.
+      index_t common = nread;
+      for (index_t i = 0; i < nq; ++i)
+        if (test::dense_seen(p, i) > 0) common = std::min(common, test::dense_seen(p, i));
+      const double mx = *std::max_element(base, base + common * f);
+      for (index_t e = 0; e < nread * f; ++e) base[e] = base[e] / mx + 1e-6;
     }
   auto kappa = [&](index_t b, index_t h, index_t i, index_t j) {
     const double* a = Fq.data() + ((b * p.heads() + h) * nq + i) * f;

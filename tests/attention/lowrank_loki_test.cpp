@@ -1,5 +1,7 @@
 // lowrank.loki against a float64 transcription of Loki (Singhania et al., NeurIPS 2024): PCA basis
-// of the keys (leading eigenvectors of KᵀK), approximate scores in r coordinates, the top
+// of the calibration keys (leading eigenvectors of KᵀK over the keys before the frontier of a
+// block of 32 rows, rounded down to a multiple of 128; all keys without one), approximate scores in r
+// coordinates, the top
 // ceil(f·visible) keys per row, exact softmax over them; causal and masked variants against the
 // dense masked computation; limits (topk_frac = 1 exact; rank_frac = 1 = exact top-k attention);
 // error falling with topk_frac.
@@ -8,6 +10,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -41,9 +44,19 @@ std::vector<double> transcription(const AttentionProblem& p, double rank_frac, d
       Mat K(nk, d);
       for (index_t j = 0; j < nk; ++j)
         for (index_t c = 0; c < d; ++c) K(j, c) = p.k(b, hk, j, c);
-      const Mat P = decomp::dense::sym_eig(K.transpose() * K).vectors.rightCols(r);  // the leading r (order within is irrelevant)
-      const Mat KP = K * P;
       for (index_t i = 0; i < p.n_q(); ++i) {
+        // The calibration keys [0, L) of row i's block of 32 rows: all keys when every row of
+        // the block sees the last one, else the block's smallest frontier rounded down to a
+        // multiple of 128 (to a power of two below 128).
+        index_t first = nk;
+        for (index_t u = i / 32 * 32; u < std::min(p.n_q(), i / 32 * 32 + 32); ++u)
+          if (!p.key_range(u).empty()) first = std::min(first, p.key_range(u).end);
+        const index_t len = first >= nk    ? nk
+                            : first >= 128 ? first / 128 * 128
+                                           : static_cast<index_t>(std::bit_floor(static_cast<std::uint64_t>(first)));
+        const Mat Kc = K.topRows(len);
+        const Mat P = decomp::dense::sym_eig(Kc.transpose() * Kc).vectors.rightCols(r);  // the leading r (order within is irrelevant)
+        const Mat KP = K * P;
         Eigen::VectorXd q(d);
         for (index_t c = 0; c < d; ++c) q(c) = p.q(b, h, i, c);
         const Eigen::VectorXd qp = P.transpose() * q;
@@ -135,13 +148,19 @@ TEST(Loki, EqualsItsFloat64Transcription) {
 TEST(Loki, PoisonedFutureKeysNeverReachTheOutput) {
   // Under a causal rule a row chooses among the keys it sees and gathers only those: future keys
   // set to 1e30 (k and v) never enter its output, which stays a convex combination of the values
-  // it sees. They do enter the self-calibrated basis (Loki's P comes from calibration keys, here
-  // all of the problem's), so the choice, not the reach, may change.
+  // it sees. Nor do they enter its basis (calibrated on keys before its block's frontier): its
+  // choice is that of the clean problem.
   for (Causal c : {Causal::kTopLeft, Causal::kBottomRight})
     for (index_t t : {0, 13, 40}) {
       RandomProblem prob(config(4, 2, 70, 90, 16, c, test::base_seed() + 300 + static_cast<std::uint64_t>(t)));
       const AttentionProblem& p = prob.problem();
       const index_t off = p.diag_offset();
+      const auto m = create_method("lowrank.loki(rank_frac=0.25,topk_frac=0.3)");
+      const auto& loki = dynamic_cast<const LokiAttention&>(*m);
+      std::vector<std::vector<index_t>> clean;
+      for (index_t b = 0; b < p.batch(); ++b)
+        for (index_t h = 0; h < p.heads(); ++h)
+          for (index_t i = 0; i <= t; ++i) clean.push_back(loki.chosen_keys(p, b, h, i));
       for (index_t b = 0; b < p.batch(); ++b)
         for (index_t hk = 0; hk < p.kv_heads(); ++hk)
           for (index_t j = std::max<index_t>(t + off + 1, 0); j < p.n_kv(); ++j) {
@@ -150,13 +169,14 @@ TEST(Loki, PoisonedFutureKeysNeverReachTheOutput) {
             std::fill(k, k + p.d_qk(), 1e30f);
             std::fill(v, v + p.d_v(), 1e30f);
           }
-      const auto m = create_method("lowrank.loki(rank_frac=0.25,topk_frac=0.3)");
       m->run(p, ExecContext{2});
-      const auto& loki = dynamic_cast<const LokiAttention&>(*m);
+      std::size_t row = 0;
       for (index_t b = 0; b < p.batch(); ++b)
         for (index_t h = 0; h < p.heads(); ++h)
-          for (index_t i = 0; i <= t; ++i) {
-            for (index_t j : loki.chosen_keys(p, b, h, i)) ASSERT_LE(j, i + off) << to_string(c) << " row " << i;
+          for (index_t i = 0; i <= t; ++i, ++row) {
+            const std::vector<index_t> keys = loki.chosen_keys(p, b, h, i);
+            EXPECT_EQ(keys, clean[row]) << to_string(c) << " row " << i;
+            for (index_t j : keys) ASSERT_LE(j, i + off) << to_string(c) << " row " << i;
             for (index_t d = 0; d < p.d_v(); ++d) {
               double lo = INFINITY, hi = -INFINITY;
               for (index_t j = 0; j <= i + off; ++j) lo = std::min<double>(lo, p.v(b, h / p.group(), j, d)), hi = std::max<double>(hi, p.v(b, h / p.group(), j, d));

@@ -1,4 +1,4 @@
-// lowrank.svd: against a dense float64 transcription (masked causal softmax matrix, Jacobi SVD,
+// lowrank.svd: against a dense float64 transcription (masked softmax matrix, Jacobi SVD,
 // P_r·V), the bound ‖(P − P_r)V‖₂ ≤ σ_{r+1}‖V‖₂, the full-rank limit with masks and causal
 // alignments, error falling with the rank, the memory refusal.
 #include <gtest/gtest.h>
@@ -37,7 +37,6 @@ Mat softmax_matrix(const AttentionProblem& p, index_t b, index_t h) {
 
 TEST(LowrankSvd, MatchesDenseFloat64Transcription) {
   ProblemConfig cfg = small_config(4, 2, 40, 56, 16, base_seed() + 1, 2.0);
-  cfg.causal = Causal::kBottomRight;
   cfg.dv = 8;
   RandomProblem prob(cfg);
   std::vector<float> add(40 * 56);
@@ -64,18 +63,35 @@ TEST(LowrankSvd, MatchesDenseFloat64Transcription) {
 }
 
 TEST(LowrankSvd, FullRankIsExactWithMasksAndCausalAlignments) {
-  for (Causal c : {Causal::kNone, Causal::kTopLeft, Causal::kBottomRight}) {
-    ProblemConfig cfg = small_config(2, 1, 30, 45, 12, base_seed() + 2, 4.0);
-    cfg.causal = c;
-    RandomProblem prob(cfg);
+  const auto exact_run = [](RandomProblem& prob, const std::string& what) {
+    create_method("lowrank.svd(rank=450)")->run(prob.problem(), ExecContext{3});
+    const ErrorMetrics e = compare_with_reference(prob.problem(), reference_all(prob.problem(), ExecContext{2}));
+    EXPECT_LE(e.rel_fro_error, exact_f32_tolerance(e.logit_magnitude).rel_fro_error) << what;
+    EXPECT_LE(e.max_scaled_error, exact_f32_tolerance(e.logit_magnitude).max_scaled_error) << what;
+  };
+  {
+    RandomProblem prob(small_config(2, 1, 30, 45, 12, base_seed() + 2, 4.0));
     std::vector<std::uint8_t> allowed(30 * 45);
     for (std::size_t x = 0; x < allowed.size(); ++x) allowed[x] = x % 5 != 2 && x / 45 != 3;  // row 3 empty
     prob.set_bool_mask(allowed);
-    create_method("lowrank.svd(rank=30)")->run(prob.problem(), ExecContext{3});
-    const ErrorMetrics e = compare_with_reference(prob.problem(), reference_all(prob.problem(), ExecContext{2}));
-    EXPECT_LE(e.rel_fro_error, exact_f32_tolerance(e.logit_magnitude).rel_fro_error) << to_string(c);
-    EXPECT_LE(e.max_scaled_error, exact_f32_tolerance(e.logit_magnitude).max_scaled_error) << to_string(c);
+    exact_run(prob, "boolean mask");
   }
+  // Causal rules and windows: by the causal recursion (its blocks at full rank are exact).
+  for (Causal c : {Causal::kTopLeft, Causal::kBottomRight}) {
+    ProblemConfig cfg = small_config(2, 1, 300, 450, 12, base_seed() + 2, 4.0);
+    cfg.causal = c;
+    RandomProblem prob(cfg);
+    EXPECT_TRUE(create_method("lowrank.svd")->runs_by_recursion(prob.problem()));
+    exact_run(prob, to_string(c));
+  }
+  // A mask on a causal problem would have to reach the recursion's blocks: refused, with a reason.
+  ProblemConfig cfg = small_config(2, 1, 30, 45, 12, base_seed() + 2, 4.0);
+  cfg.causal = Causal::kTopLeft;
+  RandomProblem prob(cfg);
+  prob.set_bool_mask(std::vector<std::uint8_t>(30 * 45, 1));
+  const Status s = create_method("lowrank.svd")->can_run(prob.problem());
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_FALSE(s.reason().empty());
 }
 
 TEST(LowrankSvd, ErrorFallsAsRankGrows) {

@@ -52,7 +52,10 @@ double simplicial_reference_row(const AttentionProblem& p, const TensorView<cons
 /// (|K_i| × Dv) product, and out += Σ_j v_j ⊙ U_j. The row kernel is register-blocked AVX-512
 /// or AVX2+FMA, or portable loops, as the library's CPU path says (core/cpu.h; tests run every
 /// path this CPU has). Parallel over (batch, head, blocks of 64 query rows). Throws numattn::Error on
-/// inconsistent shapes, windows < 1, masks, or Dv(V) ≠ Dv(V').
+/// inconsistent shapes, windows < 1, masks, or Dv(V) ≠ Dv(V'), and on a query row whose own
+/// windows hold values with max|v|·max|v'|·|J_i|·|K_i| > 1e37 (finite values; its sums would leave
+/// float32): only the values a row reads count, so values beyond a causal row's windows never
+/// refuse it.
 void simplicial_attention(const AttentionProblem& p, const TensorView<const float>& k2,
                           const TensorView<const float>& v2, index_t w1, index_t w2, const ExecContext& ctx);
 

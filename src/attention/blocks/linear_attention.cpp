@@ -367,21 +367,6 @@ double max_row_norm(const float* x, index_t rows, index_t m) {
   return best;
 }
 
-double max_query_feature_norm(const AttentionProblem& p, index_t m, const FeatureFn& query, const ExecContext& ctx) {
-  constexpr index_t kRows = 256;
-  const index_t nqc = (p.n_q() + kRows - 1) / kRows, items = p.batch() * p.heads() * nqc;
-  std::vector<double> best(static_cast<std::size_t>(items), 0.0);
-  parallel_for(ctx, items, [&](std::int64_t t) {
-    const index_t c = t % nqc, bh = t / nqc, i0 = c * kRows, rows = std::min(kRows, p.n_q() - i0);
-    std::vector<float> psi(static_cast<std::size_t>(rows * m));
-    query(bh / p.heads(), bh % p.heads(), i0, rows, psi.data());
-    best[static_cast<std::size_t>(t)] = max_row_norm(psi.data(), rows, m);
-  });
-  double b = 0;
-  for (double x : best) b = std::max(b, x);
-  return b;
-}
-
 std::size_t linear_attention_workspace(const AttentionProblem& p, const LinearAttentionConfig& cfg,
                                        const ExecContext& ctx) {
   const Layout L = layout(p, cfg);
@@ -524,41 +509,59 @@ std::size_t sketched_polynomial_workspace(const AttentionProblem& p, const Linea
 void sketched_polynomial_attention(const AttentionProblem& p, const LinearAttentionConfig& cfg, const SketchFn& phi,
                                    const char* name, const ExecContext& ctx) {
   const index_t m = cfg.feature_dim;
-  const InputNorms n = input_norms(p, ctx);
-  NUMATTN_CHECK(static_cast<double>(std::max<index_t>(p.n_kv(), 1)) * std::max(1.0, n.v) <= 1e36,
-                "{}: Nk·max(1,|v|) = {:.3g} exceeds the float32 bound 1e36 of its weighted sums; "
-                "reduce the magnitude of v",
-                name, static_cast<double>(p.n_kv()) * n.v);
   auto guarded = [&](const TensorView<const float>& x, index_t b, index_t h, index_t hk, index_t r0, index_t rows,
                      float* out) {
     phi(x, b, h, hk, r0, rows, out);
     poison_nonfinite_rows(x, b, h, r0, rows, out, m);
   };
-  std::vector<float> keys = key_features(
+  const std::vector<float> keys = key_features(
       p, m, [&](index_t b, index_t hk, index_t r0, index_t rows, float* out) { guarded(p.k, b, hk, hk, r0, rows, out); },
       ctx);
+  // The running maxima of ‖ψ(k_j)‖ and of max_d |v_jd| over j' ≤ j per (batch, kv head), finite
+  // inputs only (a non-finite k or v reaches the rows that see it through the sums); a sketch of a
+  // finite key that overflowed counts as +inf. Each query row checks the float32 bound of its own
+  // sums against the keys it sees, so a key it does not see can neither change nor refuse it.
+  const index_t nk = keys_read(p), nbk = p.batch() * p.kv_heads();
+  std::vector<double> kmax(static_cast<std::size_t>(nbk * nk), 0.0), vmax(static_cast<std::size_t>(nbk * nk), 0.0);
+  parallel_for(ctx, nbk, [&](std::int64_t bk) {
+    const index_t b = bk / p.kv_heads(), hk = bk % p.kv_heads();
+    double kr = 0, vr = 0;
+    for (index_t j = 0; j < nk; ++j) {
+      const float* x = keys.data() + (bk * nk + j) * m;
+      double s2 = 0;
+      for (index_t a = 0; a < m; ++a) s2 += static_cast<double>(x[a]) * x[a];
+      if (std::isfinite(s2)) kr = std::max(kr, std::sqrt(s2));
+      else if (simd::all_finite(p.k.row(b, hk, j), p.d_qk())) kr = std::numeric_limits<double>::infinity();
+      const float* v = p.v.row(b, hk, j);
+      for (index_t d = 0; d < p.d_v(); ++d)
+        if (std::isfinite(v[d])) vr = std::max(vr, static_cast<double>(std::abs(v[d])));
+      kmax[static_cast<std::size_t>(bk * nk + j)] = kr;
+      vmax[static_cast<std::size_t>(bk * nk + j)] = vr;
+    }
+  });
+  // No scaling of ψ_Q or ψ_K (a scale from the largest key feature would make every row depend
+  // on every key): the weights are ⟨ψ(q), ψ(k)⟩ (squared when self-tensored) and the shift is the
+  // target's 1.
+  const double e = cfg.self_tensor ? 2 : 1;
   const FeatureFn qphi = [&](index_t b, index_t h, index_t r0, index_t rows, float* out) {
     guarded(p.q, b, h, h / p.group(), r0, rows, out);
+    const index_t bk = b * p.kv_heads() + h / p.group();
+    for (index_t r = 0; r < rows; ++r) {
+      const index_t seen = p.causal == Causal::kNone ? nk : p.key_range(r0 + r).end;
+      if (seen <= 0) continue;
+      const std::size_t last = static_cast<std::size_t>(bk * nk + seen - 1);
+      const double qn = max_row_norm(out + r * m, 1, m);
+      const double bound = static_cast<double>(seen) * std::max(1.0, std::pow(qn * kmax[last], e)) * std::max(1.0, vmax[last]);
+      NUMATTN_CHECK(!(bound > 1e36),
+                    "{}: query row [b,h,i] = [{},{},{}]: (keys seen)·max(1, (‖ψ(q)‖·max‖ψ(k)‖)^{})·max(1, max|v|) = "
+                    "{:.3g} over the keys it sees exceeds the float32 bound 1e36 of its weighted sums; reduce the "
+                    "scale or the magnitude of q, k, v",
+                    name, b, h, r0 + r, static_cast<int>(e), bound);
+    }
   };
-  const double qmax = max_query_feature_norm(p, m, qphi, ctx);
-  const double kmax = max_row_norm(keys.data(), static_cast<index_t>(keys.size()) / m, m);
-  const double alpha = qmax > 0 ? 1 / qmax : 1, beta = kmax > 0 ? 1 / kmax : 1;
-  const double shift = cfg.self_tensor ? (alpha * beta) * (alpha * beta) : alpha * beta;
-  NUMATTN_CHECK(shift > 0 && std::isfinite(shift),
-                "{}: the sketched features reach norms {:.3g} (queries) and {:.3g} (keys); the denominator's 1 is "
-                "then beyond float64's range relative to the weights; reduce the scale or the magnitude of q and k",
-                name, qmax, kmax);
-  for (float& x : keys) x = static_cast<float>(x * beta);
-  LinearAttentionConfig scaled = cfg;
-  scaled.den.shift = shift;
-  const float fa = static_cast<float>(alpha);
-  linear_attention(
-      p, scaled,
-      [&](index_t b, index_t h, index_t r0, index_t rows, float* out) {
-        qphi(b, h, r0, rows, out);
-        for (index_t e = 0; e < rows * m; ++e) out[e] *= fa;
-      },
-      keys.data(), ctx);
+  LinearAttentionConfig plain = cfg;
+  plain.den.shift = 1;
+  linear_attention(p, plain, qphi, keys.data(), ctx);
 }
 
 }  // namespace numattn::blocks

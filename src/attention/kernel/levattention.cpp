@@ -94,13 +94,13 @@ KvPlan plan_kv(const AttentionProblem& p, index_t b, index_t hk, index_t s) {
   plan.evict.assign(static_cast<std::size_t>(u), kNever);
   if (s >= u) return plan;
   const std::vector<double> a = keys_f64(p, b, hk, u);
+  // The ridge λ sets the scale of "new direction" and must not depend on keys a row does not
+  // see: 1e-12·‖k_f‖² of the first nonzero key f. A row that sees keys before f only sees zero
+  // keys, whose scores are 0 whatever λ is, so no row's set depends on a key beyond its prefix.
   double norm2 = 0;
-  for (index_t j = 0; j < u; ++j) {
-    double r = 0;
-    for (index_t c = 0; c < d; ++c) r += a[static_cast<std::size_t>(j * d + c)] * a[static_cast<std::size_t>(j * d + c)];
-    norm2 = std::max(norm2, r);
-  }
-  const double lambda = norm2 > 0 ? 1e-12 * norm2 : 1.0;
+  for (index_t j = 0; j < u && norm2 == 0; ++j)
+    for (index_t c = 0; c < d; ++c) norm2 += a[static_cast<std::size_t>(j * d + c)] * a[static_cast<std::size_t>(j * d + c)];
+  const double lambda = std::max(1e-12 * norm2, std::numeric_limits<double>::min());
   const std::vector<double> score = decomp::online_leverage_scores(a.data(), u, d, d, lambda);
   // The top-s set of each prefix: a heap whose top is the worst member; a key leaves the set
   // when a better one pushes it out (possibly at once).

@@ -14,9 +14,11 @@ namespace numattn {
 ///   of every query of the GQA group over U.
 /// - Causal (both alignments): query i sees the prefix of keys j < e_i. Each key gets its
 ///   *online* leverage score ℓⱼ^on = kⱼ(K_{≤j}ᵀK_{≤j} + λI)⁻¹kⱼᵀ, computed when it arrives
-///   (λ = 1e-12·max‖kⱼ‖² over the keys in use, a rank guard), and U_i = the `keys` largest
+///   (λ = 1e-12·‖k_f‖² of the first nonzero key f, a rank guard), and U_i = the `keys` largest
 ///   online scores among the keys query i sees. Online scores of a key never depend on later
-///   keys, so U_i is a function of the visible prefix (up to λ); a sweep with a bounded heap
+///   keys and λ depends on no key a row sees later (a row that does not see f sees only zero
+///   keys, scored 0 whatever λ), so U_i and the row's output are a function of its visible
+///   prefix alone: no later key, however large or non-finite, changes it; a sweep with a bounded heap
 ///   records when each key enters and leaves the top set, so the whole pass is
 ///   O(Nk·d² + Nk·log keys) per kv head, plus the attention.
 ///

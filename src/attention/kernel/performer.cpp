@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "attention/method_def.h"
+#include "numattn/attention/blocks/dense_softmax.h"
 #include "numattn/attention/blocks/linear_attention.h"
 #include "numattn/attention/blocks/performer_features.h"
 #include "numattn/attention/registry.h"
@@ -19,6 +20,7 @@ namespace {
 constexpr float kEps = 1e-6f;             // the official numerical_stabilizer
 constexpr double kLogitRefusal = 1e6;     // |s|·max‖q‖·max‖k‖ beyond which we refuse
 constexpr index_t kCausalChunk = 32;      // b of the block algorithm: measured fastest at N = 16384 (16–128 tried)
+constexpr double kMaxKeyExponent = 60;    // key features ≤ e^60 (E_j − shift): Nk·e^60·max|v| stays in float32
 
 double budget(const BudgetInput& in) {
   if (in.params.get_int("features") == 0) return exact_f32_tolerance(in.logit_magnitude).rel_fro_error;
@@ -126,8 +128,7 @@ std::size_t PerformerAttention::workspace_bytes(const AttentionProblem& p, const
 
 void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
   if (params_.get_int("features") == 0) {  // M → ∞: exp(q·k) exactly, by the exact flash kernel
-    static const std::unique_ptr<AttentionMethod> exact = create_method("exact.flash");
-    exact->forward(p, ctx);
+    blocks::dense_softmax_attention(p, ctx);
     return;
   }
   const index_t m = params_.get_int("features"), d = p.d_qk();
@@ -182,9 +183,14 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
     return mx;
   };
 
-  // Keys: project; the exponent's maximum per key (max E − s‖k‖²/2, or s‖k‖²/2 for trig's
-  // weight), the head's maximum over the keys read (finite ones: a non-finite key must not poison
-  // the others), then features with offset = key maximum − head maximum ≤ 0.
+  // Keys: project; the exponent's maximum per key E_j (max E − s‖k‖²/2, or s‖k‖²/2 for trig's
+  // weight); then features with offset = −(s‖k‖²/2 + c), one shift c per head (it cancels).
+  // The official stabiliser takes c = max_j E_j over every key: a later key then changes the
+  // features, and the outputs, of earlier rows. Here c = max E_j over the keys that every row
+  // reading a key sees (all keys without a causal rule: the official shift; the first key of a
+  // square causal problem; the shared prefix of a decode-like one), so no row depends on a key
+  // it does not see. A key with E_j − c > kMaxKeyExponent would leave float32 sums: a row that
+  // sees one is refused below.
   const index_t nk = blocks::keys_read(p), nbk = p.batch() * p.kv_heads();
   // Key features of every head: 4·B·Hkv·Nk·f bytes, the largest buffer here. Reused by the calling
   // thread across calls (a fresh one costs a page fault and a kernel page clear per 4 KiB, ~20% of
@@ -224,21 +230,33 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
       key_exp[at] = ker == Kernel::kTrig ? n2h : static_cast<double>(mx) - n2h;
     }
   });
-  // The refusal bound needs max‖k‖ over the keys read (finite ones), and each query's norm below.
-  double kmax = 0;
-  for (double n2h : key_norm) kmax = std::max(kmax, std::sqrt(2 * n2h / std::max(s, 1e-300)));
-  std::vector<double> head_max(static_cast<std::size_t>(nbk), -std::numeric_limits<double>::infinity());
-  for (index_t bk = 0; bk < nbk; ++bk)
+  // Per head: the shift c, and the running maxima of E_j and of s‖k‖²/2 over the keys j' ≤ j
+  // (finite ones), which bound each query's features and logits by the keys it sees.
+  index_t common = nk;  // keys every row that sees a key sees
+  for (index_t i = 0; i < p.n_q(); ++i) {
+    const KeyRange kr = p.key_range(i);
+    if (!kr.empty()) common = std::min(common, kr.end);
+  }
+  std::vector<double> head_shift(static_cast<std::size_t>(nbk), 0.0);
+  std::vector<double> key_top(static_cast<std::size_t>(nbk * nk));
+  for (index_t bk = 0; bk < nbk; ++bk) {
+    double c = -std::numeric_limits<double>::infinity(), top = c;
     for (index_t j = 0; j < nk; ++j) {
-      const double e = key_exp[static_cast<std::size_t>(bk * nk + j)];
-      if (std::isfinite(e)) head_max[static_cast<std::size_t>(bk)] = std::max(head_max[static_cast<std::size_t>(bk)], e);
+      const std::size_t at = static_cast<std::size_t>(bk * nk + j);
+      if (std::isfinite(key_exp[at])) top = std::max(top, key_exp[at]);
+      if (j < common) c = top;
+      key_top[at] = top;
+      if (j > 0) key_norm[at] = std::max(key_norm[at], key_norm[at - 1]);
     }
+    head_shift[static_cast<std::size_t>(bk)] = std::isfinite(c) ? c : 0.0;
+  }
   parallel_for(ctx, nbk * nseg, [&](std::int64_t t) {
     const index_t bk = t / nseg, j0 = (t % nseg) * kSeg, rows = std::min(kSeg, nk - j0);
     for (index_t r = 0; r < rows; ++r) {
       const std::size_t at = static_cast<std::size_t>(bk * nk + j0 + r);
       const double e = key_exp[at];
-      const float off = static_cast<float>(e - head_max[static_cast<std::size_t>(bk)]);  // NaN stays NaN
+      // E_j − c; the row maximum is then added back in `finish`: exp(E − max E + (max E − c)).
+      const float off = static_cast<float>(e - head_shift[static_cast<std::size_t>(bk)]);  // NaN stays NaN
       finish(keys_data + at * f, off);
     }
   });
@@ -246,13 +264,23 @@ void PerformerAttention::forward(const AttentionProblem& p, const ExecContext& c
   // Queries: each row shifted by its own maximum (offset 0).
   blocks::FeatureFn query = [&](index_t b, index_t h, index_t i0, index_t rows, float* psi) {
     project(p.q.row(b, h, i0), p.q.stride[2], rows, h / p.group(), psi);
+    const index_t bk = b * p.kv_heads() + h / p.group();
     for (index_t r = 0; r < rows; ++r) {
+      const index_t seen = p.causal == Causal::kNone ? nk : p.key_range(i0 + r).end;
+      const double kn2 = seen > 0 ? key_norm[static_cast<std::size_t>(bk * nk + seen - 1)] : 0.0;
+      const double kmax = std::sqrt(2 * kn2 / std::max(s, 1e-300));
       const double qn = std::sqrt(2 * half_norm2(p.q.row(b, h, i0 + r)) / std::max(s, 1e-300));
       NUMATTN_CHECK(!(s * qn * kmax > kLogitRefusal) || !std::isfinite(qn),  // non-finite: NaN features
-                    "kernel.performer: |scale|·‖q‖·max‖k‖ = {:.3g} (query row [b,h,i] = [{},{},{}]) exceeds {:.0e}; "
-                    "random features carry no information about such logits (and float32 projections lose them); "
-                    "reduce the scale or the magnitude of q and k",
+                    "kernel.performer: |scale|·‖q‖·max‖k‖ = {:.3g} (query row [b,h,i] = [{},{},{}], over the keys it "
+                    "sees) exceeds {:.0e}; random features carry no information about such logits (and float32 "
+                    "projections lose them); reduce the scale or the magnitude of q and k",
                     s * qn * kmax, b, h, i0 + r, kLogitRefusal);
+      const double top = seen > 0 ? key_top[static_cast<std::size_t>(bk * nk + seen - 1)] : 0.0;
+      NUMATTN_CHECK(!(top - head_shift[static_cast<std::size_t>(bk)] > kMaxKeyExponent),
+                    "kernel.performer: query row [b,h,i] = [{},{},{}] sees a key whose feature exponent is {:.3g} above "
+                    "the stabiliser's shift (the largest over the keys every row sees): its features would exceed "
+                    "e^{:.0f} and leave float32 sums; reduce the spread of the key norms",
+                    b, h, i0 + r, top - head_shift[static_cast<std::size_t>(bk)], kMaxKeyExponent);
       finish(psi + r * f, 0.f);
     }
   };

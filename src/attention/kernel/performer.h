@@ -17,12 +17,18 @@ namespace numattn {
 /// - trig:       φ(x) = M^{-1/2} exp(‖x‖²/2) [sin ω_mᵀx, cos ω_mᵀx] (2M signed features).
 /// Output Y = D⁻¹ Φ_Q (Φ_Kᵀ V), D = diag(Φ_Q Φ_Kᵀ 1), by blocks/linear_attention.h.
 ///
-/// Stabiliser (the official one, shifted so that ε is relative to the largest feature): a query
-/// row is shifted by its own maximum of ω_mᵀx − ‖x‖²/2 (a per-row factor, cancels in the row's
-/// normalisation), the keys of a head by the maximum over keys and features (one factor per head,
-/// cancels), then ε = 1e-6 is added to every feature; M^{-1/2} cancels and is not applied. trig:
-/// the key weights exp(‖k‖²/2) are shifted by their maximum, no ε, and a negative denominator
-/// estimate is clamped to 0 (that row comes out 0).
+/// Stabiliser: a query row is shifted by its own maximum of ω_mᵀx − ‖x‖²/2 (a per-row factor,
+/// cancels in the row's normalisation), the keys of a head by one shift c (cancels), then
+/// ε = 1e-6 is added to every feature; M^{-1/2} cancels and is not applied. The official code
+/// takes c = the maximum over all keys and features, so that under a causal rule a later key
+/// changes the features of every key and the outputs of earlier rows (a future token reaches the
+/// past). Here c is that maximum over the keys every row that reads a key sees: all keys without a
+/// causal rule (the official stabiliser), the first key of a square causal problem, the shared
+/// prefix of a decode-like one (Nq < Nk, bottom-right). No row then depends on a key it does not
+/// see. A row that sees a key whose exponent exceeds c by more than 60 is refused (Error: its
+/// features would leave float32 sums). trig: the key weights exp(‖k‖²/2) are shifted the same way,
+/// no ε, and a negative denominator estimate is clamped to 0 (that row comes out 0). The causal
+/// form is FAVOR+'s prefix sums (or their block form), which read only the keys each row sees.
 ///
 /// `redraw`: training redraws ω every few steps; one inference call has no steps, so the choice
 /// left is how draws are shared: `head` draws ω independently per KV head (stream = kv head,
@@ -34,8 +40,8 @@ namespace numattn {
 ///
 /// Target: softmax. Causal: both alignments, by the block algorithm (default) or prefix sums.
 /// Cost O(N·M·(Dk + Dv)) time, O(Nk·M) key features + O((N/b)·M·Dv) states.
-/// Refuses (Error) inputs with |scale|·max‖q‖·max‖k‖ > 1e6: the estimator carries no information
-/// there and float32 projections lose the logits.
+/// Refuses (Error) a query row with |scale|·‖q‖·max‖k‖ > 1e6 over the keys it sees: the
+/// estimator carries no information there and float32 projections lose the logits.
 class PerformerAttention final : public AttentionMethod {
  public:
   using AttentionMethod::AttentionMethod;

@@ -11,17 +11,25 @@ namespace numattn {
 /// its first r principal coordinates rank keys well enough to *choose* them; the chosen keys
 /// then get exact softmax attention with full-dimensional dot products.
 ///
-/// Per (batch, kv head): P_r = the r = ceil(rank_frac·Dk) leading eigenvectors of the keys'
-/// second-moment matrix Σⱼ kⱼᵀkⱼ (uncentred: P_r then spans the best rank-r approximation of K,
-/// which is what dot products with K see). Per query row i: approximate logits
-/// s̃ᵢⱼ = scale·(qᵢP_r)·(kⱼP_r) + maskᵢⱼ over the keys it sees; T_i = the
-/// ceil(topk_frac·|visible keys|) largest (ties: lower index); output = exact softmax over T_i
-/// with logits scale·qᵢ·kⱼ + maskᵢⱼ.
+/// Per (batch, kv head) and calibration length L: P_r = the r = ceil(rank_frac·Dk) leading
+/// eigenvectors of the second-moment matrix Σ_{j<L} kⱼᵀkⱼ of the keys [0, L) (uncentred: P_r then
+/// spans the best rank-r approximation of those keys, which is what dot products with K see).
+/// Per query row i: approximate logits s̃ᵢⱼ = scale·(qᵢP_r)·(kⱼP_r) + maskᵢⱼ over the keys it
+/// sees; T_i = the ceil(topk_frac·|visible keys|) largest (ties: lower index); output = exact
+/// softmax over T_i with logits scale·qᵢ·kⱼ + maskᵢⱼ.
 ///
-/// **Self-calibration.** Loki computes P offline from calibration text, per layer and head.
-/// Here the basis comes from the problem's own keys (all finite keys of the kv head, including
-/// those a causal row does not see yet): the same estimator on the data at hand. It only
-/// steers which keys are chosen; the output of each row is still a softmax over keys it sees.
+/// **Calibration.** Loki computes P offline from calibration text, per layer and head. Here the
+/// basis comes from the problem's own keys, but only from keys each row has seen: a block of 32
+/// query rows uses L = Nk when all its rows see the last key (non-causal, no right window: every
+/// key), else L = F rounded down to a multiple of 128 (to a power of two when F < 128), F the
+/// smallest frontier (key_range end) of its rows. So a key beyond a row's frontier never shapes
+/// its basis, its choice or its output (a causal row's output depends only on the keys it sees,
+/// in both alignments), while its basis covers all but fewer than 128 of the keys it sees: the
+/// recent keys matter (coarser steps measured worse, and a basis of every key, future ones
+/// included, worse than steps of 128). About Nk/128 + 7 bases per kv head; their Gram matrices
+/// are running sums. The
+/// basis only steers which keys are chosen; the output of each row is still a softmax over keys
+/// it sees.
 ///
 /// Supports both causal alignments, boolean and additive masks and sliding windows: selection
 /// is among the keys each row sees. Error: the softmax mass of the keys left out (renormalised
@@ -36,9 +44,12 @@ namespace numattn {
 /// T_i; then blocks::attend_chosen gathers the chosen keys' k and v rows chunk by chunk of keys,
 /// so that the rows sharing keys read them from L1, for full-dimensional logits and the
 /// softmax-weighted sum of values. Cost per query head: O(Nq·Nk·r) approximate scores + O(Nq·Nk)
-/// selection + O(Nq·k·(Dk+Dv)) exact part (half of the first two with causal), plus O(Nk·Dk²)
-/// per kv head for the basis; `flops` counts the scores, the exact part and the basis. Memory:
-/// O(Nk·r) per kv head and O(32·Nk) per thread and query head of a group. No LSE (the softmax
+/// selection + O(Nq·k·(Dk+Dv)) exact part (half of the first two with causal), plus
+/// O(Nk·Dk² + Σ_bases E·Dk·r) per kv head for the bases (running Gram sums; each basis projects
+/// the E keys its blocks see: about Nk²/256 keys causal, one Dk-long dot product per key and
+/// reduced coordinate); `flops` counts the scores, the exact part and the bases. Memory:
+/// O(Σ_bases E·r) per kv head (about Nk²/256·r floats causal: 17 MB per kv head at Nk = 8192,
+/// r = 16) and O(32·Nk) per thread and query head of a group. No LSE (the softmax
 /// over T_i is not the row's log-sum-exp).
 class LokiAttention final : public AttentionMethod {
  public:

@@ -52,8 +52,10 @@ const MethodInfo& SvdAttention::describe() {
     m.time_complexity = "O(Nq·Nk·(Dk+Dv) + Nq·Nk·min(Nq,Nk))";
     m.memory_complexity = "O(threads·Nq·Nk) doubles";
     m.params = {{"rank", ParamType::kInt, "64", 1, 1 << 20, {}, "rank r of the approximation of P (≥ min(Nq,Nk): exact)"}};
-    m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = false, .decode = false};
+    // Causal rules and windows by the causal recursion (svd.h): a native form would take the SVD
+    // of the whole masked P, whose rank-r truncation mixes every row with the later rows.
+    m.caps = {.exact = false, .causal = false, .gqa = true, .bool_mask = true, .additive_mask = true,
+              .window = false, .lse = false, .decode = false};
     m.accuracy.max_rel_fro_error = svd_budget;
     m.accuracy.limit_case = [](const AttentionProblem& p) {
       return ParamOverrides{{"rank", std::to_string(std::max<index_t>(1, std::min(p.n_q(), p.n_kv())))}};

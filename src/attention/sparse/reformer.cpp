@@ -119,7 +119,9 @@ const MethodInfo& ReformerAttention::describe() {
         {"shared_qk", ParamType::kBool, "false", 0, 0, {}, "keys = normalised queries, no self-attention (needs Nq = Nk)"},
         {"seed", ParamType::kInt, "0", 0, 2147483647, {}, "seed of the projections"},
     };
-    m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = false, .additive_mask = false,
+    // Causal rules and windows by the causal recursion (reformer.h): the native sorted-chunk form
+    // lets a future key's bucket move earlier keys between chunks.
+    m.caps = {.exact = false, .causal = false, .gqa = true, .bool_mask = false, .additive_mask = false,
               .window = false, .lse = true, .decode = false, .dk_ne_dv = true, .strided = true,
               .deterministic = true, .randomized = true};
     AccuracyContract& a = m.accuracy;
@@ -140,6 +142,12 @@ const MethodInfo& ReformerAttention::describe() {
 }
 
 Status ReformerAttention::can_run(const AttentionProblem& p) const {
+  // The recursion's blocks would take their own rows' queries as keys, not those of the keys'
+  // positions.
+  if (params_.get_bool("shared_qk") && (p.causal != Causal::kNone || p.has_window()))
+    return Status::unsupported(
+        "sparse.reformer(shared_qk=true) has no causal or sliding-window form: its keys are the problem's own queries, "
+        "and the causal recursion's off-diagonal blocks would hash the queries of other positions");
   Status s = AttentionMethod::can_run(p);
   if (!s.is_ok()) return s;
   if (params_.get_bool("shared_qk") && p.n_q() != p.n_kv())
@@ -170,7 +178,7 @@ std::vector<reformer::Round> ReformerAttention::plan(const AttentionProblem& p, 
   for (index_t r = 0; r < rounds; ++r)
     out.push_back(reformer::plan_round(p.q.row(b, h, 0), p.q.stride[2], p.n_q(), k.data(), d, nk, d, buckets, chunk,
                                        static_cast<std::uint64_t>(params_.get_int("seed")), round_stream(h, r),
-                                       p.causal != Causal::kNone, p.diag_offset()));
+                                       false, -1));
   return out;
 }
 
@@ -185,9 +193,9 @@ std::size_t ReformerAttention::workspace_bytes(const AttentionProblem& p, const 
 
 void ReformerAttention::forward(const AttentionProblem& p, const ExecContext& ctx) const {
   if (blocks::mark_rows_reading_nonfinite(p, ctx)) return;
-  const bool shared = params_.get_bool("shared_qk"), causal = p.causal != Causal::kNone;
+  const bool shared = params_.get_bool("shared_qk");
   const index_t B = p.batch(), H = p.heads(), nq = p.n_q(), dk = p.d_qk(), dv = p.d_v();
-  const index_t nk = shared ? nq : blocks::keys_read(p), off = p.diag_offset();
+  const index_t nk = shared ? nq : blocks::keys_read(p);
   const int R = static_cast<int>(params_.get_int("rounds"));
   const float scale = static_cast<float>(p.effective_scale());
 
@@ -257,14 +265,12 @@ void ReformerAttention::forward(const AttentionProblem& p, const ExecContext& ct
         const std::int32_t* n = w.counts.row(plans, static_cast<std::size_t>(I.bh * R), R, i);
         for (index_t t = 0; t < keys; ++t) row[t] -= log_count[static_cast<std::size_t>(n[t])];
       }
-      if (causal || shared)
-        for (index_t t = 0; t < keys; ++t) {
-          const index_t j = P.key_order[static_cast<std::size_t>(w0 + t)];
-          if ((causal && j > i + off) || (shared && j == i)) row[t] = kNegInf;
-        }
+      if (shared)
+        for (index_t t = 0; t < keys; ++t)
+          if (P.key_order[static_cast<std::size_t>(w0 + t)] == i) row[t] = kNegInf;
     };
     blocks::tile_softmax(w.qg.data(), dk, rows, w.kg.data(), dk, w.vg.data(), dv, keys, dk, dv, scale,
-                         (causal || shared || R > 1) ? &adjust : nullptr, w.o.data(), dv, w.l.data(), w.tile);
+                         (shared || R > 1) ? &adjust : nullptr, w.o.data(), dv, w.l.data(), w.tile);
     for (index_t u = 0; u < rows; ++u) {
       const index_t i = P.query_order[static_cast<std::size_t>(I.s0 + u)];
       const std::size_t at = static_cast<std::size_t>((I.bh * R + I.r) * nq + i);
@@ -286,8 +292,8 @@ void ReformerAttention::forward(const AttentionProblem& p, const ExecContext& ct
       }
       float* o = p.out.row(b, h, i);
       double l = blocks::lse_merge(outs.data(), ls.data(), R, dv, o);
-      const index_t jd = std::min(causal ? i + off : i, nk - 1);
-      if (l == -std::numeric_limits<double>::infinity() && jd >= 0 && (!causal || i + off >= 0)) {
+      const index_t jd = std::min(i, nk - 1);
+      if (l == -std::numeric_limits<double>::infinity() && jd >= 0) {
         const float* q = p.q.row(b, h, i);
         const float* k = key_row(b, h, jd);
         double s = 0;

@@ -93,10 +93,16 @@ struct WindowCounts {
 /// unless nothing else is visible to it (below). This changes the mechanism: its error against
 /// softmax(QKᵀ) measures that change.
 ///
-/// Causal (both alignments): keys j > i + off are −inf inside the windows. A row whose windows
-/// hold no visible key (no key of an earlier position shares its chunks, or shared QK's first
-/// token) attends to its diagonal key j = min(i + off, Nk − 1) alone (the self-key with shared
-/// QK), so its output is defined; a row with i + off < 0 sees no key (0, LSE −inf).
+/// A row whose windows hold no key it may attend to (shared QK: only itself) attends to the key
+/// j = min(i, Nk − 1) alone (its self-key with shared QK), so its output is defined.
+///
+/// Causal rules and sliding windows: by the causal recursion (auto/causal.h; method.h,
+/// `causal_recursion`): the LSH attention above on each fully visible off-diagonal block, exact
+/// diagonal blocks, merged with this method's own LSE. Not the paper's causal form (sort all
+/// keys by bucket, chunk, mask j > i inside the windows): there a future key's bucket shifts the
+/// sorted positions, hence the chunks, of earlier keys, so a future key changes which past keys
+/// an earlier row attends to. shared_qk = true has no causal form (refused: the recursion's
+/// blocks would take their own rows' queries as keys).
 ///
 /// Target: softmax. Limit: buckets = 1 and chunk ≥ Nk (one window holds every key), one round,
 /// shared_qk = false: exact attention. No masks, no window.

@@ -135,6 +135,19 @@ void simplicial_attention(const AttentionProblem& p, const TensorView<const floa
       krows[static_cast<std::size_t>(j)] = p.k.row(b, hk, jl + j);
       std::copy(p.v.row(b, hk, jl + j), p.v.row(b, hk, jl + j) + dv, v1p.data() + j * dvp);
     }
+    // Largest finite |value| of each packed row: a row's output is a convex combination of
+    // products v_j ⊙ v'_k over its own windows, accumulated with weights up to |J_i|·|K_i| before
+    // the normalisation, so each row checks that bound over the values it reads (a non-finite one
+    // reaches its output as NaN instead, and run names it).
+    const auto row_max = [dv](const float* x) {
+      float m = 0.0f;
+      for (index_t d = 0; d < dv; ++d)
+        if (std::isfinite(x[d])) m = std::max(m, std::abs(x[d]));
+      return static_cast<double>(m);
+    };
+    std::vector<double> m1(static_cast<std::size_t>(nju)), m2(static_cast<std::size_t>(nku));
+    for (index_t j = 0; j < nju; ++j) m1[static_cast<std::size_t>(j)] = row_max(v1p.data() + j * dvp);
+    for (index_t k = 0; k < nku; ++k) m2[static_cast<std::size_t>(k)] = row_max(v2p.data() + k * dvp);
     RowScratch sc;
     for (index_t i = i0; i < i1; ++i) {
       float* out = p.out.row(b, h, i);
@@ -144,6 +157,15 @@ void simplicial_attention(const AttentionProblem& p, const TensorView<const floa
         if (!p.lse.empty()) p.lse(b, h, i, 0) = kNegInf;
         continue;
       }
+      double a1 = 0, a2 = 0;
+      for (index_t j = J.begin; j < J.end; ++j) a1 = std::max(a1, m1[static_cast<std::size_t>(j - jl)]);
+      for (index_t k = K.begin; k < K.end; ++k) a2 = std::max(a2, m2[static_cast<std::size_t>(k - kl)]);
+      const double bound = a1 * a2 * static_cast<double>((J.end - J.begin) * (K.end - K.begin));
+      NUMATTN_CHECK(!(bound > 1e37),
+                    "2-simplicial attention: query row [b,h,i] = [{},{},{}] combines values v_j ⊙ v'_k up to "
+                    "max|v|·max|v'| = {:.3g} over its windows ({}·{} pairs): beyond the float32 range of its sums "
+                    "(bound 1e37); reduce the magnitude of v",
+                    b, h, i, a1 * a2, J.end - J.begin, K.end - K.begin);
       RowJob job{p.q.row(b, h, i), krows.data() + (J.begin - jl), kt.data() + (K.begin - kl), ldkt,
                  v1p.data() + (J.begin - jl) * dvp, v2p.data() + (K.begin - kl) * dvp, J.end - J.begin,
                  K.end - K.begin, dk, dvp, scale};

@@ -89,11 +89,11 @@ std::size_t exact_polynomial_workspace(const AttentionProblem& p, const ExecCont
 /// kernel.tensorsketch: out_i = Σ_j w_ij v_j / (1 + Σ_j w_ij) with w_ij = ⟨φ(q_i), φ(k_j)⟩ (made
 /// ⟨ψ, ψ⟩² when `cfg.self_tensor`). `phi(x, b, h, hk, row0, rows, out)` writes the m = cfg.feature_dim
 /// sketched features of rows [row0, row0 + rows) of head h of x (q or k; hk is the KV head whose
-/// sketch applies) and must be thread-safe. Because the products can leave float32 while ψ does
-/// not, ψ_Q and ψ_K are scaled to unit maximum norm (every weight in [−1, 1]) and the "1 +" is
-/// scaled with them (α·β, squared when self-tensored). Rows with non-finite inputs get NaN features.
-/// Refuses (Error, naming `name`) values whose weighted sums leave float32 and feature norms that
-/// push the scaled "1" out of float64.
+/// sketch applies) and must be thread-safe. The features are used as they come: no row depends on
+/// a key it does not see (causal), not even through a common scale. Rows with non-finite inputs
+/// get NaN features. Refuses (Error, naming `name`) a query row whose weighted sums could leave
+/// float32: (keys seen)·max(1, (‖ψ(q_i)‖·max‖ψ(k_j)‖)^e)·max(1, max|v_j|) > 1e36 over the keys j
+/// it sees (finite ones), e = 2 self-tensored, else 1.
 using SketchFn = std::function<void(const TensorView<const float>& x, index_t b, index_t h, index_t hk,
                                     index_t row0, index_t rows, float* out)>;
 void sketched_polynomial_attention(const AttentionProblem& p, const LinearAttentionConfig& cfg, const SketchFn& phi,
@@ -114,11 +114,7 @@ struct InputNorms {
 };
 InputNorms input_norms(const AttentionProblem& p, const ExecContext& ctx);
 
-/// The largest finite Euclidean norm of the rows of ψ: of the query features (computed by `query`
-/// in parallel chunks, then dropped) or of the `rows` × m key features in `keys`. Sketched
-/// features can exceed float32 when multiplied out; methods rescale ψ_Q by 1/max‖ψ_Q‖ and ψ_K by
-/// 1/max‖ψ_K‖ (every weight then lies in [−1, 1]) and scale the denominator's shift to match.
-double max_query_feature_norm(const AttentionProblem& p, index_t m, const FeatureFn& query, const ExecContext& ctx);
+/// The largest finite Euclidean norm of `rows` rows of m features (row-major).
 double max_row_norm(const float* rows_data, index_t rows, index_t m);
 
 /// Sets to NaN each of the `rows` feature rows in `psi` (`rows` × m) whose input row
