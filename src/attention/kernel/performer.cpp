@@ -9,7 +9,6 @@
 #include "numattn/attention/blocks/dense_softmax.h"
 #include "numattn/attention/blocks/linear_attention.h"
 #include "numattn/attention/blocks/performer_features.h"
-#include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/simd.h"
 
@@ -115,7 +114,7 @@ Status PerformerAttention::can_run(const AttentionProblem& p) const {
 }
 
 std::size_t PerformerAttention::workspace_bytes(const AttentionProblem& p, const ExecContext& ctx) const {
-  if (params_.get_int("features") == 0) return create_method("exact.flash")->workspace_bytes(p, ctx);
+  if (params_.get_int("features") == 0) return blocks::dense_softmax_workspace_bytes(p, ctx.num_threads());
   const index_t m = params_.get_int("features"), f = kernel() == Kernel::kPositive ? m : 2 * m;
   blocks::LinearAttentionConfig cfg;
   cfg.feature_dim = f;
