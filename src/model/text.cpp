@@ -1,0 +1,38 @@
+#include "numattn/model/text.h"
+
+#include "numattn/core/error.h"
+
+namespace numattn {
+
+bool prepends_bos(const Tokenizer& tok) { return tok.add_bos(); }
+
+std::vector<std::int32_t> encode_text(const Tokenizer& tok, std::string_view text) {
+  // A corpus may quote a chat log: its markers are text, not turns.
+  return tok.encode(text, prepends_bos(tok), false);
+}
+
+TextWindowTokens cut_text_window(const Tokenizer& tok, const std::vector<std::int32_t>& text_tokens,
+                                 std::int64_t offset, std::int64_t length, BosMode bos) {
+  NUMATTN_CHECK_OPTION(length >= 1, "tokens", "must be at least 1, got {}", length);
+  NUMATTN_CHECK_OPTION(offset >= 0, "offset", "must be >= 0, got {}", offset);
+  const auto n_text = static_cast<std::int64_t>(text_tokens.size());
+  NUMATTN_CHECK_OPTION(offset <= n_text && length <= n_text - offset, "tokens",
+                       "the text has {} tokens: `offset` {} + `tokens` {} = {} is beyond it", n_text, offset, length,
+                       offset + length);
+  TextWindowTokens w;
+  w.tokens.assign(text_tokens.begin() + offset, text_tokens.begin() + offset + length);
+  w.bos_replaced = bos == BosMode::kReplace || (bos == BosMode::kAuto && prepends_bos(tok));
+  NUMATTN_CHECK_OPTION(!w.bos_replaced || tok.bos_id() >= 0, "bos", "the vocabulary has no BOS token to put first ({})", to_string(bos));
+  if (w.bos_replaced) w.tokens[0] = tok.bos_id();
+  return w;
+}
+
+std::vector<std::int32_t> encode_prompt(const Tokenizer& tok, const std::string& prompt, bool chat) {
+  return tok.encode(chat ? tok.chat_prompt(prompt) : prompt, prepends_bos(tok), true);
+}
+
+std::int32_t generation_stop_id(const Tokenizer& tok, bool chat) {
+  return chat && tok.turn_end_id() >= 0 ? tok.turn_end_id() : tok.eos_id();
+}
+
+}  // namespace numattn
