@@ -39,7 +39,7 @@ nb::object to_python(const nlohmann::ordered_json& j) {
 void bind_methods(nb::module_& m) {
   m.def(
       "methods",
-      [] { return to_python(method_catalogue(false)); },
+      [] { return nb::borrow<nb::list>(to_python(method_catalogue(false))); },
       R"doc(The method catalogue, in catalogue order (what `numattn methods` prints).
 
 Returns a list of dicts, one per registered method: ``name`` ("family.name"), ``spec`` (the
@@ -49,7 +49,7 @@ or approximates), ``params`` (name, type, default, min/max or choices, doc) and
 ``capabilities`` (exact, causal, gqa, bool_mask, additive_mask, window, lse, decode, dk_ne_dv,
 strided, deterministic, randomized).)doc");
   m.def(
-      "transforms", [] { return to_python(transform_catalogue(false)); },
+      "transforms", [] { return nb::borrow<nb::list>(to_python(transform_catalogue(false))); },
       R"doc(The model transforms of ``Model.load(transform=...)``, in registry order (what `numattn
 transforms --format json` prints): a list of dicts ``name``, ``family``, ``parameters`` (name,
 type, default (None when required), required, min/max or choices, doc), ``cost``, ``summary``,

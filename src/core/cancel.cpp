@@ -26,6 +26,8 @@ SigintCancel::SigintCancel(CancelToken& token) {
   g_sigint_token.store(&token);
   previous_ = std::signal(SIGINT, on_sigint);
   if (previous_ == SIG_ERR) previous_ = SIG_DFL;
+  // A process started with SIGINT ignored (a background job of a shell) keeps ignoring it.
+  if (previous_ == SIG_IGN) std::signal(SIGINT, SIG_IGN);
   g_sigint_previous = previous_;
 }
 

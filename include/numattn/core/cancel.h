@@ -63,7 +63,8 @@ class CancelToken {
 /// While alive, SIGINT (Ctrl-C) requests cancellation of `token` instead of killing the process; a
 /// second SIGINT before the loop reaches its next check falls back to the previous handler (so a
 /// loop stuck in one long unit can still be killed). The previous handler is restored on
-/// destruction. One at a time per process; for command-line front-ends.
+/// destruction. A process that ignores SIGINT (a shell's background job) keeps ignoring it. One at
+/// a time per process; for command-line front-ends.
 class SigintCancel {
  public:
   explicit SigintCancel(CancelToken& token);
