@@ -145,16 +145,10 @@ class PyModel {
     std::vector<std::int64_t> layers;
     if (const auto* s = std::get_if<std::string>(&layers_arg)) {
       NUMATTN_CHECK_OPTION(*s == "all", "layers", "'{}': give a list of layer indices or 'all'", *s);
-      for (std::int64_t l = 0; l < hp.n_layer; ++l) layers.push_back(l);
+      layers = all_indices(hp.n_layer);
     } else {
-      layers = std::get<std::vector<std::int64_t>>(layers_arg);
-      NUMATTN_CHECK_OPTION(!layers.empty(), "layers", "needs at least one layer index (or 'all')");
-      for (auto l : layers)
-        NUMATTN_CHECK_OPTION(l >= 0 && l < hp.n_layer, "layers",
-                             "layer {} is out of range: the model has n_layer = {} layers (0..{})", l,
-                             hp.n_layer, hp.n_layer - 1);
-      std::sort(layers.begin(), layers.end());
-      layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+      layers = checked_index_list(std::get<std::vector<std::int64_t>>(layers_arg), "layers", hp.n_layer, "layer",
+                                  "n_layer");
     }
     const std::int64_t Hq = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, N = tokens;
     std::vector<std::int32_t> window;

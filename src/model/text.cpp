@@ -1,5 +1,7 @@
 #include "numattn/model/text.h"
 
+#include <algorithm>
+
 #include "numattn/core/error.h"
 
 namespace numattn {
@@ -25,6 +27,23 @@ TextWindowTokens cut_text_window(const Tokenizer& tok, const std::vector<std::in
   NUMATTN_CHECK_OPTION(!w.bos_replaced || tok.bos_id() >= 0, "bos", "the vocabulary has no BOS token to put first ({})", to_string(bos));
   if (w.bos_replaced) w.tokens[0] = tok.bos_id();
   return w;
+}
+
+std::vector<std::int64_t> checked_index_list(std::vector<std::int64_t> indices, const char* option, std::int64_t count,
+                                             const char* what, const char* count_name) {
+  NUMATTN_CHECK_OPTION(!indices.empty(), option, "needs at least one {} index (or 'all')", what);
+  for (std::int64_t v : indices)
+    NUMATTN_CHECK_OPTION(v >= 0 && v < count, option, "{} {} is out of range: the model has {} = {} (0..{})", what, v,
+                         count_name, count, count - 1);
+  std::sort(indices.begin(), indices.end());
+  indices.erase(std::unique(indices.begin(), indices.end()), indices.end());
+  return indices;
+}
+
+std::vector<std::int64_t> all_indices(std::int64_t count) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(std::max<std::int64_t>(count, 0)));
+  for (std::int64_t i = 0; i < count; ++i) out[static_cast<std::size_t>(i)] = i;
+  return out;
 }
 
 std::vector<std::int32_t> encode_prompt(const Tokenizer& tok, const std::string& prompt, bool chat) {

@@ -116,6 +116,18 @@ TEST(TextWindow, PromptsAreTheOldInlineRule) {
   }
 }
 
+TEST(TextWindow, IndexLists) {
+  EXPECT_EQ(checked_index_list({15, 0, 15, 29}, "layers", 30, "layer", "n_layer"),
+            (std::vector<std::int64_t>{0, 15, 29}));
+  EXPECT_EQ(all_indices(3), (std::vector<std::int64_t>{0, 1, 2}));
+  EXPECT_TRUE(all_indices(0).empty());
+  expect_option_error([] { checked_index_list({0, 30}, "layers", 30, "layer", "n_layer"); }, "layers",
+                      {"layer 30 is out of range: the model has n_layer = 30 (0..29)"});
+  expect_option_error([] { checked_index_list({-1}, "heads", 9, "head", "n_head"); }, "heads", {"head -1"});
+  expect_option_error([] { checked_index_list({}, "layers", 30, "layer", "n_layer"); }, "layers",
+                      {"at least one layer index"});
+}
+
 TEST(TextWindow, ChatTemplatesOfTheDefaultModels) {
   if (auto p = cached("SmolLM2-135M-Instruct.Q4_1.gguf")) {
     const Tokenizer tok = Tokenizer::from_gguf_path(*p);

@@ -33,11 +33,8 @@ void TextWindowFlags::add_to(CLI::App& app, const std::string& layers_help) {
 
 std::vector<std::int64_t> parse_index_list(const std::string& s, const char* option, std::int64_t count,
                                            const char* what, const char* count_name) {
+  if (s == "all") return all_indices(count);
   std::vector<std::int64_t> out;
-  if (s == "all") {
-    for (std::int64_t l = 0; l < count; ++l) out.push_back(l);
-    return out;
-  }
   for (const std::string& item : split_list(s)) {
     std::size_t pos = 0;
     long long v = -1;
@@ -48,14 +45,9 @@ std::vector<std::int64_t> parse_index_list(const std::string& s, const char* opt
     }
     NUMATTN_CHECK_OPTION(pos == item.size() && pos > 0 && v >= 0, option,
                          "'{}' is not a {} index (integers >= 0, comma-separated, or 'all')", item, what);
-    NUMATTN_CHECK_OPTION(v < count, option, "{} {} is out of range: the model has {} = {} (0..{})", what, v,
-                         count_name, count, count - 1);
     out.push_back(v);
   }
-  NUMATTN_CHECK_OPTION(!out.empty(), option, "needs at least one {} index (or 'all')", what);
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
+  return checked_index_list(std::move(out), option, count, what, count_name);
 }
 
 TextWindow open_text_window(const TextWindowFlags& f, const std::string& out, const char* label,

@@ -38,6 +38,14 @@ struct TextWindowTokens {
 TextWindowTokens cut_text_window(const Tokenizer& tok, const std::vector<std::int32_t>& text_tokens,
                                  std::int64_t offset, std::int64_t length, BosMode bos);
 
+/// Indices of layers (or heads) a run looks at: sorted, duplicates dropped. Throws
+/// OptionError(option) for an empty list ("needs at least one {what} index") or an index outside
+/// [0, count) ("{what} 31 is out of range: the model has {count_name} = 30 (0..29)").
+std::vector<std::int64_t> checked_index_list(std::vector<std::int64_t> indices, const char* option, std::int64_t count,
+                                             const char* what, const char* count_name);
+/// Every index of [0, count): what "all" selects.
+std::vector<std::int64_t> all_indices(std::int64_t count);
+
 /// The tokens of a generation prompt: wrapped in the chat template when `chat` (throws Error when
 /// the vocabulary has none), control markers recognised, BOS per prepends_bos.
 std::vector<std::int32_t> encode_prompt(const Tokenizer& tok, const std::string& prompt, bool chat);
