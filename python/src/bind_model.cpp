@@ -138,9 +138,7 @@ class PyModel {
     const ExecContext ctx{threads.value_or(0)};
     ctx.num_threads();
     const ModelHParams& hp = model_.hparams();
-    NUMATTN_CHECK_OPTION(tokens <= hp.n_ctx_train, "tokens",
-                         "{} tokens is beyond the model's trained context of {} ({})", tokens, hp.n_ctx_train,
-                         hp.key(hparam_key::kContext));
+    check_window_length(hp, tokens);
     const BosMode mode = parse_bos_mode(bos);
     std::vector<std::int64_t> layers;
     if (const auto* s = std::get_if<std::string>(&layers_arg)) {

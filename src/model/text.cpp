@@ -13,6 +13,11 @@ std::vector<std::int32_t> encode_text(const Tokenizer& tok, std::string_view tex
   return tok.encode(text, prepends_bos(tok), false);
 }
 
+void check_window_length(const ModelHParams& hp, std::int64_t length) {
+  NUMATTN_CHECK_OPTION(length <= hp.n_ctx_train, "tokens", "{} tokens is beyond the model's trained context of {} ({})",
+                       length, hp.n_ctx_train, hp.key(hparam_key::kContext));
+}
+
 TextWindowTokens cut_text_window(const Tokenizer& tok, const std::vector<std::int32_t>& text_tokens,
                                  std::int64_t offset, std::int64_t length, BosMode bos) {
   NUMATTN_CHECK_OPTION(length >= 1, "tokens", "must be at least 1, got {}", length);

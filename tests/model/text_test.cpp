@@ -116,6 +116,13 @@ TEST(TextWindow, PromptsAreTheOldInlineRule) {
   }
 }
 
+TEST(TextWindow, LengthWithinTheTrainedContext) {
+  const ModelHParams hp = test::tiny_hparams();
+  EXPECT_NO_THROW(check_window_length(hp, hp.n_ctx_train));
+  expect_option_error([&] { check_window_length(hp, hp.n_ctx_train + 1); }, "tokens",
+                      {"beyond the model's trained context of " + std::to_string(hp.n_ctx_train), "context_length"});
+}
+
 TEST(TextWindow, IndexLists) {
   EXPECT_EQ(checked_index_list({15, 0, 15, 29}, "layers", 30, "layer", "n_layer"),
             (std::vector<std::int64_t>{0, 15, 29}));

@@ -68,9 +68,7 @@ TextWindow open_text_window(const TextWindowFlags& f, const std::string& out, co
   w.layers = parse_index_list(f.layers, "layers", w.hp.n_layer, "layer", "n_layer");
   // The caller's checks (outputs that would overwrite an input first) before the window's.
   if (before_tokenize) before_tokenize(w);
-  NUMATTN_CHECK_OPTION(f.tokens <= w.hp.n_ctx_train, "tokens",
-                       "{} tokens is beyond the model's trained context of {} ({})", f.tokens,
-                       w.hp.n_ctx_train, w.hp.key(hparam_key::kContext));
+  check_window_length(w.hp, f.tokens);
 
   const Tokenizer tok = Tokenizer::from_gguf(w.file);
   if (!f.no_progress) std::fprintf(stderr, "%s: tokenizing %s\n", label, w.text_path.c_str());

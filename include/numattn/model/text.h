@@ -28,6 +28,10 @@ bool prepends_bos(const Tokenizer& tok);
 /// The tokens of a whole text, as perplexity, capture and analysis read it. Cost: one BPE pass.
 std::vector<std::int32_t> encode_text(const Tokenizer& tok, std::string_view text);
 
+/// Throws OptionError("tokens") when a window of `length` tokens is beyond the model's trained
+/// context (`<arch>.context_length`), before anything is tokenized or loaded.
+void check_window_length(const ModelHParams& hp, std::int64_t length);
+
 /// `length` tokens of `text_tokens` from `offset`, the first replaced by BOS per `bos`.
 struct TextWindowTokens {
   std::vector<std::int32_t> tokens;
