@@ -3,7 +3,7 @@
 Every method states its cost, its error against an exact float64 reference and the assumption it
 exploits. This package is the Python face of the C++ library (``numattn._numattn``, nanobind):
 
-- ``methods()`` — the catalogue; ``canonical_spec(spec)``;
+- ``methods()`` — the catalogue; ``canonical_spec(spec)``; ``transforms()`` — the model transforms;
 - ``attention(q, k, v, method="exact.flash", ...)`` — any NumPy array or DLPack producer, read in
   place when it is float32 (strided views included);
 - ``reference(q, k, v, ...)`` — the float64 oracle; ``error(approx, exact)`` — the metrics;
@@ -35,6 +35,10 @@ from ._numattn import (  # noqa: F401
 
 def methods():
     return _ext.methods()
+
+
+def transforms():
+    return _ext.transforms()
 
 
 def blas_info():
@@ -155,7 +159,7 @@ class Model(_ext.Model):
 
 
 def _carry_docs():
-    for f in (methods, blas_info, default_model_path, default_text_path, canonical_spec, attention,
+    for f in (methods, transforms, blas_info, default_model_path, default_text_path, canonical_spec, attention,
               reference, error):
         f.__doc__ = getattr(_ext, f.__name__).__doc__
     for cls in (BasisDecomposition, Model):

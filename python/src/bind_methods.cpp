@@ -1,69 +1,37 @@
-// numattn.methods(): the method catalogue (registry.h), as plain dicts.
+// numattn.methods() and numattn.transforms(): the catalogues (model/catalogue.h), as plain dicts.
 #include <nanobind/stl/string.h>
 
 #include "common.h"
 #include "numattn/attention/registry.h"
 #include "numattn/core/blas.h"
+#include "numattn/model/catalogue.h"
 
 namespace numattn::py {
 
 namespace {
 
-const char* type_name(ParamType t) {
-  switch (t) {
-    case ParamType::kInt: return "int";
-    case ParamType::kFloat: return "float";
-    case ParamType::kBool: return "bool";
-    case ParamType::kString: return "str";
-  }
-  return "?";
-}
-
-nb::dict method_dict(const MethodInfo& m) {
-  nb::dict d;
-  d["name"] = m.name;
-  d["spec"] = create_method(m.name)->spec();
-  d["family"] = m.family;
-  d["summary"] = m.summary;
-  d["citation"] = m.citation;
-  d["time_complexity"] = m.time_complexity;
-  d["memory_complexity"] = m.memory_complexity;
-  d["target"] = create_method(m.name)->target().name();
-  nb::list params;
-  for (const ParamSpec& p : m.params) {
-    nb::dict pd;
-    pd["name"] = p.name;
-    pd["type"] = type_name(p.type);
-    pd["default"] = p.default_value;
-    if (p.type == ParamType::kInt || p.type == ParamType::kFloat) {
-      pd["min"] = p.min;
-      pd["max"] = p.max;
+// The library's JSON (model/catalogue.h) as Python objects: dicts keep its key order.
+nb::object to_python(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::null: return nb::none();
+    case nlohmann::json::value_t::boolean: return nb::bool_(j.get<bool>());
+    case nlohmann::json::value_t::number_integer: return nb::int_(j.get<std::int64_t>());
+    case nlohmann::json::value_t::number_unsigned: return nb::int_(j.get<std::uint64_t>());
+    case nlohmann::json::value_t::number_float: return nb::float_(j.get<double>());
+    case nlohmann::json::value_t::string: return nb::str(j.get_ref<const std::string&>().c_str());
+    case nlohmann::json::value_t::array: {
+      nb::list l;
+      for (const auto& x : j) l.append(to_python(x));
+      return l;
     }
-    if (!p.choices.empty()) {
-      nb::list c;
-      for (const auto& x : p.choices) c.append(x);
-      pd["choices"] = c;
+    case nlohmann::json::value_t::object: {
+      nb::dict d;
+      for (const auto& [k, v] : j.items()) d[nb::str(k.c_str())] = to_python(v);
+      return d;
     }
-    pd["doc"] = p.doc;
-    params.append(pd);
+    default: break;
   }
-  d["params"] = params;
-  const Capabilities& c = m.caps;
-  nb::dict caps;
-  caps["exact"] = c.exact;
-  caps["causal"] = c.causal;
-  caps["gqa"] = c.gqa;
-  caps["bool_mask"] = c.bool_mask;
-  caps["additive_mask"] = c.additive_mask;
-  caps["window"] = c.window;
-  caps["lse"] = c.lse;
-  caps["decode"] = c.decode;
-  caps["dk_ne_dv"] = c.dk_ne_dv;
-  caps["strided"] = c.strided;
-  caps["deterministic"] = c.deterministic;
-  caps["randomized"] = c.randomized;
-  d["capabilities"] = caps;
-  return d;
+  throw Error("numattn: a catalogue entry holds a JSON value of no Python type");
 }
 
 }  // namespace
@@ -71,11 +39,7 @@ nb::dict method_dict(const MethodInfo& m) {
 void bind_methods(nb::module_& m) {
   m.def(
       "methods",
-      [] {
-        nb::list out;
-        for (const MethodInfo* info : list_methods()) out.append(method_dict(*info));
-        return out;
-      },
+      [] { return nb::borrow<nb::list>(to_python(method_catalogue(false))); },
       R"doc(The method catalogue, in catalogue order (what `numattn methods` prints).
 
 Returns a list of dicts, one per registered method: ``name`` ("family.name"), ``spec`` (the
@@ -84,6 +48,12 @@ canonical spec with every default filled in), ``family``, ``summary``, ``citatio
 or approximates), ``params`` (name, type, default, min/max or choices, doc) and
 ``capabilities`` (exact, causal, gqa, bool_mask, additive_mask, window, lse, decode, dk_ne_dv,
 strided, deterministic, randomized).)doc");
+  m.def(
+      "transforms", [] { return nb::borrow<nb::list>(to_python(transform_catalogue(false))); },
+      R"doc(The model transforms of ``Model.load(transform=...)``, in registry order (what `numattn
+transforms --format json` prints): a list of dicts ``name``, ``family``, ``parameters`` (name,
+type, default (None when required), required, min/max or choices, doc), ``cost``, ``summary``,
+``citation``.)doc");
   m.def(
       "blas_info",
       [] {

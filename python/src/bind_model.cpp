@@ -14,10 +14,12 @@
 #include <variant>
 
 #include "common.h"
+#include "numattn/core/cancel.h"
 #include "numattn/gguf/gguf.h"
 #include "numattn/model/data.h"
 #include "numattn/model/llama.h"
 #include "numattn/model/ppl.h"
+#include "numattn/model/text.h"
 #include "numattn/model/tokenizer.h"
 #include "numattn/model/transform_model.h"
 #include "numattn/transform/pipeline.h"
@@ -72,8 +74,7 @@ class PyModel {
   const LlamaModel& model() const { return model_; }
   const Tokenizer& tokenizer() const { return tok_; }
 
-  // As `numattn ppl` and `numattn capture` tokenize a text: the whole of it, BOS only if the
-  // vocabulary's add_bos_token says so, control markers taken as text.
+  // A str is tokenized as `numattn ppl` and `numattn capture` do (model/text.h).
   std::vector<std::int32_t> text_tokens(const TextArg& text) const {
     if (const auto* ids = std::get_if<std::vector<std::int32_t>>(&text)) {
       for (std::size_t i = 0; i < ids->size(); ++i)
@@ -82,7 +83,7 @@ class PyModel {
                       tok_.vocab_size());
       return *ids;
     }
-    return tok_.encode(std::get<std::string>(text), tok_.add_bos(), false);
+    return encode_text(tok_, std::get<std::string>(text));
   }
 
   nb::dict ppl(const TextArg& text, std::int64_t ctx_len, std::int64_t chunks, const std::string& attn,
@@ -97,7 +98,8 @@ class PyModel {
     po.baseline = baseline.value_or("");
     po.bos = parse_bos_mode(bos);
     po.allow_long_ctx = allow_long_ctx;
-    po.after_chunk = [] { check_interrupt(); };
+    const CancelToken cancel(check_interrupt);
+    po.cancel = &cancel;
     check_ppl_options(po, &model_.hparams());
     PplResult r;
     {
@@ -136,40 +138,22 @@ class PyModel {
     const ExecContext ctx{threads.value_or(0)};
     ctx.num_threads();
     const ModelHParams& hp = model_.hparams();
-    NUMATTN_CHECK_OPTION(tokens >= 1, "tokens", "must be at least 1, got {}", tokens);
-    NUMATTN_CHECK_OPTION(tokens <= hp.n_ctx_train, "tokens",
-                         "{} tokens is beyond the model's trained context of {} (llama.context_length)",
-                         tokens, hp.n_ctx_train);
-    NUMATTN_CHECK_OPTION(offset >= 0, "offset", "must be >= 0, got {}", offset);
+    check_window_length(hp, tokens);
     const BosMode mode = parse_bos_mode(bos);
     std::vector<std::int64_t> layers;
     if (const auto* s = std::get_if<std::string>(&layers_arg)) {
       NUMATTN_CHECK_OPTION(*s == "all", "layers", "'{}': give a list of layer indices or 'all'", *s);
-      for (std::int64_t l = 0; l < hp.n_layer; ++l) layers.push_back(l);
+      layers = all_indices(hp.n_layer);
     } else {
-      layers = std::get<std::vector<std::int64_t>>(layers_arg);
-      NUMATTN_CHECK_OPTION(!layers.empty(), "layers", "needs at least one layer index (or 'all')");
-      for (auto l : layers)
-        NUMATTN_CHECK_OPTION(l >= 0 && l < hp.n_layer, "layers",
-                             "layer {} is out of range: the model has n_layer = {} layers (0..{})", l,
-                             hp.n_layer, hp.n_layer - 1);
-      std::sort(layers.begin(), layers.end());
-      layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+      layers = checked_index_list(std::get<std::vector<std::int64_t>>(layers_arg), "layers", hp.n_layer, "layer",
+                                  "n_layer");
     }
     const std::int64_t Hq = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, N = tokens;
     std::vector<std::int32_t> window;
     {
       nb::gil_scoped_release release;
-      const std::vector<std::int32_t> all = text_tokens(text);
-      const auto n_text = static_cast<std::int64_t>(all.size());
-      NUMATTN_CHECK_OPTION(offset <= n_text && N <= n_text - offset, "tokens",
-                           "the text has {} tokens: offset {} + tokens {} = {} is beyond it", n_text,
-                           offset, N, offset + N);
-      window.assign(all.begin() + offset, all.begin() + offset + N);
+      window = cut_text_window(tok_, text_tokens(text), offset, N, mode).tokens;
     }
-    const bool replace = mode == BosMode::kReplace || (mode == BosMode::kAuto && tok_.add_bos());
-    NUMATTN_CHECK_OPTION(!replace || tok_.bos_id() >= 0, "bos", "the vocabulary has no BOS token");
-    if (replace) window[0] = tok_.bos_id();
     doing(fmt::format("capturing q, k, v of {} layer(s) over {} tokens", layers.size(), N));
     // Outputs allocated up front (with the GIL), all of them reserved first; the capture
     // callback fills them.
@@ -190,6 +174,7 @@ class PyModel {
         for (index_t i = 0; i < N; ++i)
           for (index_t x = 0; x < D; ++x) *d++ = src(0, h, i, x);
     };
+    const CancelToken cancel(check_interrupt);
     ForwardOptions fo;
     fo.logits_begin = N;  // no logits are needed
     fo.capture = [&](const QkvCapture& c) {
@@ -200,7 +185,7 @@ class PyModel {
         copy(pre_rope ? c.k_pre : c.k_post, d[1]);
         copy(c.v, d[2]);
       }
-      check_interrupt();
+      cancel.check("capture");
     };
     {
       nb::gil_scoped_release release;
@@ -222,8 +207,7 @@ class PyModel {
         throw OptionError("attn", e.what());
       }
     }
-    const std::string text = chat ? tok_.chat_prompt(prompt) : prompt;
-    const std::vector<std::int32_t> ids = tok_.encode(text, tok_.add_bos(), true);
+    const std::vector<std::int32_t> ids = encode_prompt(tok_, prompt, chat);
     check_generation(max_tokens, static_cast<std::int64_t>(ids.size()), &model_.hparams());
     doing(fmt::format("generating up to {} tokens after a prompt of {}", max_tokens, ids.size()));
     std::vector<std::int32_t> out;
@@ -235,9 +219,9 @@ class PyModel {
       const std::string saved = model_.attention_spec();
       if (attn) model_.set_attention(*attn);
       try {
-        out = generate_greedy(model_, ids, max_tokens, chat && tok_.turn_end_id() >= 0 ? tok_.turn_end_id() : tok_.eos_id(),
-                              ctx,
-                              [](std::int32_t) { check_interrupt(); });
+        const CancelToken cancel(check_interrupt);
+        out = generate_greedy(model_, ids, max_tokens, generation_stop_id(tok_, chat), ctx,
+                              [&](std::int32_t) { cancel.check("generate"); });
       } catch (...) {
         model_.set_attention(saved);
         throw;

@@ -113,3 +113,39 @@ def test_ppl_is_interruptible(model, short_text):
     finally:
         timer.cancel()
     assert model.ppl(text, ctx=64, chunks=2, threads=2)["ppl"] == before  # the model is intact
+
+
+def _interrupted_after(seconds, call):
+    """Runs call() with Ctrl-C (KeyboardInterrupt) sent to the main thread after `seconds`; returns
+    the seconds it ran before the KeyboardInterrupt came out of it."""
+    import _thread
+    import threading
+    import time
+
+    timer = threading.Timer(seconds, _thread.interrupt_main)
+    t0 = time.perf_counter()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            call()
+    finally:
+        timer.cancel()
+    return time.perf_counter() - t0
+
+
+def test_capture_and_generate_are_interruptible(model, short_text):
+    import time
+
+    text, _ = short_text
+    t0 = time.perf_counter()
+    full = model.capture(text, tokens=1024, layers=[0], threads=2)
+    capture_s = time.perf_counter() - t0
+    # The forward pass stops after the layer it is in (the library's cancellation check), well
+    # before the whole pass.
+    s = _interrupted_after(0.02, lambda: model.capture(text, tokens=1024, layers="all", threads=2))
+    assert s < max(capture_s, 0.5) * 2
+    again = model.capture(text, tokens=1024, layers=[0], threads=2)
+    assert all((a == b).all() for a, b in zip(full[0], again[0]))  # the model is intact
+    ids = model.generate("Once upon a time", max_tokens=8, return_ids=True)
+    _interrupted_after(0.05, lambda: model.generate("Once upon a time", max_tokens=400, threads=2))
+    assert model.generate("Once upon a time", max_tokens=8, return_ids=True) == ids

@@ -134,6 +134,7 @@ PplResult evaluate_perplexity(const LlamaModel& model, const std::vector<std::in
   std::vector<std::uint8_t> row_agree(row_nll.size());
   ProgressBar bar("chunks", n_chunk, opt.progress ? ProgressBar::Mode::kAuto : ProgressBar::Mode::kOff);
   for (std::int64_t c = 0; c < n_chunk; ++c) {
+    if (opt.cancel) opt.cancel->check([&] { return fmt::format("ppl: stopped after {} of {} chunks", c, n_chunk); });
     if (opt.run_chunk && !opt.run_chunk(c)) continue;
     std::vector<std::int32_t> chunk(tokens.begin() + c * n_ctx, tokens.begin() + (c + 1) * n_ctx);
     if (replace) chunk[0] = bos_id;

@@ -73,8 +73,14 @@ void add_capture(CLI::App& app) {
     const ModelHParams& hp = w.hp;
     const std::vector<std::int64_t>& layers = w.layers;
     const std::int64_t Hq = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim;
-    const std::vector<LayerTensors> t = capture_layers(w, o->pre_rope ? RopeState::kPre : RopeState::kPost,
-                                                       !o->w.no_progress, "capture", ctx, xp);
+    // Ctrl-C stops the forward pass after the layer it is in, before any file is written.
+    CancelToken cancel;
+    std::vector<LayerTensors> t;
+    {
+      SigintCancel on_sigint(cancel);
+      t = capture_layers(w, o->pre_rope ? RopeState::kPre : RopeState::kPost, !o->w.no_progress, "capture", ctx, xp,
+                         &cancel);
+    }
     std::error_code ec;
     fs::create_directories(o->out, ec);
     NUMATTN_CHECK(!ec && fs::is_directory(o->out), "--out: cannot create directory '{}': {}", o->out,

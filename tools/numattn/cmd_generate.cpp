@@ -11,6 +11,7 @@
 #include "numattn/model/bench_model.h"
 #include "numattn/model/data.h"
 #include "numattn/model/llama.h"
+#include "numattn/model/text.h"
 #include "numattn/model/tokenizer.h"
 #include "numattn/model/transform_model.h"
 #include "numattn/quant/qgemv.h"
@@ -73,9 +74,7 @@ void add_generate(CLI::App& app) {
     const ModelHParams hp = LlamaModel::read_hparams(*file);
     check_transforms(xp, hp, file->architecture() == "numattn-mla");
     const Tokenizer tok = Tokenizer::from_gguf(*file);
-    std::string prompt = o->prompt;
-    if (o->chat) prompt = tok.chat_prompt(prompt);
-    const auto ids = tok.encode(prompt, tok.add_bos(), true);
+    const auto ids = encode_prompt(tok, o->prompt, o->chat);
     check_generation(o->max_tokens, static_cast<std::int64_t>(ids.size()), &hp);
     // The prompt's prefill and the decode steps (one query over up to prompt + max-tokens keys)
     // must both be problems every layer's method can run, asked of its can_run before the
@@ -104,11 +103,19 @@ void add_generate(CLI::App& app) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     ForwardProfile prof;
-    // A chat turn ends at the vocabulary's end-of-turn token (Gemma's <end_of_turn> is not its EOS).
-    const std::int32_t stop = o->chat && tok.turn_end_id() >= 0 ? tok.turn_end_id() : tok.eos_id();
-    const auto out = generate_greedy(model, ids, o->max_tokens, stop, ctx,
+    // Ctrl-C stops after the token being decoded (printed first), with a message.
+    CancelToken cancel;
+    SigintCancel on_sigint(cancel);
+    std::int64_t n_out = 0;
+    const auto out = generate_greedy(model, ids, o->max_tokens, generation_stop_id(tok, o->chat), ctx,
                                      [&](std::int32_t id) {
                                        if (md) std::cout << tok.token_to_piece(id, false) << std::flush;
+                                       ++n_out;
+                                       cancel.check([&] {
+                                         if (md) std::cout << std::endl;
+                                         return fmt::format("generate: stopped after {} of at most {} tokens",
+                                                            n_out, o->max_tokens);
+                                       });
                                      },
                                      &prof, kv);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -25,6 +25,7 @@
 #include "numattn/model/llama.h"
 #include "numattn/model/mla_model.h"
 #include "numattn/model/ppl.h"
+#include "numattn/model/text.h"
 #include "numattn/model/tokenizer.h"
 #include "numattn/model/transform_model.h"
 
@@ -119,7 +120,7 @@ void add_ppl(CLI::App& app) {
     auto t0 = std::chrono::steady_clock::now();
     // llama.cpp tokenizes the whole file with add_special (BOS only if add_bos_token) and
     // without parsing special-token markers in the text.
-    const auto tokens = tok.encode(text, tok.add_bos(), false);
+    const auto tokens = encode_text(tok, text);
     const double tok_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     check_ppl_options(po, &hp, static_cast<std::int64_t>(tokens.size()));
     t0 = std::chrono::steady_clock::now();
@@ -179,6 +180,14 @@ void add_ppl(CLI::App& app) {
     po.after_chunk = [&] { gs.push_back(blas::measure_sgemm_gflops(1024, 1, nt)); };
     // Under mpirun the chunks are split across the ranks (dist/ppl.h); rank 0 prints.
     const bool distributed = distributed_launch();
+    // Ctrl-C stops after the chunk in progress, with a message (not under mpirun: a rank that
+    // stopped alone would leave the others waiting in the reduction).
+    CancelToken cancel;
+    std::optional<SigintCancel> on_sigint;
+    if (!distributed) {
+      on_sigint.emplace(cancel);
+      po.cancel = &cancel;
+    }
     const PplResult r = distributed ? dist::evaluate_perplexity(dist::world(), model, tokens, tok.bos_id(), tok.add_bos(), po, ctx)
                              : evaluate_perplexity(model, tokens, tok.bos_id(), tok.add_bos(), po, ctx);
     if (dist_rank() != 0) return;

@@ -9,6 +9,7 @@
 #include "numattn/core/progress.h"
 #include "numattn/model/data.h"
 #include "numattn/model/ppl.h"
+#include "numattn/model/text.h"
 #include "numattn/model/tokenizer.h"
 #include "numattn/model/transform_model.h"
 
@@ -32,11 +33,8 @@ void TextWindowFlags::add_to(CLI::App& app, const std::string& layers_help) {
 
 std::vector<std::int64_t> parse_index_list(const std::string& s, const char* option, std::int64_t count,
                                            const char* what, const char* count_name) {
+  if (s == "all") return all_indices(count);
   std::vector<std::int64_t> out;
-  if (s == "all") {
-    for (std::int64_t l = 0; l < count; ++l) out.push_back(l);
-    return out;
-  }
   for (const std::string& item : split_list(s)) {
     std::size_t pos = 0;
     long long v = -1;
@@ -47,14 +45,9 @@ std::vector<std::int64_t> parse_index_list(const std::string& s, const char* opt
     }
     NUMATTN_CHECK_OPTION(pos == item.size() && pos > 0 && v >= 0, option,
                          "'{}' is not a {} index (integers >= 0, comma-separated, or 'all')", item, what);
-    NUMATTN_CHECK_OPTION(v < count, option, "{} {} is out of range: the model has {} = {} (0..{})", what, v,
-                         count_name, count, count - 1);
     out.push_back(v);
   }
-  NUMATTN_CHECK_OPTION(!out.empty(), option, "needs at least one {} index (or 'all')", what);
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
+  return checked_index_list(std::move(out), option, count, what, count_name);
 }
 
 TextWindow open_text_window(const TextWindowFlags& f, const std::string& out, const char* label,
@@ -75,22 +68,15 @@ TextWindow open_text_window(const TextWindowFlags& f, const std::string& out, co
   w.layers = parse_index_list(f.layers, "layers", w.hp.n_layer, "layer", "n_layer");
   // The caller's checks (outputs that would overwrite an input first) before the window's.
   if (before_tokenize) before_tokenize(w);
-  NUMATTN_CHECK_OPTION(f.tokens <= w.hp.n_ctx_train, "tokens",
-                       "{} tokens is beyond the model's trained context of {} ({})", f.tokens,
-                       w.hp.n_ctx_train, w.hp.key(hparam_key::kContext));
+  check_window_length(w.hp, f.tokens);
 
   const Tokenizer tok = Tokenizer::from_gguf(w.file);
   if (!f.no_progress) std::fprintf(stderr, "%s: tokenizing %s\n", label, w.text_path.c_str());
-  // As `numattn ppl`: the whole file, BOS only if add_bos_token, control markers as text.
-  const auto all = tok.encode(text, tok.add_bos(), false);
+  const auto all = encode_text(tok, text);
   w.text_tokens = static_cast<std::int64_t>(all.size());
-  NUMATTN_CHECK_OPTION(f.offset <= w.text_tokens && f.tokens <= w.text_tokens - f.offset, "tokens",
-                       "the text has {} tokens: --offset {} + --tokens {} = {} is beyond it", w.text_tokens, f.offset,
-                       f.tokens, f.offset + f.tokens);
-  w.tokens.assign(all.begin() + f.offset, all.begin() + f.offset + f.tokens);
-  w.bos_replaced = bos == BosMode::kReplace || (bos == BosMode::kAuto && tok.add_bos());
-  NUMATTN_CHECK(!w.bos_replaced || tok.bos_id() >= 0, "--bos {}: the vocabulary has no BOS token", f.bos);
-  if (w.bos_replaced) w.tokens[0] = tok.bos_id();
+  TextWindowTokens cut = cut_text_window(tok, all, f.offset, f.tokens, bos);
+  w.tokens = std::move(cut.tokens);
+  w.bos_replaced = cut.bos_replaced;
   return w;
 }
 
@@ -102,7 +88,8 @@ std::string capture_refusal(const transform::TransformPipeline& p) {
 }
 
 std::vector<LayerTensors> capture_layers(const TextWindow& w, RopeState rope, bool progress, const char* label,
-                                         const ExecContext& ctx, const transform::TransformPipeline& transforms) {
+                                         const ExecContext& ctx, const transform::TransformPipeline& transforms,
+                                         const CancelToken* cancel) {
   if (progress) std::fprintf(stderr, "%s: loading %s\n", label, w.model_path.c_str());
   LlamaModel model = LlamaModel::load(w.file, ctx);
   const std::string refusal = capture_refusal(transforms);
@@ -126,6 +113,8 @@ std::vector<LayerTensors> capture_layers(const TextWindow& w, RopeState rope, bo
   fo.logits_begin = N;  // no logits are needed
   fo.capture = [&](const QkvCapture& c) {
     bar.set(c.layer + 1, "layer " + std::to_string(c.layer));
+    if (cancel)
+      cancel->check([&] { return fmt::format("{}: stopped after {} of {} layers", label, c.layer + 1, w.hp.n_layer); });
     const int s = slot[static_cast<std::size_t>(c.layer)];
     if (s < 0) return;
     LayerTensors& t = out[static_cast<std::size_t>(s)];

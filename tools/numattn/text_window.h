@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "numattn/core/cancel.h"
 #include "numattn/core/exec.h"
 #include "numattn/transform/pipeline.h"
 #include "numattn/gguf/gguf.h"
@@ -62,9 +63,10 @@ enum class RopeState { kPost, kPre, kBoth };
 /// Loads the weights, applies `transforms` (transform/pipeline.h; its stages must keep GQA
 /// layers of the file's head width: see capture_refusal), and runs one forward pass over the
 /// window, keeping the layers of `w.layers` (in that order). A progress bar `label` over the layers
-/// on a terminal (none with --no-progress).
+/// on a terminal (none with --no-progress). `cancel` (core/cancel.h) is checked after each layer.
 std::vector<LayerTensors> capture_layers(const TextWindow& w, RopeState rope, bool progress, const char* label,
-                                         const ExecContext& ctx, const transform::TransformPipeline& transforms = {});
+                                         const ExecContext& ctx, const transform::TransformPipeline& transforms = {},
+                                         const CancelToken* cancel = nullptr);
 
 /// Why capture_layers cannot capture the model that `p` makes ("" when it can): the q, k, v it
 /// writes are those of GQA layers of the file's head width, which the mla and bda stages replace

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "numattn/core/cancel.h"
 #include "numattn/core/exec.h"
 #include "numattn/model/llama.h"
 
@@ -69,6 +70,9 @@ struct PplOptions {
   /// Evaluate only the chunks for which this returns true (unset: all). A distributed run gives
   /// each rank its share of the chunks and reduces the per-token values (dist/ppl.h).
   std::function<bool(std::int64_t chunk)> run_chunk;
+  /// Checked before each chunk (core/cancel.h): a cancelled run throws Cancelled ("ppl: stopped
+  /// after c of n chunks") or the poll's own exception, and returns nothing.
+  const CancelToken* cancel = nullptr;
 };
 
 struct PplResult {
