@@ -26,6 +26,21 @@ void load_row(const AttentionProblem& p, bool key, index_t b, index_t h, index_t
   widen_row(key ? p.k16_row(b, h, j) : p.v16_row(b, h, j), p.half.type, n, out);
 }
 
+/// Quest's bound Σ_d max(q_d·mn_d, q_d·mx_d), in kLanes independent partial sums so that the
+/// compiler vectorises it (one running sum would chain every addition: the scores of a decode
+/// step's hundreds of pages would then cost more than attending to the chosen ones).
+float page_bound(const float* q, const float* mn, const float* mx, index_t n) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  index_t d = 0;
+  for (; d + kLanes <= n; d += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += std::max(q[d + l] * mn[d + l], q[d + l] * mx[d + l]);
+  float ub = 0.f;
+  for (; d < n; ++d) ub += std::max(q[d] * mn[d], q[d] * mx[d]);
+  for (float a : acc) ub += a;
+  return ub;
+}
+
 struct Budget {
   index_t page, pages, sinks, recent;
   index_t kept() const { return sinks + recent + pages * page; }
@@ -195,12 +210,7 @@ void QuestAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
         mn = s.mn.data() + at, mx = s.mx.data() + at;
       }
       float best = -std::numeric_limits<float>::infinity();
-      for (index_t g = 0; g < G; ++g) {
-        const float* q = qs.data() + g * dk;
-        float ub = 0.f;
-        for (index_t d = 0; d < dk; ++d) ub += std::max(q[d] * mn[d], q[d] * mx[d]);
-        best = std::max(best, ub);
-      }
+      for (index_t g = 0; g < G; ++g) best = std::max(best, page_bound(qs.data() + g * dk, mn, mx, dk));
       scored.emplace_back(best, P);
     }
     const auto keep = static_cast<std::ptrdiff_t>(std::min<index_t>(bg.pages, static_cast<index_t>(scored.size())));
