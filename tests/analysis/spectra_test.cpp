@@ -416,8 +416,9 @@ TEST(PredictWindow, BoundsUseTheWindowedPAndMethodsThatCannotRunAreSkipped) {
   const auto vis = visible_keys(n, n, Causal::kBottomRight, w);
   for (const PredictRow& r : rows) {
     SCOPED_TRACE(r.method);
-    if (r.method.rfind("lowrank.nystrom", 0) == 0) {
-      // Non-causal and windowless: it cannot run the layer's problem.
+    if (r.method.rfind("lowrank.nystrom", 0) == 0 || r.method.rfind("lowrank.svd", 0) == 0) {
+      // Windowless: the causal recursion runs them, whose blocks, not the layer's P, set their
+      // error, so there is no prediction to check.
       EXPECT_NE(r.skipped.find("window"), std::string::npos) << r.skipped;
       EXPECT_TRUE(std::isnan(r.predicted) && std::isnan(r.measured));
       continue;
@@ -430,8 +431,6 @@ TEST(PredictWindow, BoundsUseTheWindowedPAndMethodsThatCannotRunAreSkipped) {
     EXPECT_TRUE(std::isfinite(r.output_rel_fro));
   }
   // The bounds are those of the windowed P.
-  EXPECT_NEAR(rows[0].predicted, tail_rel_fro(singular_values(pw, "P"), 4), kExact);
-  EXPECT_NEAR(rows[0].measured, rows[0].predicted, kF32);  // truncated SVD of the windowed P
   EXPECT_NEAR(rows[2].predicted, (1.0 - topk_mass(pw, fixed_k(vis, 4)).array()).mean(), kExact);
   EXPECT_NEAR(rows[2].measured, 2 * rows[2].predicted, kF32);
   // sparse.window inside the layer's window: band 3 keys plus the sinks still in the window.
