@@ -145,12 +145,19 @@ const kv_elem<T>* v_rows(const AttentionProblem& p, index_t b, index_t h) {
   else return p.v16_row(b, h, 0);
 }
 
+/// A run of `n` keys from `key0` placed at column `col` of a key-lane logit tile.
+struct TileSeg {
+  index_t key0, n, col;
+};
+
 /// Per-thread scratch of one block (key lanes: qt holds q rows, s holds [br][lds] logits and
 /// orow the [br][Dv] output rows).
 struct Scratch {
   AlignedFloats qt, s, ot, m, l, orow;
   std::vector<index_t> qi, head;
   std::vector<RowPass> passes;
+  std::vector<TileSeg> segs;  ///< segments of packed tiles (attend_rows_over)
+  std::vector<index_t> seg_first, seg_cols;  ///< first segment and width of each packed tile
   std::vector<index_t> kb, ke;  ///< visible key range of each lane (kb ≥ ke: none)
   void reserve(const AttentionProblem& p, const Plan& pl) {
     const auto br = static_cast<std::size_t>(pl.br);
@@ -445,16 +452,24 @@ void attend_rows_over(const AttentionProblem& p, const Plan& pl, const Item& it,
       passes.push_back({a, b - a, k_rows<T>(p, it.b, kvh), v_rows<T>(p, it.b, kvh)});
     }
   }
-  const auto tile = [&](index_t jt, index_t cols, bool full) {
+  // A tile is one or more segments of keys (key0, n) laid side by side from column `col` of the
+  // logit rows: one range's tile, or several short ranges packed into one tile (one softmax
+  // update for up to block_k selected keys); `jt` is the first segment's first key.
+  using Seg = TileSeg;
+  const auto tile_of = [&](const Seg* segs, int nseg, index_t cols, bool full) {
+    const index_t jt = segs[0].key0;
     for (const RowPass& ps : passes) {
-      float* sr = s + ps.r0 * lds;
       const float* qr = q + ps.r0 * dk;
-      const kv_elem<T>* kt = static_cast<const kv_elem<T>*>(ps.k) + jt * ldk;
-      switch (ps.nr) {
-        case 1: qk_rows_tile<1, T>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
-        case 2: qk_rows_tile<2, T>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
-        case 3: qk_rows_tile<3, T>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
-        default: qk_rows_tile<NR, T>(qr, dk, dk, kt, ldk, cols, sr, lds); break;
+      for (int g = 0; g < nseg; ++g) {
+        float* sr = s + ps.r0 * lds + segs[g].col;
+        const kv_elem<T>* kt = static_cast<const kv_elem<T>*>(ps.k) + segs[g].key0 * ldk;
+        const index_t c = segs[g].n;
+        switch (ps.nr) {
+          case 1: qk_rows_tile<1, T>(qr, dk, dk, kt, ldk, c, sr, lds); break;
+          case 2: qk_rows_tile<2, T>(qr, dk, dk, kt, ldk, c, sr, lds); break;
+          case 3: qk_rows_tile<3, T>(qr, dk, dk, kt, ldk, c, sr, lds); break;
+          default: qk_rows_tile<NR, T>(qr, dk, dk, kt, ldk, c, sr, lds); break;
+        }
       }
     }
     const index_t padded = (cols + W - 1) / W * W;
@@ -501,19 +516,81 @@ void attend_rows_over(const AttentionProblem& p, const Plan& pl, const Item& it,
       st.l[r] = st.l[r] * corr[r] + Vec::hsum(sum);
     }
     for (const RowPass& ps : passes) {
-      const float* pr = s + ps.r0 * lds;
       float* orow = o + ps.r0 * dv;
-      const kv_elem<T>* vt = static_cast<const kv_elem<T>*>(ps.v) + jt * ldv;
       const float* cr = corr + ps.r0;
-      switch (ps.nr) {
-        case 1: pv_rows_tile<1, T>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
-        case 2: pv_rows_tile<2, T>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
-        case 3: pv_rows_tile<3, T>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
-        default: pv_rows_tile<NR, T>(pr, lds, cols, vt, ldv, dv, orow, dv, cr, rescale); break;
+      for (int g = 0; g < nseg; ++g) {
+        const float* pr = s + ps.r0 * lds + segs[g].col;
+        const kv_elem<T>* vt = static_cast<const kv_elem<T>*>(ps.v) + segs[g].key0 * ldv;
+        const index_t c = segs[g].n;
+        const bool rs = rescale && g == 0;  // the old accumulator is rescaled once per tile
+        switch (ps.nr) {
+          case 1: pv_rows_tile<1, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); break;
+          case 2: pv_rows_tile<2, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); break;
+          case 3: pv_rows_tile<3, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); break;
+          default: pv_rows_tile<NR, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); break;
+        }
       }
     }
   };
-  for (index_t i = 0; i < nr; ++i) for_each_tile(p, ws, n, set_lanes(p, pl, it, ranges[i], br, ws), pl.bk, tile);
+  // Several ranges that every row sees whole, without a mask (a sparse method's selection for
+  // one query): packed into tiles of up to block_k keys. Otherwise each range by its own tiles.
+  bool packed = nr > 1 && p.mask.kind == MaskKind::kNone;
+  for (index_t i = 0; packed && i < nr; ++i)
+    for (index_t r = 0; r < n; ++r) {
+      const KeyRange vr = p.key_range(ws.qi[r]);
+      packed &= vr.begin <= ranges[i].begin && ranges[i].end <= vr.end;
+    }
+  if (!packed) {
+    for (index_t i = 0; i < nr; ++i)
+      for_each_tile(p, ws, n, set_lanes(p, pl, it, ranges[i], br, ws), pl.bk,
+                    [&](index_t jt, index_t cols, bool full) {
+                      const Seg one{jt, cols, 0};
+                      tile_of(&one, 1, cols, full);
+                    });
+  } else {
+    // All tiles' segments first (tile t: segs[first[t], first[t+1])), so that the rows of
+    // tile t+1 are prefetched while tile t is computed: selected ranges are short and scattered
+    // over the cache, where the hardware prefetcher, which follows one stream, does not reach.
+    std::vector<Seg>& segs = ws.segs;
+    std::vector<index_t>& first = ws.seg_first;
+    segs.clear();
+    first.assign(1, 0);
+    std::vector<index_t>& ncols = ws.seg_cols;
+    ncols.clear();
+    index_t i = 0, off = 0;
+    while (i < nr) {
+      index_t cols = 0;
+      while (i < nr && cols < pl.bk) {
+        const index_t take = std::min(pl.bk - cols, ranges[i].end - ranges[i].begin - off);
+        if (take > 0) segs.push_back({ranges[i].begin + off, take, cols});
+        cols += take;
+        off += take;
+        if (ranges[i].begin + off >= ranges[i].end) ++i, off = 0;
+      }
+      if (cols > 0) first.push_back(static_cast<index_t>(segs.size())), ncols.push_back(cols);
+    }
+    const index_t ntiles = static_cast<index_t>(ncols.size());
+    const auto prefetch = [&](index_t t) {
+      if (t >= ntiles) return;
+      const std::size_t kb = sizeof(kv_elem<T>) * static_cast<std::size_t>(dk),
+                        vb = sizeof(kv_elem<T>) * static_cast<std::size_t>(dv);
+      for (const RowPass& ps : passes) {
+        if (ps.r0 != 0) break;  // one pass per kv head reads its rows; rows of one head suffice
+        for (index_t g = first[t]; g < first[t + 1]; ++g)
+          for (index_t j = segs[g].key0; j < segs[g].key0 + segs[g].n; ++j) {
+            const char* kr = reinterpret_cast<const char*>(static_cast<const kv_elem<T>*>(ps.k) + j * ldk);
+            const char* vr = reinterpret_cast<const char*>(static_cast<const kv_elem<T>*>(ps.v) + j * ldv);
+            for (std::size_t b = 0; b < kb; b += 64) __builtin_prefetch(kr + b);
+            for (std::size_t b = 0; b < vb; b += 64) __builtin_prefetch(vr + b);
+          }
+      }
+    };
+    prefetch(0);
+    for (index_t t = 0; t < ntiles; ++t) {
+      prefetch(t + 1);
+      tile_of(segs.data() + first[t], static_cast<int>(first[t + 1] - first[t]), ncols[t], true);
+    }
+  }
   // The -inf check of attend_block, and the state in its layout (lanes = rows) for
   // merge_state and finish_block.
   for (index_t r = 0; r < n; ++r)
