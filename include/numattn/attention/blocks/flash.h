@@ -85,7 +85,10 @@ using SelectKeys = std::function<void(index_t b, index_t kv_head, index_t qi, st
 /// Exact softmax attention of every (batch, kv head, query) group over the key ranges `select`
 /// gives it (each row still sees only the part of them inside its own visible range and mask):
 /// the gather form of a sparse method without the gather. The keys are read in place (float32
-/// or half precision) by the key-lane kernels, one group's rows per block; a group's ranges
+/// or half precision) by the key-lane kernels, one group's rows per block; ranges that every row
+/// of the group sees whole (no mask) are packed side by side into tiles of up to `block_k` keys
+/// (one softmax update per tile, however short the ranges), the next tile's rows prefetched
+/// while one is computed (scattered short runs are beyond the hardware prefetcher); a group's ranges
 /// split across threads when groups are fewer than 2 × threads (decoding), the partial states
 /// merged through log-sum-exp in a fixed order, so the result is bitwise reproducible for a
 /// given thread count. A row with no selected key is a zero row with lse = -inf.
