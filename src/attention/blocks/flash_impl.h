@@ -779,10 +779,9 @@ void forward_selected(const AttentionProblem& p, const blocks::SelectKeys& selec
   pl.br = pl.ci * W;
   pl.bk = std::clamp<index_t>(cfg.block_k, 1, std::max<index_t>(1, p.n_kv()));
   pl.lds = (pl.bk + W - 1) / W * W;
-  const index_t gblk = (pl.G + pl.br - 1) / pl.br;  // blocks per group (G > 64 rows)
   const index_t groups = p.batch() * p.kv_heads() * p.n_q();
-  pl.nblk = gblk;
-  pl.items = groups * gblk;
+  pl.nblk = (pl.G + pl.br - 1) / pl.br;  // blocks per group (G > 64 rows)
+  pl.items = groups * pl.nblk;
   const double flops_bound = 2.0 * static_cast<double>(p.batch() * p.heads() * p.n_q()) *
                              static_cast<double>(p.n_kv()) * static_cast<double>(p.d_qk() + p.d_v());
   pl.threads = flops_bound < kMinParallelFlopsKeyLanes ? 1 : std::max(1, ctx.num_threads());
@@ -795,7 +794,7 @@ void forward_selected(const AttentionProblem& p, const blocks::SelectKeys& selec
                                                      : &attend_rows_over<KvType::kF32>;
   const index_t units = pl.items * pl.splits, dv = p.d_v();
   const auto item = [&](index_t w) {
-    const index_t g = w / gblk, blk = w % gblk, qi = g % p.n_q(), bh = g / p.n_q();
+    const index_t g = w / pl.nblk, blk = w % pl.nblk, qi = g % p.n_q(), bh = g / p.n_q();
     return Item{bh / p.kv_heads(), bh % p.kv_heads(), qi * pl.G + blk * pl.br, std::min(pl.br, pl.G - blk * pl.br)};
   };
 
@@ -831,7 +830,7 @@ void forward_selected(const AttentionProblem& p, const blocks::SelectKeys& selec
     ws.reserve(p, pl);
     std::vector<KeyRange> piece;
     for (index_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) {
-      const index_t w = u / pl.splits, sidx = u % pl.splits, g = w / gblk;
+      const index_t w = u / pl.splits, sidx = u % pl.splits, g = w / pl.nblk;
       const Item it = item(w);
       ensure(g);
       const std::vector<KeyRange>& all = chosen[static_cast<std::size_t>(g)];

@@ -186,6 +186,8 @@ void QuestAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     thread_local std::vector<std::pair<float, index_t>> scored;
     thread_local std::vector<index_t> pick;
     qs.resize(static_cast<std::size_t>(G * dk));
+    mn16w.resize(static_cast<std::size_t>(dk));
+    mx16w.resize(static_cast<std::size_t>(dk));
     for (index_t g = 0; g < G; ++g) {
       const float* q = p.q.row(b, hk * G + g, qi);
       for (index_t d = 0; d < dk; ++d) qs[static_cast<std::size_t>(g * dk + d)] = scale * q[d];
@@ -201,8 +203,6 @@ void QuestAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
       const float* mn = nullptr;
       const float* mx = nullptr;
       if (p.half_kv()) {
-        mn16w.resize(static_cast<std::size_t>(dk));
-        mx16w.resize(static_cast<std::size_t>(dk));
         widen_row(s.mn16.data() + at, s.type, dk, mn16w.data());
         widen_row(s.mx16.data() + at, s.type, dk, mx16w.data());
         mn = mn16w.data(), mx = mx16w.data();
