@@ -1,5 +1,6 @@
 #include "numattn/core/memory.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -81,6 +82,34 @@ void check_memory(std::uint64_t bytes, std::string_view what) {
   if (bytes > avail)
     throw OutOfMemory(fmt::format("{} needs {} ({} bytes) of memory, but only {} ({} bytes) are available",
                                   what, format_bytes(bytes), bytes, format_bytes(avail), avail));
+}
+
+namespace {
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+}  // namespace
+
+void* huge_page_alloc(std::size_t bytes) {
+  if (bytes < kHugePage) return ::operator new(bytes == 0 ? 1 : bytes);
+  // Over-map by one huge page and trim both ends, so that the block starts on a 2 MiB boundary
+  // (a huge page can only back an aligned 2 MiB range).
+  const std::size_t len = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* raw = mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const auto at = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t start = (at + kHugePage - 1) / kHugePage * kHugePage;
+  if (start > at) munmap(raw, start - at);
+  if (const std::size_t tail = at + len + kHugePage - (start + len); tail > 0)
+    munmap(reinterpret_cast<void*>(start + len), tail);
+#ifdef MADV_HUGEPAGE
+  madvise(reinterpret_cast<void*>(start), len, MADV_HUGEPAGE);  // advice only: its failure changes nothing
+#endif
+  return reinterpret_cast<void*>(start);
+}
+
+void huge_page_free(void* p, std::size_t bytes) noexcept {
+  if (p == nullptr) return;
+  if (bytes < kHugePage) return ::operator delete(p);
+  munmap(p, (bytes + kHugePage - 1) / kHugePage * kHugePage);
 }
 
 }  // namespace numattn

@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "numattn/attention/random_problem.h"
 #include "numattn/core/error.h"
@@ -103,6 +105,23 @@ TEST(Memory, RandomProblemsAreCheckedAgainstAvailableMemory) {
   } catch (const OptionError& e) {
     EXPECT_EQ(e.option(), "kv_heads");
     EXPECT_EQ(std::string(e.what()).find("--"), std::string::npos) << e.what();
+  }
+}
+
+TEST(HugePageAllocator, BlocksAreAlignedZeroedAndSurviveGrowth) {
+  // Below 2 MiB: operator new; from 2 MiB on: a 2 MiB-aligned mapping (odd sizes too).
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{(2u << 20) / 4 - 1},
+                              std::size_t{(2u << 20) / 4}, std::size_t{(5u << 20) / 4 + 3}}) {
+    std::vector<float, HugePageAllocator<float>> v(n);
+    if (n * sizeof(float) >= (std::size_t{2} << 20))
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(v.data()) % (std::uintptr_t{2} << 20), 0u) << n;
+    for (std::size_t i = 0; i < n; i += 4099) ASSERT_EQ(v[i], 0.f) << i;
+    if (n > 0) {
+      v.back() = 1.5f;
+      v.resize(2 * n + 1, 2.f);  // reallocation copies, the old block is returned
+      EXPECT_EQ(v[n - 1], 1.5f);
+      EXPECT_EQ(v.back(), 2.f);
+    }
   }
 }
 

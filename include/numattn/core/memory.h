@@ -17,7 +17,9 @@
 /// it to cap what numattn will take on a shared machine.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -52,5 +54,30 @@ void check_memory(std::uint64_t bytes, std::string_view what);
 
 /// "1.50 GiB", "12.0 MiB", "512 B": a byte count for messages.
 std::string format_bytes(std::uint64_t bytes);
+
+/// Memory for large buffers read in scattered runs (a KV cache): blocks of at least 2 MiB are
+/// mapped 2 MiB-aligned and advised as transparent huge pages (madvise MADV_HUGEPAGE, where
+/// the kernel offers them: Linux's default THP mode, `madvise`, gives none otherwise), so that
+/// reading a few rows here and there costs no page walk per 4 KiB page; smaller ones come from
+/// operator new. Throws std::bad_alloc when the mapping fails. A hint, never a requirement: the
+/// contents and the behaviour are the same with or without huge pages.
+void* huge_page_alloc(std::size_t bytes);
+void huge_page_free(void* p, std::size_t bytes) noexcept;
+
+/// A standard allocator over huge_page_alloc (for std::vector).
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    if (n > static_cast<std::size_t>(-1) / sizeof(T)) throw std::bad_alloc();
+    return static_cast<T*>(huge_page_alloc(n * sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) noexcept { huge_page_free(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const HugePageAllocator<U>&) const noexcept { return true; }
+};
 
 }  // namespace numattn

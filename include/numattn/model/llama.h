@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "numattn/attention/method.h"
+#include "numattn/core/memory.h"
 #include "numattn/core/exec.h"
 #include "numattn/arch/hparams.h"
 #include "numattn/core/tensor.h"
@@ -176,8 +177,9 @@ class KvCache {
   friend class LlamaModel;
   std::int64_t n_past_ = 0, capacity_ = 0, bytes_per_token_ = 0;
   KvType type_ = KvType::kF32;
-  std::vector<std::vector<float>> k_, v_;
-  std::vector<std::vector<std::uint16_t>> k16_, v16_;
+  // Huge pages: a sparse decode reads a few rows of each page of positions.
+  std::vector<std::vector<float, HugePageAllocator<float>>> k_, v_;
+  std::vector<std::vector<std::uint16_t, HugePageAllocator<std::uint16_t>>> k16_, v16_;
   std::vector<CacheShape> shapes_;
 };
 
