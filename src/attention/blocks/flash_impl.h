@@ -785,8 +785,11 @@ void forward_selected(const AttentionProblem& p, const blocks::SelectKeys& selec
   const double flops_bound = 2.0 * static_cast<double>(p.batch() * p.heads() * p.n_q()) *
                              static_cast<double>(p.n_kv()) * static_cast<double>(p.d_qk() + p.d_v());
   pl.threads = flops_bound < kMinParallelFlopsKeyLanes ? 1 : std::max(1, ctx.num_threads());
+  // Few groups (a decode step): split each group's keys so that every thread gets about two
+  // units. Not more: a group's few hundred selected keys then stay in runs of several tiles,
+  // whose next tile is prefetched while one is computed, and fewer partial states are merged.
   index_t sp = cfg.split_kv;
-  if (sp == 0) sp = pl.threads > 1 && pl.items < 2 * pl.threads ? (8 * pl.threads + pl.items - 1) / pl.items : 1;
+  if (sp == 0) sp = pl.threads > 1 && pl.items < 2 * pl.threads ? (2 * pl.threads + pl.items - 1) / pl.items : 1;
   pl.splits = std::max<index_t>(1, sp);
   using Over = void (*)(const AttentionProblem&, const Plan&, const Item&, const KeyRange*, index_t, Scratch&, State);
   const Over attend = p.half.type == KvType::kF16    ? &attend_rows_over<KvType::kF16>

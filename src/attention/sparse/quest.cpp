@@ -1,19 +1,31 @@
+// sparse/quest.h: the method, and the portable variant of its page scoring (quest_kernels.h).
+#define NUMATTN_ISA 0
+#include "attention/sparse/quest_kernels.h"
+
 #include "attention/sparse/quest.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "attention/method_def.h"
 #include "attention/sparse/kept_keys_budget.h"
+#include "core/isa_dispatch.h"
 #include "numattn/attention/blocks/flash.h"
 #include "numattn/quant/quant.h"
 
 namespace numattn {
 
 namespace {
+
+const bool kRegistered = (register_kernel_family("attention.quest (page bounds)", CpuPath::kAvx512), true);
+
+const quest_ops::Ops& ops_now() {
+  return *pick_isa_variant(quest_ops::portable::ops(), quest_ops::avx2::ops(), quest_ops::avx512::ops());
+}
 
 /// Row (b, h, j) of K (`key`) or V as float32, whatever the problem's element type.
 void load_row(const AttentionProblem& p, bool key, index_t b, index_t h, index_t j, float* out) {
@@ -24,21 +36,6 @@ void load_row(const AttentionProblem& p, bool key, index_t b, index_t h, index_t
     return;
   }
   widen_row(key ? p.k16_row(b, h, j) : p.v16_row(b, h, j), p.half.type, n, out);
-}
-
-/// Quest's bound Σ_d max(q_d·mn_d, q_d·mx_d), in kLanes independent partial sums so that the
-/// compiler vectorises it (one running sum would chain every addition: the scores of a decode
-/// step's hundreds of pages would then cost more than attending to the chosen ones).
-float page_bound(const float* q, const float* mn, const float* mx, index_t n) {
-  constexpr int kLanes = 16;
-  float acc[kLanes] = {};
-  index_t d = 0;
-  for (; d + kLanes <= n; d += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += std::max(q[d + l] * mn[d + l], q[d + l] * mx[d + l]);
-  float ub = 0.f;
-  for (; d < n; ++d) ub += std::max(q[d] * mn[d], q[d] * mx[d]);
-  for (float a : acc) ub += a;
-  return ub;
 }
 
 struct Budget {
@@ -122,45 +119,42 @@ void QuestAttention::summarise(const AttentionProblem& p) const {
                     s.stride[2] == p.k.stride[2] && (B == 1 || s.stride[0] == p.k.stride[0]) &&
                     s.shape[0] == B && s.shape[1] == Hk && s.shape[3] == D && s.shape[2] + 1 == p.n_kv() &&
                     p.n_q() == 1;
+  const bool half = p.half_kv();
+  const auto groups = static_cast<std::size_t>(B * Hk);
   if (!same) {
     s.pages = 0;
-    s.mn.clear();
-    s.mx.clear();
-    s.mn16.clear();
-    s.mx16.clear();
+    s.rows.assign(half ? 0 : groups, {});
+    s.rows16.assign(half ? groups : 0, {});
   }
   s.base = base;
   s.type = p.half.type;
   s.stride = p.k.stride;
   s.shape = p.k.shape;
-  const index_t want = p.n_kv() / pg, per = B * Hk * D;
-  const bool half = p.half_kv();
-  const auto total = static_cast<std::size_t>(want * per);
-  if (half) s.mn16.resize(total), s.mx16.resize(total);
-  else s.mn.resize(total), s.mx.resize(total);
+  const index_t want = p.n_kv() / pg;
   std::uint16_t (*narrow)(float) = p.half.type == KvType::kBf16 ? fp32_to_bf16 : fp32_to_fp16;
-  std::vector<float> row(static_cast<std::size_t>(D)), mn(row.size()), mx(row.size());
-  for (index_t P = s.pages; P < want; ++P)
-    for (index_t b = 0; b < B; ++b)
-      for (index_t h = 0; h < Hk; ++h) {
-        std::fill(mn.begin(), mn.end(), std::numeric_limits<float>::infinity());
-        std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
+  std::vector<float> row(static_cast<std::size_t>(D)), mm(static_cast<std::size_t>(2 * D));
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < Hk; ++h) {
+      const auto grp = static_cast<std::size_t>(b * Hk + h);
+      for (index_t P = s.pages; P < want; ++P) {
+        // [max | min], the order of the bound's dot product (quest_kernels.h).
+        std::fill(mm.begin(), mm.begin() + D, -std::numeric_limits<float>::infinity());
+        std::fill(mm.begin() + D, mm.end(), std::numeric_limits<float>::infinity());
         for (index_t j = P * pg; j < P * pg + pg; ++j) {
           load_row(p, true, b, h, j, row.data());
           for (index_t d = 0; d < D; ++d) {
             const auto u = static_cast<std::size_t>(d);
-            mn[u] = std::min(mn[u], row[u]), mx[u] = std::max(mx[u], row[u]);
+            mm[u] = std::max(mm[u], row[u]), mm[u + row.size()] = std::min(mm[u + row.size()], row[u]);
           }
         }
-        const auto at = static_cast<std::size_t>(((P * B + b) * Hk + h) * D);
         if (half) {
           // Minima and maxima of 16-bit values are 16-bit values: narrowing is exact.
-          for (std::size_t d = 0; d < row.size(); ++d) s.mn16[at + d] = narrow(mn[d]), s.mx16[at + d] = narrow(mx[d]);
+          for (const float x : mm) s.rows16[grp].push_back(narrow(x));
         } else {
-          std::copy(mn.begin(), mn.end(), s.mn.begin() + static_cast<std::ptrdiff_t>(at));
-          std::copy(mx.begin(), mx.end(), s.mx.begin() + static_cast<std::ptrdiff_t>(at));
+          s.rows[grp].insert(s.rows[grp].end(), mm.begin(), mm.end());
         }
       }
+    }
   s.pages = want;
 }
 
@@ -168,7 +162,7 @@ void QuestAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
   const std::lock_guard<std::mutex> lock(mu_);
   summarise(p);
   const Budget bg = budget_of(params());
-  const index_t B = p.batch(), Hk = p.kv_heads(), G = p.group(), dk = p.d_qk();
+  const index_t Hk = p.kv_heads(), G = p.group(), dk = p.d_qk();
   const auto scale = static_cast<float>(p.effective_scale());
   const Summary& s = sum_;
   // The row's key ranges, sorted: all of them, or sinks, the chosen pages of the middle, recent;
@@ -182,47 +176,47 @@ void QuestAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     }
     const index_t s_end = r.begin + bg.sinks, r0 = r.end - bg.recent;
     const index_t first = s_end / bg.page, last = (r0 - 1) / bg.page;
-    thread_local std::vector<float> qs, mn16w, mx16w;
-    thread_local std::vector<std::pair<float, index_t>> scored;
+    thread_local std::vector<float> qpm, bound, nth;
     thread_local std::vector<index_t> pick;
-    qs.resize(static_cast<std::size_t>(G * dk));
-    mn16w.resize(static_cast<std::size_t>(dk));
-    mx16w.resize(static_cast<std::size_t>(dk));
+    // [s·q⁺ | s·q⁻] per query head of the group: the bound as one dot product with [max | min].
+    qpm.resize(static_cast<std::size_t>(G * 2 * dk));
     for (index_t g = 0; g < G; ++g) {
       const float* q = p.q.row(b, hk * G + g, qi);
-      for (index_t d = 0; d < dk; ++d) qs[static_cast<std::size_t>(g * dk + d)] = scale * q[d];
+      float* o = qpm.data() + g * 2 * dk;
+      for (index_t d = 0; d < dk; ++d) {
+        const float x = scale * q[d];
+        o[d] = std::max(x, 0.f), o[dk + d] = std::min(x, 0.f);
+      }
     }
-    scored.clear();
     pick.clear();
-    for (index_t P = first; P <= last; ++P) {
-      if (P >= s.pages) {  // no summary yet (the partial last page): always attended
-        pick.push_back(P);
-        continue;
+    // The `pages` best of the summarised pages; ties go to the lower page index, so the choice
+    // does not depend on the selection's internals, and a NaN bound (a NaN key) ranks as +inf,
+    // so that the NaN reaches the row. Pages past the summarised ones (the partial last page)
+    // are always attended.
+    const index_t scored_end = std::min(last + 1, s.pages), ns = std::max<index_t>(0, scored_end - first);
+    const index_t keep = std::min(bg.pages, ns);
+    if (keep > 0) {
+      const auto grp = static_cast<std::size_t>(b * Hk + hk);
+      const void* rows = p.half_kv() ? static_cast<const void*>(s.rows16[grp].data() + first * 2 * dk)
+                                     : static_cast<const void*>(s.rows[grp].data() + first * 2 * dk);
+      bound.resize(static_cast<std::size_t>(ns));
+      ops_now().bounds(rows, s.type, ns, 2 * dk, qpm.data(), G, bound.data());
+      for (float& x : bound)
+        if (std::isnan(x)) x = std::numeric_limits<float>::infinity();
+      float thr = -std::numeric_limits<float>::infinity();
+      index_t ties = ns;
+      if (keep < ns) {
+        nth.assign(bound.begin(), bound.end());
+        std::nth_element(nth.begin(), nth.begin() + (keep - 1), nth.end(), std::greater<float>());
+        thr = nth[static_cast<std::size_t>(keep - 1)];
+        ties = keep - static_cast<index_t>(std::count_if(bound.begin(), bound.end(), [&](float x) { return x > thr; }));
       }
-      const index_t at = ((P * B + b) * Hk + hk) * dk;
-      const float* mn = nullptr;
-      const float* mx = nullptr;
-      if (p.half_kv()) {
-        widen_row(s.mn16.data() + at, s.type, dk, mn16w.data());
-        widen_row(s.mx16.data() + at, s.type, dk, mx16w.data());
-        mn = mn16w.data(), mx = mx16w.data();
-      } else {
-        mn = s.mn.data() + at, mx = s.mx.data() + at;
+      for (index_t P = first; P < scored_end; ++P) {
+        const float x = bound[static_cast<std::size_t>(P - first)];
+        if (x > thr || (x == thr && ties-- > 0)) pick.push_back(P);
       }
-      float best = -std::numeric_limits<float>::infinity();
-      for (index_t g = 0; g < G; ++g) best = std::max(best, page_bound(qs.data() + g * dk, mn, mx, dk));
-      scored.emplace_back(best, P);
     }
-    const auto keep = static_cast<std::ptrdiff_t>(std::min<index_t>(bg.pages, static_cast<index_t>(scored.size())));
-    // Ties broken by page index, so the choice does not depend on the selection's internals; a
-    // NaN bound (a NaN key) ranks first, so the NaN reaches the row.
-    std::nth_element(scored.begin(), scored.begin() + keep, scored.end(), [](const auto& x, const auto& y) {
-      const bool xn = std::isnan(x.first), yn = std::isnan(y.first);
-      if (xn != yn) return xn;
-      return x.first > y.first || (!(x.first < y.first) && x.second < y.second);
-    });
-    for (std::ptrdiff_t c = 0; c < keep; ++c) pick.push_back(scored[static_cast<std::size_t>(c)].second);
-    std::sort(pick.begin(), pick.end());
+    for (index_t P = std::max(first, scored_end); P <= last; ++P) pick.push_back(P);
     const auto add = [&](KeyRange kr) {
       if (kr.empty()) return;
       if (!out.empty() && out.back().end == kr.begin) out.back().end = kr.end;

@@ -51,16 +51,17 @@ class QuestAttention final : public AttentionMethod {
   index_t keys_read(const AttentionProblem& p, index_t i) const;
 
  private:
-  /// Page minima and maxima, [page][b][kv head][d], of the buffer `base` (layout `stride`):
-  /// float32 for a float32 cache, else in the cache's 16-bit type (`mn16`, `mx16`), which holds
-  /// a minimum or maximum of its own values exactly, so a decode step reads half the bytes.
+  /// Page maxima and minima of the buffer `base` (layout `stride`): per (b, kv head) group one
+  /// row [max | min] (2·Dk values) per page, pages in order, so that a decode step streams its
+  /// group's rows; float32 for a float32 cache (`rows`), else in the cache's 16-bit type
+  /// (`rows16`), which holds a minimum or maximum of its own values exactly (half the bytes).
   struct Summary {
     const void* base = nullptr;
     std::array<index_t, 4> stride{}, shape{};
     KvType type = KvType::kF32;
     index_t pages = 0;
-    std::vector<float> mn, mx;
-    std::vector<std::uint16_t> mn16, mx16;
+    std::vector<std::vector<float>> rows;
+    std::vector<std::vector<std::uint16_t>> rows16;
   };
   void summarise(const AttentionProblem& p) const;
   mutable std::mutex mu_;
