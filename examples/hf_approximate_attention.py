@@ -22,7 +22,7 @@ import transformers
 import numattn
 import numattn.hf
 
-DEFAULT_METHODS = ["exact.flash", "sparse.window(left=64,right=0,sinks=4)", "lowrank.nystrom(landmarks=64)"]
+DEFAULT_METHODS = ["exact.flash", "sparse.window(left=64,right=0,sinks=4)", "sparse.topk(k=32)"]
 
 
 def ppl_chunks(model, tokens, ctx, chunks):

@@ -63,6 +63,18 @@ def test_matches_sdpa_dtypes(dtype, causal):
     check(out, sdpa64(q, k, v, is_causal=causal), q, k)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("nq", [1, 45])
+def test_half_result_is_the_float32_result_rounded_once(dtype, nq):
+    # Half-precision values are float32 values: the half path computes what the float32 path
+    # computes on the same (rounded) inputs, and rounds its output once.
+    q, k, v = rand(2, 4, nq, 32, dtype=dtype, seed=30), rand(2, 2, 45, 32, dtype=dtype, seed=31), \
+        rand(2, 2, 45, 32, dtype=dtype, seed=32)
+    o16 = nt.attention(q, k, v, causal="bottom-right", enable_gqa=True)
+    o32 = nt.attention(q.float(), k.float(), v.float(), causal="bottom-right", enable_gqa=True)
+    assert o16.dtype == dtype and torch.equal(o16, o32.to(dtype))
+
+
 @pytest.mark.parametrize("nq,nk", [(5, 40), (40, 23), (1, 17)])
 def test_is_causal_is_top_left_as_sdpa(nq, nk):
     q, k, v = rand(1, 3, nq, 8, seed=4), rand(1, 3, nk, 8, seed=5), rand(1, 3, nk, 8, seed=6)
