@@ -528,7 +528,13 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v,
         if (in.mask_sb == 0 && in.mask_sh == 0) {
           ErrorEstimateOptions opt;
           opt.rows = static_cast<index_t>(*estimate_rows);
-          est = estimate_error(*run_p, opt, ctx);
+          // The float64 rows read float32 K/V: half-precision ones are widened for them.
+          if (run_p->half_kv()) {
+            const WidenedKv w = widen_kv(*run_p);
+            est = estimate_error(w.problem, opt, ctx);
+          } else {
+            est = estimate_error(*run_p, opt, ctx);
+          }
         }
       }
     }
@@ -594,6 +600,13 @@ nb::object reference(const AnyArray& q, const AnyArray& k, const AnyArray& v,
   Inputs in;
   read_inputs(in, q, k, v, causal, mask, scale, window, layout);
   AttentionProblem& p = in.p;
+  if (p.half_kv()) {  // the float64 rows read float32 K/V (every half value is a float32)
+    widen_input(in.k, "k");
+    widen_input(in.v, "v");
+    p.k = in.k.f32.view;
+    p.v = in.v.f32.view;
+    p.half = {};
+  }
   const index_t dv = p.v.shape[3];
   validate_before_output(p);  // reference_row never touches p.out
   doing(fmt::format("computing the float64 reference on {}", p.describe()));

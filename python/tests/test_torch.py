@@ -239,6 +239,16 @@ def test_info_reports_the_method_and_an_error_estimate():
     assert info["method"] == numattn.canonical_spec("exact.flash") and "est_rel_error" not in info
 
 
+def test_reference_and_estimate_read_half_precision():
+    q, k, v = rand(1, 2, 64, 16, dtype=torch.bfloat16, seed=40), rand(1, 2, 64, 16, dtype=torch.bfloat16, seed=41), \
+        rand(1, 2, 64, 16, dtype=torch.bfloat16, seed=42)
+    ref = torch.from_numpy(numattn.reference(q, k, v, causal=True))
+    assert torch.allclose(ref, sdpa64(q, k, v, is_causal=True), atol=1e-12)
+    out, info = nt.attention(q, k, v, is_causal=True, return_info=True, estimate_rows=0)
+    # The estimate measures the float32 result before its rounding to bfloat16.
+    assert info["est_rel_error_hi"] < 1e-5
+
+
 def test_numpy_binding_takes_float16_and_out_layout():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 2, 7, 8)).astype(np.float16) for _ in range(3))
