@@ -805,14 +805,16 @@ memory, float32, float64, float16 or bfloat16, any strides as long as the last a
 contiguous. float32 arrays are read in place (no copy, strided views included); float64 ones are
 converted to float32 once (the kernels compute in float32); float16/bfloat16 K and V (both of
 one type) are read in place by the methods that can (exact.flash and the flash-based ones) and
-converted for the others, float16/bfloat16 q is converted to float32. GQA/MQA: Hq % Hkv == 0,
+converted for the others; float16/bfloat16 q (and out=) go to the library as they are where it
+reads them, else q is converted to float32 and the float32 output rounded once. GQA/MQA: Hq % Hkv == 0,
 query head h reads kv head h // (Hq // Hkv).
 causal: False/"none", True/"top-left" (key j visible from query i iff j <= i), "bottom-right"
 (j <= i + Nk - Nq, a KV-cache decode). mask: broadcastable to [B, Hq, Nq, Nk] by NumPy's rules
 (2-d [Nq, Nk], 3-d [Hq, Nq, Nk], 4-d; an axis of 1 repeats; h is the query head), bool or integer
 (nonzero = visible) or float (additive, -inf hides the key); bool and float32 masks whose rows
 are contiguous keys are read in place, other dtypes converted once. A mask that differs across
-batches or heads runs the method one (batch, head) slice at a time. scale: default 1/sqrt(Dk).
+batches or heads goes to the method as it is where the method reads such masks, else the method
+runs one (batch, head) slice at a time. scale: default 1/sqrt(Dk).
 window: (left, right) keys about the causal diagonal, -1 = unbounded. threads: None = all
 cores. A row with no visible key gives 0 and LSE -inf.
 Errors: numattn.Error (a ValueError) naming the problem, numattn.NonFiniteInputError for a NaN
