@@ -26,7 +26,8 @@ cached decode. Importable only where torch and transformers are installed.
   ``est_rel_error`` / ``est_rel_error_hi`` of that call against float64 attention); ``records``
   keeps every call's info while ``record=True``.
 
-Forward-only: training (dropout > 0) and attention-weight outputs are refused.
+Forward-only: training (dropout > 0), a forward pass in grad mode on tensors that require grad
+(unless ``allow_no_grad=True``) and attention-weight outputs are refused.
 """
 
 from transformers import AttentionInterface as _AttentionInterface
@@ -41,8 +42,9 @@ __all__ = ["register", "Backend"]
 class Backend:
     """A registered numattn attention backend: its configuration and what its calls reported."""
 
-    def __init__(self, name, method, layers, threads, estimate_rows, record):
+    def __init__(self, name, method, layers, threads, estimate_rows, record, allow_no_grad):
         self.name = name
+        self.allow_no_grad = allow_no_grad
         self.method = method
         self.layers = layers
         self.threads = threads
@@ -89,7 +91,7 @@ class Backend:
         out, info = _nt.attention(
             query, key, value, spec, attn_mask=attention_mask, scale=scaling, enable_gqa=True,
             causal="bottom-right" if is_causal else "none", out_layout="bnhd", threads=self.threads,
-            allow_no_grad=True, return_info=True, estimate_rows=self.estimate_rows)
+            allow_no_grad=self.allow_no_grad, return_info=True, estimate_rows=self.estimate_rows)
         info = dict(info, layer=layer, n_q=query.shape[2], n_kv=key.shape[2])
         self.calls[layer] = self.calls.get(layer, 0) + 1
         self.last[layer] = info
@@ -109,14 +111,17 @@ def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, allow_is_cau
 
 
 def register(name="numattn", method="exact.flash", layers=None, threads=None, *, estimate_rows=None,
-             record=False):
+             record=False, allow_no_grad=False):
     """Registers numattn as the transformers attention implementation `name` and returns its Backend.
 
     method: spec of every layer (numattn.methods()); layers: None, a list of layer indices (they
     run `method`, the rest exact.flash) or a dict {layer: spec} (the rest run `method`); threads:
     None = torch.get_num_threads(); estimate_rows: None (no estimate) or rows per call for the
     a-posteriori error estimate (0 = automatic; costs O(rows·Nk·D) per call); record: keep every
-    call's info in Backend.records. Registering the same name again replaces it.
+    call's info in Backend.records; allow_no_grad: run a forward pass in grad mode on weights
+    that require grad, without gradients through attention (by default that is refused: run the
+    model under torch.no_grad() or torch.inference_mode()). Registering the same name again
+    replaces it.
     """
     import numattn as _na
 
@@ -128,7 +133,7 @@ def register(name="numattn", method="exact.flash", layers=None, threads=None, *,
     if layers is not None and not isinstance(layers, (list, tuple, set, dict)):
         raise TypeError("numattn.hf.register: layers: expected None, a list of layer indices or a dict {layer: spec}")
     b = Backend(name, method, layers if isinstance(layers, (dict, type(None))) else set(layers),
-                threads, estimate_rows, record)
+                threads, estimate_rows, record, allow_no_grad)
     _AttentionInterface.register(name, b.attention_forward)
     _AttentionMaskInterface.register(name, _mask)
     return b

@@ -84,6 +84,18 @@ def test_per_layer_specs(model, hf, chunks):
         nhf.register("numattn_test", method="no.such_method")
 
 
+def test_grad_mode_is_refused_unless_allowed(hf):
+    nhf.register("numattn_test", threads=2)
+    hf.set_attn_implementation("numattn_test")
+    x = torch.tensor([[1, 2, 3, 4]])
+    with pytest.raises(RuntimeError, match="allow_no_grad=True"):
+        hf(x)
+    nhf.register("numattn_test", threads=2, allow_no_grad=True)
+    with torch.no_grad():
+        want = hf(x).logits
+    assert torch.equal(hf(x).logits.detach(), want)  # the same forward pass, in grad mode
+
+
 @pytest.mark.parametrize("spec", ["exact.flash", WINDOW])
 def test_greedy_generation_equals_numattn_generate(model, hf, spec):
     prompt, n = "It is a truth universally acknowledged", 24
