@@ -57,9 +57,9 @@ def canonical_spec(spec):
     return _ext.canonical_spec(_c.text("numattn.canonical_spec", "spec", spec))
 
 
-def _problem(fn, q, k, v, causal, mask, scale, window, layout, return_lse, threads):
+def _problem(fn, q, k, v, causal, mask, scale, window, layout, return_lse, threads, dtypes=_c.FLOAT):
     return dict(
-        q=_c.array(fn, "q", q), k=_c.array(fn, "k", k), v=_c.array(fn, "v", v),
+        q=_c.array(fn, "q", q, dtypes), k=_c.array(fn, "k", k, dtypes), v=_c.array(fn, "v", v, dtypes),
         causal=_c.causal(fn, causal), mask=_c.array(fn, "mask", mask, _c.MASK, none=True),
         scale=_c.real(fn, "scale", scale, none=True), window=_c.window(fn, window),
         layout=_c.text(fn, "layout", layout), return_lse=_c.boolean(fn, "return_lse", return_lse),
@@ -67,11 +67,17 @@ def _problem(fn, q, k, v, causal, mask, scale, window, layout, return_lse, threa
 
 
 def attention(q, k, v, method="exact.flash", *, causal=False, mask=None, scale=None, window=None,
-              layout="bhnd", return_lse=False, threads=None, out=None):
+              layout="bhnd", return_lse=False, threads=None, out=None, out_layout=None, return_info=False,
+              estimate_rows=None):
     fn = "numattn.attention"
-    a = _problem(fn, q, k, v, causal, mask, scale, window, layout, return_lse, threads)
+    a = _problem(fn, q, k, v, causal, mask, scale, window, layout, return_lse, threads, _c.QKV)
     return _ext.attention(method=_c.text(fn, "method", method),
-                          out=_c.array(fn, "out", out, _c.OUT, writable=True, none=True), **a)
+                          out=_c.array(fn, "out", out, _c.OUT_ANY, writable=True, none=True),
+                          out_layout=_c.text(fn, "out_layout", out_layout, none=True),
+                          return_info=_c.boolean(fn, "return_info", return_info),
+                          estimate_rows=_c.integer(fn, "estimate_rows", estimate_rows, 0, none=True,
+                                                   what=f"expected a row count >= 0 (0: automatic), got {estimate_rows}"),
+                          **a)
 
 
 def reference(q, k, v, *, causal=False, mask=None, scale=None, window=None, layout="bhnd",

@@ -27,8 +27,12 @@ INT64 = (-(2 ** 63), 2 ** 63 - 1)
 
 # dtypes an array argument may have, by role (the C++ side reads exactly these).
 FLOAT = ("float32", "float64")
+# q, k, v of attention: NumPy has float16 (bfloat16 arrives through DLPack, checked in C++).
+QKV = ("float32", "float64", "float16")
 OUT = ("float32",)
-MASK = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
+OUT_ANY = ("float32", "float16")
+MASK = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
+        "float64")
 
 
 def _given(x):

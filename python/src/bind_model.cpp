@@ -274,6 +274,11 @@ tokens; the model is left as it was.)doc")
       .def_prop_ro("transform", &PyModel::transform,
                    "the canonical pipeline applied at load (every default filled in; '' for none)")
       .def_prop_ro("name", &PyModel::name, "general.name of the file")
+      .def_prop_ro("bos_id", [](const PyModel& s) { return s.tokenizer().bos_id(); },
+                   "the BOS token id (-1: none)")
+      .def_prop_ro("add_bos", [](const PyModel& s) { return s.tokenizer().add_bos(); },
+                   "tokenizer.ggml.add_bos_token: whether texts and prompts start with BOS, and "
+                   "perplexity puts BOS first in each chunk")
       .def_prop_ro("hparams", [](const PyModel& s) {
         const ModelHParams& h = s.model().hparams();
         nb::dict d;

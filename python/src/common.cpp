@@ -21,8 +21,6 @@ Layout layout_option(const std::string& s) {
   }
 }
 
-namespace {
-
 std::string dtype_name(nb::dlpack::dtype t) {
   const char* kind = "?";
   switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
@@ -36,6 +34,8 @@ std::string dtype_name(nb::dlpack::dtype t) {
   }
   return fmt::format("{}{}", kind, t.bits);
 }
+
+namespace {
 
 void check_cpu(const AnyArray& a, const char* name) {
   if (a.device_type() != nb::device::cpu::value)

@@ -117,6 +117,9 @@ MemSpan mem_span(const void* data, const std::vector<std::int64_t>& shape,
 bool may_self_overlap(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides,
                       std::size_t itemsize);
 
+/// "float32", "bfloat16", "bool": a DLPack dtype as error messages name it.
+std::string dtype_name(nb::dlpack::dtype t);
+
 /// numattn::parse_layout, its error raised as an OptionError of the `layout` keyword.
 Layout layout_option(const std::string& s);
 

@@ -116,8 +116,10 @@ def test_out_argument_and_threads():
 def test_bad_input_raises_clear_errors():
     rng = np.random.default_rng(5)
     q, k, v = qkv(rng, hq=2, hkv=2, nq=8, nk=8, d=4)
+    with pytest.raises(TypeError, match="int32"):
+        numattn.attention(q.astype(np.int32), k, v)
     with pytest.raises(TypeError, match="float16"):
-        numattn.attention(q.astype(np.float16), k, v)
+        numattn.reference(q.astype(np.float16), k, v)
     with pytest.raises(TypeError, match="int64"):
         numattn.attention(q, k.astype(np.int64), v)
     with pytest.raises(ValueError, match="2-, 3- or 4-d"):
@@ -139,6 +141,8 @@ def test_bad_input_raises_clear_errors():
         numattn.attention(q, k, v, layout="nhd")
     with pytest.raises(numattn.OptionError, match="mask"):
         numattn.attention(q, k, v, mask=np.ones((8, 7), bool))
+    with pytest.raises(numattn.OptionError, match="broadcast"):
+        numattn.attention(q, k, v, mask=np.ones((3, 8, 8), bool))
     with pytest.raises(TypeError):
         numattn.attention([[1.0]], k, v)
 

@@ -100,19 +100,28 @@ def case(entry, name, bads, make):
         CASES.append(pytest.param(make(bad), name, id=f"{entry}-{name}-{i}"))
 
 
+def _is(x, dtype):
+    return isinstance(x, np.ndarray) and x.dtype == dtype
+
+
 for fn, mk in (("attention", att), ("reference", ref)):
+    # attention reads float16 q, k, v, masks and out (reference: float32/float64 only).
+    half_ok = (lambda x: _is(x, np.float16)) if fn == "attention" else (lambda x: False)
     for a in "qkv":
-        case(fn, a, ARRAY_BAD, lambda b, a=a, mk=mk: mk(**{a: b}))
+        case(fn, a, [x for x in ARRAY_BAD if not half_ok(x)], lambda b, a=a, mk=mk: mk(**{a: b}))
     case(fn, "causal", CAUSAL_BAD, lambda b, mk=mk: mk(causal=b))
-    case(fn, "mask", [x for x in ARRAY_BAD if x is not None and not (
-        isinstance(x, np.ndarray) and x.dtype == np.int32)], lambda b, mk=mk: mk(mask=b))
+    case(fn, "mask", [x for x in ARRAY_BAD if x is not None and not _is(x, np.int32) and not half_ok(x)],
+         lambda b, mk=mk: mk(mask=b))
     case(fn, "scale", REAL_BAD, lambda b, mk=mk: mk(scale=b))
     case(fn, "window", WINDOW_BAD, lambda b, mk=mk: mk(window=b))
     case(fn, "layout", STR_BAD, lambda b, mk=mk: mk(layout=b))
     case(fn, "return_lse", BOOL_BAD, lambda b, mk=mk: mk(return_lse=b))
     case(fn, "threads", THREADS_BAD, lambda b, mk=mk: mk(threads=b))
 case("attention", "method", STR_BAD, lambda b: att(method=b))
-OUT_BAD = [x for x in ARRAY_BAD if x is not None] + [
+case("attention", "out_layout", OPT_STR_BAD + ["nhd"], lambda b: att(out_layout=b))
+case("attention", "return_info", BOOL_BAD, lambda b: att(return_info=b))
+case("attention", "estimate_rows", OPT_INT_BAD + [-1], lambda b: att(estimate_rows=b))
+OUT_BAD = [x for x in ARRAY_BAD if x is not None and not _is(x, np.float16)] + [
     np.zeros((1, 2, 8, 4), np.float64), np.broadcast_to(np.zeros(4, np.float32), (1, 2, 8, 4))]
 case("attention", "out", OUT_BAD, lambda b: att(out=b))
 case("error", "approx", ARRAY_BAD + [F32.astype(np.float64)], lambda b: err(approx=b))
