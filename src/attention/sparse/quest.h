@@ -26,17 +26,18 @@ namespace numattn {
 ///
 /// Page summaries persist between calls on the same K buffer (a KV cache): a call with one query
 /// row over keys that extend the previous call's summarises only the pages completed since, so
-/// a decode step reads the summaries (2·Dk floats per page and kv head), the chosen pages and
-/// the sinks and recent rows: not the rest of the cache. A call with several rows, over another
+/// a decode step reads the summaries (2·Dk values per page and kv head, in the cache's element
+/// type), the chosen pages and the sinks and recent rows: not the rest of the cache. A call with several rows, over another
 /// buffer, or over fewer keys than were summarised recomputes them (O(Nk·Dk)). This assumes that
 /// the rows of a buffer below the previous call's n_kv are unchanged while n_kv grows one call
 /// to the next, as in a KV cache (positions are appended, never rewritten); concurrent calls on
 /// one instance are serialised by a mutex.
 ///
 /// Reads half-precision K/V in place (problem.h HalfKv). Shapes as problem.h; no masks or
-/// window. Cost per row: O((Nk/page)·G·Dk) for the scores (in float32), O(kept·(Dk + Dv)) for
-/// the attention; workspace: the flash block's, the chosen ranges, and the summaries,
-/// 2·B·Hkv·(Nk/page)·Dk floats.
+/// window. Cost per row: O((Nk/page)·G·Dk) for the scores (in float32: the bound is the dot
+/// product of [s·q⁺ | s·q⁻] with the page's [max | min], q⁺ = max(q, 0), q⁻ = min(q, 0), computed
+/// by SIMD kernels per CPU path), O(kept·(Dk + Dv)) for the attention; workspace: the flash
+/// block's, the chosen ranges, and the summaries, 2·B·Hkv·(Nk/page)·Dk values.
 /// Limit case: pages·page ≥ Nk is exact softmax attention.
 class QuestAttention final : public AttentionMethod {
  public:
