@@ -2,8 +2,8 @@
 /// Multi-head latent attention (DeepSeek-AI, "DeepSeek-V2", 2024, §2.1) as a block: the MLA
 /// layer of model/mla_model.h (the formulas are in arch/mla_weights.h), naive or absorbed
 /// (ForwardStep::mla_exec), then x += W_o·[o_0 | … | o_{Hq−1}]. Cache: one [c | k_rope] row of
-/// r + d_rope elements per token (in LayerCache::k, or k16 for a half cache). Weights: the MLA projections (MlaLayer::
-/// weights) + E·Hq·d_v. FLOPs per token (absorbed): 2·weights + 2·Hq·n_ctx·(2r + d_rope).
+/// r + d_rope elements per token (in LayerCache::k, or k16 for a half cache). Weights: the MLA
+/// projections (MlaLayer::weights) + E·Hq·d_v. FLOPs per token (absorbed): 2·weights + 2·Hq·n_ctx·(2r + d_rope).
 #pragma once
 
 #include "numattn/model/blocks/block.h"
