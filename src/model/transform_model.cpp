@@ -53,9 +53,17 @@ MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const tr
   }
   r.calib_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.calib_tokens = n;
+  // The source W_q of each layer (in place: bytes in the mapped file that the model keeps), which
+  // the quantized MLA query reads through its factored form.
+  const MlaWeights storage = parse_mla_weights(s.weights);
+  std::vector<QuantMatrix> source_wq;
+  const ModelHParams& hp = model.hparams();
+  for (const LlamaLayer& L : model.weights().layers)
+    source_wq.push_back(L.wqkv_q.empty() ? QuantMatrix{} : L.wqkv_q.first_rows(hp.n_head * hp.head_dim));
   ProgressBar bar("mla conversion", model.hparams().n_layer, mode);
   r.report = convert_model_to_mla(model, cal, s.options, ctx,
                                   [&](std::int64_t done, std::int64_t) { bar.set(done, "layers"); });
+  quantize_mla_model(model, source_wq, storage);
   model.set_mla_exec(parse_mla_exec(s.exec));
   return r;
 }

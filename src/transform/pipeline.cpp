@@ -144,7 +144,11 @@ const std::vector<MethodInfo>& catalogue() {
          int_param("calib_tokens", "2048", 1, 1e9, "calibration tokens"),
          choice_param("exec", "absorbed", {"absorbed", "naive"},
                       "absorbed: W_uk on the query side, decode reads only the latent cache; naive: "
-                      "k_nope and v rebuilt from the cache")}));
+                      "k_nope and v rebuilt from the cache"),
+         choice_param("weights", "source", {"source", "q8_0", "f32"},
+                      "storage of the converted projections that the absorbed execution reads: the "
+                      "source model's types (its own W_q in place), Q8_0, or float32 "
+                      "(model/mla_model.h quantize_mla_layer)")}));
     v.push_back(info(
         "bda", "bda",
         "BD Attention: each Q/K or V/O pair rewritten through a basis of its own rows (exact up to "
@@ -225,6 +229,7 @@ TransformPipeline parse_transforms(std::string_view pipeline) {
       m.calib = v.get_string("calib");
       m.calib_tokens = get(v, "calib_tokens");
       m.exec = v.get_string("exec");
+      m.weights = v.get_string("weights");
       out.mla = m;
     } else if (info->family == "bda") {
       refuse_after(out.bda.has_value(), "is given twice");

@@ -114,7 +114,8 @@ TEST(TransformCli, OlderFlagsAreAliasesOfThePipeline) {
   const auto spec = json_of(base + " --transform 'mla(rank=64,rope_heads=1,calib_tokens=512)|bda(pairs=vo,coef=f32)'",
                             &err_new);
   const std::string canonical =
-      "mla(rank=64,rope_heads=1,freqfold=1,calib=default,calib_tokens=512,exec=absorbed)|bda(pairs=vo,coef=f32)";
+      "mla(rank=64,rope_heads=1,freqfold=1,calib=default,calib_tokens=512,exec=absorbed,weights=source)|"
+      "bda(pairs=vo,coef=f32)";
   EXPECT_EQ(alias.at("transform"), canonical);
   EXPECT_EQ(spec.at("transform"), canonical);
   for (const char* k : {"ppl", "ppl_baseline", "kld_mean", "kld_p99", "top1_agreement", "logprob_max_abs_diff",

@@ -106,18 +106,15 @@ TEST(KvCacheHalf, PerplexityReportsTheCostOfTheCacheType) {
   EXPECT_LT(f16.kld_mean, 1e-4);
 }
 
-TEST(KvCacheHalf, MlaLayersRefuseAHalfCache) {
+TEST(KvCacheHalf, MlaLayersTakeAHalfCache) {
   const test::TinyTensors T = test::make_tiny(false);
   LlamaModel mm = LlamaModel::load(test::write_gguf(T, "kv_mla.gguf"), ExecContext{1});
   transform::MlaOptions opt;
   convert_model_to_mla(mm, {}, opt, ExecContext{1});
-  EXPECT_NO_THROW(mm.make_cache(8));
-  try {
-    mm.make_cache(8, KvType::kF16);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("mla layer"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("--kv f32"), std::string::npos) << e.what();
+  for (KvType t : {KvType::kF16, KvType::kBf16}) {
+    const KvCache c = mm.make_cache(8, t);
+    EXPECT_EQ(c.bytes_per_token(), mm.kv_bytes_per_token(KvType::kF32) / 2);
+    EXPECT_EQ(c.bytes_per_token(), mm.kv_bytes_per_token(t));
   }
 }
 

@@ -89,7 +89,9 @@ TEST(MlaCli, ConvertedFileLoadsBackWithTheSamePerplexity) {
   const std::string opts = " --mla-rank 64 --freqfold 2 --calib-tokens 512";
   const auto conv = json_row("convert --threads 2 --out " + out + opts);
   EXPECT_EQ(conv.at("mla_latent").get<std::int64_t>(), 64);
-  const auto direct = json_row("ppl --ctx 128 --chunks 2 --threads 2" + opts);
+  // The file holds the conversion in float32: the same as the float32 storage at load.
+  const auto direct = json_row("ppl --ctx 128 --chunks 2 --threads 2 --transform "
+                               "'mla(rank=64,freqfold=2,calib_tokens=512,weights=f32)'");
   const auto file = json_row("ppl --ctx 128 --chunks 2 --threads 2 --model " + out);
   EXPECT_EQ(direct.at("ppl").get<double>(), file.at("ppl").get<double>());
   EXPECT_EQ(direct.at("kv_bytes_per_token"), file.at("kv_bytes_per_token"));

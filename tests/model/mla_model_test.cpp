@@ -19,6 +19,7 @@
 #include "numattn/model/bda_model.h"
 #include "numattn/model/llama.h"
 #include "numattn/model/mla_convert.h"
+#include "numattn/quant/quant.h"
 #include "support/test_util.h"
 #include "support/tiny_llama.h"
 
@@ -131,6 +132,135 @@ TEST(MlaModel, RefusesInconsistentWeights) {
   EXPECT_THROW(parse_mla_exec("fast"), OptionError);
 }
 
+// ---- quantized storage (quantize_mla_layer) ------------------------------------------------
+
+// A layer whose queries are a product through a source W_q (as the conversion makes them):
+// W_q_nope[h] = A_h·Ĝ_h and W_q_rope[h] = R_h·Ĝ_h with Ĝ the dequantized source `src`
+// [H·D, E], quantized to `src_type` into `bytes`.
+struct FactoredLayer {
+  MlaLayerWeights w;
+  QuantMatrix src;
+  std::vector<std::uint8_t> bytes;
+};
+FactoredLayer factored_mla(const MlaShape& s, std::int64_t D, GgmlType src_type, std::uint64_t seed) {
+  FactoredLayer f;
+  f.w = random_mla(s, seed);
+  std::vector<float> g(static_cast<std::size_t>(s.H * D * s.E));
+  fill_normal(g, 77, seed);
+  for (float& v : g) v *= static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.E)));
+  f.bytes = quantize(src_type, g.data(), static_cast<std::int64_t>(g.size()));
+  f.src.append(src_type, f.bytes.data(), s.H * D, s.E);
+  const std::vector<float> gh = f.src.dequantize();
+  const std::vector<double> a = randd(static_cast<std::size_t>(s.H * (s.dn + s.dr) * D), seed * 10 + 7, 0.5);
+  for (std::int64_t h = 0; h < s.H; ++h)
+    for (std::int64_t i = 0; i < s.dn + s.dr; ++i)
+      for (std::int64_t e = 0; e < s.E; ++e) {
+        double acc = 0;
+        for (std::int64_t k = 0; k < D; ++k)
+          acc += a[static_cast<std::size_t>((h * (s.dn + s.dr) + i) * D + k)] *
+                 gh[static_cast<std::size_t>((h * D + k) * s.E + e)];
+        if (i < s.dn)
+          f.w.w_q_nope[static_cast<std::size_t>((h * s.dn + i) * s.E + e)] = acc;
+        else
+          f.w.w_q_rope[static_cast<std::size_t>((h * s.dr + i - s.dn) * s.E + e)] = acc;
+      }
+  return f;
+}
+
+// The absorbed execution on quantized storage equals the float64 transcription of the weights
+// it multiplies by (MlaLayer::quantized_weights) within the float32 tolerance of
+// docs/numerics.md, on every CPU path, for decode-sized (quant_gemv) and prefill-sized (dequantized
+// tile + GEMM) blocks; factored and direct query forms; widths that Q8_0's block of 32 does not
+// divide fall back to F32 parts.
+TEST(MlaModel, QuantizedAbsorbedFollowsFloat64OnItsWeights) {
+  const auto method = create_method("exact.flash");
+  struct Case {
+    MlaShape s;
+    std::int64_t D;
+    GgmlType big, src;
+    bool factored;
+  };
+  const std::vector<Case> cases = {
+      {{64, 3, 32, 48, 16, 32}, 32, GgmlType::Q4_1, GgmlType::Q4_1, true},
+      {{64, 3, 32, 48, 16, 32}, 32, GgmlType::Q8_0, GgmlType::Q8_0, false},  // direct (no source)
+      {{64, 2, 12, 6, 4, 7}, 16, GgmlType::Q4_0, GgmlType::Q8_0, true},      // q_up, q_uv in F32
+      {{40, 3, 5, 3, 2, 7}, 8, GgmlType::Q8_0, GgmlType::F32, true},         // E = 40: F32 everywhere
+      {{64, 2, 32, 0, 6, 32}, 32, GgmlType::Q4_1, GgmlType::Q4_1, true},     // no NoPE part
+      {{64, 5, 32, 4, 0, 3}, 32, GgmlType::Q8_0, GgmlType::Q4_1, true},      // no RoPE part
+  };
+  for (const Case& c : cases) {
+    const FactoredLayer f = factored_mla(c.s, c.D, c.src, 3);
+    MlaLayer L = MlaLayer::from_weights(f.w, c.s.E);
+    quantize_mla_layer(L, c.s.E, c.big, GgmlType::Q8_0, c.factored ? &f.src : nullptr);
+    ASSERT_TRUE(L.quantized());
+    EXPECT_EQ(L.q_head_dim, c.factored ? c.D : 0) << "E=" << c.s.E << " r=" << c.s.r;
+    const MlaLayerWeights wq = L.quantized_weights(c.s.E);
+    // The quantized layer is the float one up to the quantization (a loose check that
+    // quantized_weights describes this layer): the latent projection and each head's absorbed
+    // query W_uk[h]ᵀ·W_q_nope[h] within 15% relative Frobenius (4-bit blocks of Gaussian rows
+    // are about 10% off).
+    auto rel = [](const std::vector<double>& a, const std::vector<double>& b) {
+      double d = 0, n = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) d += (a[i] - b[i]) * (a[i] - b[i]), n += b[i] * b[i];
+      return std::sqrt(d / std::max(n, 1e-300));
+    };
+    EXPECT_LE(rel(wq.w_dkv, f.w.w_dkv), 0.15);
+    EXPECT_LE(rel(wq.w_kr, f.w.w_kr), 0.15);
+    std::vector<double> absorbed(static_cast<std::size_t>(c.s.H * c.s.r * c.s.E), 0.0);
+    for (std::int64_t h = 0; h < c.s.H; ++h)
+      for (std::int64_t a = 0; a < c.s.dn; ++a)
+        for (std::int64_t b = 0; b < c.s.r; ++b)
+          for (std::int64_t e = 0; e < c.s.E; ++e)
+            absorbed[static_cast<std::size_t>((h * c.s.r + b) * c.s.E + e)] +=
+                f.w.w_uk[static_cast<std::size_t>((h * c.s.dn + a) * c.s.r + b)] *
+                f.w.w_q_nope[static_cast<std::size_t>((h * c.s.dn + a) * c.s.E + e)];
+    if (c.s.dn > 0) EXPECT_LE(rel(wq.w_q_nope, absorbed), 0.15);
+    EXPECT_LE(rel(wq.w_q_rope, f.w.w_q_rope), 0.15);
+    EXPECT_LE(rel(wq.w_uv, f.w.w_uv), 0.15);
+    for (CpuPath path : available_cpu_paths()) {
+      CpuPathScope scope(path);
+      for (std::int64_t n : {1, 3, 9}) {
+        const std::int64_t p0 = 500;
+        const std::vector<double> xd = randd(static_cast<std::size_t>(n * c.s.E), 8 + n, 1.0);
+        const std::vector<float> xf(xd.begin(), xd.end());
+        const std::vector<double> xr(xf.begin(), xf.end());
+        const auto ref = mla_attention_f64(wq, xr, n, c.s.E, p0, MlaExec::kAbsorbed);
+        const auto got = mla_attention_f32(L, xf, n, c.s.E, p0, MlaExec::kAbsorbed, *method, ExecContext{2});
+        ASSERT_EQ(got.size(), ref.size());
+        double err = 0;
+        for (std::size_t i = 0; i < ref.size(); ++i) err = std::max(err, std::abs(got[i] - ref[i]));
+        EXPECT_LE(err, 2e-5 * max_abs(ref))
+            << cpu_path_name(path) << " n=" << n << " E=" << c.s.E << " r=" << c.s.r;
+      }
+    }
+  }
+}
+
+// A source W_q that the queries are not a product through (unrelated rows) leaves the direct
+// form; a layer with a BD form is refused; the weight storage names parse.
+TEST(MlaModel, QuantizedStorageFormsAndRefusals) {
+  const MlaShape s{64, 3, 32, 48, 16, 32};
+  const FactoredLayer f = factored_mla(s, 32, GgmlType::Q8_0, 4);
+  FactoredLayer other = factored_mla(s, 32, GgmlType::Q8_0, 5);
+  MlaLayer L = MlaLayer::from_weights(f.w, s.E);
+  quantize_mla_layer(L, s.E, GgmlType::Q8_0, GgmlType::Q8_0, &other.src);
+  EXPECT_EQ(L.q_head_dim, 0);
+  EXPECT_EQ(L.q_proj.rows(), s.r + s.dr + s.H * (s.r + s.dr));
+  quantize_mla_layer(L, s.E, GgmlType::Q4_1, GgmlType::Q8_0, &f.src);
+  EXPECT_EQ(L.q_head_dim, 32);
+  EXPECT_EQ(L.q_proj.type_string(), "Q4_1+Q8_0");  // W_dkv|W_kr re-quantized, then the source's W_q
+  EXPECT_EQ(L.q_up.rows(), s.H * (s.r + s.dr));
+  EXPECT_EQ(L.weights(s.E), L.q_proj.rows() * s.E + L.q_up.rows() * 32 + s.H * s.dv * s.r);
+  // K-quants are not quantizable here: Q8_0 in their place.
+  quantize_mla_layer(L, s.E, GgmlType::Q4_K, GgmlType::Q6_K, nullptr);
+  EXPECT_EQ(L.q_proj.type_string(), "Q8_0");
+  EXPECT_EQ(L.q_uv.type_string(), "Q8_0");
+  EXPECT_EQ(parse_mla_weights("source"), MlaWeights::kSource);
+  EXPECT_EQ(std::string(to_string(MlaWeights::kQ8_0)), "q8_0");
+  EXPECT_THROW(parse_mla_weights("q4"), OptionError);
+  EXPECT_THROW(MlaLayer::from_weights(f.w, s.E).quantized_weights(s.E), Error);
+}
+
 // ---- the model ----------------------------------------------------------------------------
 
 LlamaModel tiny_f32(bool tied = false) {
@@ -233,10 +363,61 @@ TEST(MlaModel, DecodeEqualsPrefillAndExecutionsAgree) {
       by_exec[e == MlaExec::kNaive ? 0 : 1] = ref;
     }
     EXPECT_LE(rel_diff(by_exec[1], by_exec[0]), 1e-5);
+    // Half-precision latent caches: token-by-token decoding equals the prefill over the same cache
+    // type (absorbed reads the halves in place, naive widens them), and the rounding stays small.
+    for (KvType t : {KvType::kF16, KvType::kBf16}) {
+      std::vector<float> half_by_exec[2];
+      for (MlaExec e : {MlaExec::kNaive, MlaExec::kAbsorbed}) {
+        m.set_mla_exec(e);
+        KvCache full = m.make_cache(9, t);
+        EXPECT_EQ(full.bytes_per_token(), m.kv_bytes_per_token(t));
+        const auto ref = m.forward(toks, full, ExecContext{2});
+        KvCache c = m.make_cache(9, t);
+        std::vector<float> dec;
+        for (std::int32_t tk : toks) {
+          const auto lg = m.forward({tk}, c, ExecContext{2});
+          dec.insert(dec.end(), lg.begin(), lg.end());
+        }
+        EXPECT_LE(rel_diff(dec, ref), 1e-5) << to_string(e) << " " << to_string(t);
+        EXPECT_LE(rel_diff(ref, by_exec[1]), t == KvType::kF16 ? 2e-3 : 2e-2) << to_string(e) << " " << to_string(t);
+        half_by_exec[e == MlaExec::kNaive ? 0 : 1] = ref;
+      }
+      EXPECT_LE(rel_diff(half_by_exec[1], half_by_exec[0]), 1e-5) << to_string(t);
+    }
     // A GQA cache is refused by the MLA model.
     KvCache gqa(m.hparams(), 9);
     EXPECT_THROW(m.forward(toks, gqa, ExecContext{1}), Error);
   }
+}
+
+// A model whose MLA layers read quantized storage (quantize_mla_model, Q8_0, direct form): decode
+// over an f16 latent cache equals its prefill, and the logits stay near the float32 layers'.
+TEST(MlaModel, QuantizedModelDecodesOverAHalfCache) {
+  const MlaShape s{0, 0, 32, 16, 16, 32};
+  const LlamaModel f = random_mla_model(s);
+  LlamaModel m = f;
+  quantize_mla_model(m, {}, MlaWeights::kQ8_0);
+  ASSERT_TRUE(m.weights().layers[0].mla->quantized());
+  EXPECT_LT(m.weight_bytes_per_token(false), f.weight_bytes_per_token(false));
+  const auto toks = tokens(9);
+  KvCache full = m.make_cache(9, KvType::kF16);
+  const auto ref = m.forward(toks, full, ExecContext{2});
+  KvCache c = m.make_cache(9, KvType::kF16);
+  std::vector<float> dec;
+  for (std::int32_t t : toks) {
+    const auto lg = m.forward({t}, c, ExecContext{2});
+    dec.insert(dec.end(), lg.begin(), lg.end());
+  }
+  EXPECT_LE(rel_diff(dec, ref), 1e-5);
+  KvCache cf = f.make_cache(9);
+  const auto fl = f.forward(toks, cf, ExecContext{2});
+  EXPECT_LE(rel_diff(ref, fl), 5e-2);
+  EXPECT_GT(rel_diff(ref, fl), 0.0);
+  // kF32 keeps the float layers; kSource without a source W_q too.
+  LlamaModel g = f;
+  quantize_mla_model(g, {}, MlaWeights::kF32);
+  quantize_mla_model(g, {}, MlaWeights::kSource);
+  EXPECT_FALSE(g.weights().layers[0].mla->quantized());
 }
 
 // The exact GQA→MLA merge (TransMLA step 1 with every RoPE dimension kept in the decoupled

@@ -227,13 +227,6 @@ void add_bench_model(CLI::App& app) {
       for (const Form& f : base)
         for (const std::string& a : o->attn)
           for (KvType kv : kvs) {
-            // MLA layers keep their latent cache in float32: by default (no --kv given) such a
-            // form runs with a float32 cache, said on stderr; a half type asked for is refused.
-            if (f.model.has_mla() && kv != KvType::kF32 && sub->count("--kv") == 0) {
-              std::fprintf(stderr, "note: %s has MLA layers, whose cache stays float32: --kv f32 for it\n",
-                           f.name.c_str());
-              kv = KvType::kF32;
-            }
             forms.push_back({f.name, f.model, kv, f.transform});
             forms.back().model.set_attention(a);
             forms.back().model.make_cache(1, kv);  // refuses a type the layers cannot hold

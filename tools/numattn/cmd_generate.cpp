@@ -88,12 +88,6 @@ void add_generate(CLI::App& app) {
     model.set_attention(o->attn);
     model.set_activations(act);
     KvType kv = parse_kv_type(o->kv);
-    // MLA layers keep their latent cache in float32: the default falls back to it (said on
-    // stderr); a half type asked for is refused by make_cache, naming the layer.
-    if (model.has_mla() && kv != KvType::kF32 && sub->count("--kv") == 0) {
-      std::fprintf(stderr, "note: the model has MLA layers, whose cache stays float32: --kv f32\n");
-      kv = KvType::kF32;
-    }
     model.make_cache(1, kv);  // before the prefill
     const auto t_ready = std::chrono::steady_clock::now();
     const bool md = o->format == "md";

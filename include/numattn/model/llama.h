@@ -277,11 +277,11 @@ class LlamaModel {
   const AttentionMethod& attention(int layer) const { return *attn_[static_cast<std::size_t>(layer)]; }
 
   /// A cache sized for `max_tokens` positions (memory-checked, see KvCache) with elements of
-  /// type `type`; MLA layers get their latent width. Throws numattn::Error for a half type when
-  /// a layer's block keeps float32 rows (MLA's latent cache), naming the layer.
+  /// type `type`; MLA layers get their latent width (in that type too). Throws numattn::Error for
+  /// a half type when a layer's block keeps float32 rows, naming the layer.
   KvCache make_cache(std::int64_t max_tokens, KvType type = KvType::kF32) const;
   /// KV-cache bytes per token over all layers with elements of type `type`: 2·Hkv·D·4 per GQA
-  /// layer in float32 (2·Hkv·D·2 in half precision), (r + d_rope)·4 per MLA layer.
+  /// layer in float32 (2·Hkv·D·2 in half precision), (r + d_rope)·4 (·2) per MLA layer.
   std::int64_t kv_bytes_per_token(KvType type = KvType::kF32) const;
   /// Whether any layer is an MLA layer.
   bool has_mla() const;
@@ -293,7 +293,7 @@ class LlamaModel {
   /// block of 32 (ActivationsQ8): decode products by the integer kernels (Q8_0, Q4_0, Q4_1; the
   /// float kernels for other types), prefill products by the float32 panels on x̂, so prefill
   /// and decode still agree up to summation order. Products with float32 weights (BDA's
-  /// projection, MLA and factored layers' own matrices) keep float32 activations. Throws
+  /// projection, float32 MLA and factored layers' own matrices) keep float32 activations. Throws
   /// numattn::Error for kQ8 when no weight is held in place (float32 storage, `--weights f32`:
   /// the exactness reference). Copies of the model keep the setting.
   void set_activations(Activations a);

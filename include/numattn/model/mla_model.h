@@ -58,9 +58,18 @@
 #include "numattn/core/exec.h"
 #include "numattn/arch/mla_weights.h"
 #include "numattn/model/blocks/block.h"
+#include "numattn/quant/qgemv.h"
 #include "numattn/transform/bd_projection.h"
 
 namespace numattn {
+
+/// Storage of an MLA layer's projections (`mla(weights=...)`): float32 as converted, the source
+/// model's GGUF types, or Q8_0 (quantize_mla_layer).
+enum class MlaWeights { kF32, kSource, kQ8_0 };
+/// "f32" / "source" / "q8_0".
+const char* to_string(MlaWeights w);
+/// Parses "f32" | "source" | "q8_0"; throws OptionError("weights") otherwise.
+MlaWeights parse_mla_weights(const std::string& s);
 
 /// "naive" / "absorbed".
 const char* to_string(MlaExec e);
@@ -95,18 +104,65 @@ struct MlaLayer {
   /// W_o,h' = W_o,h·W_uv[h][:,S_h] for the BD heads.
   std::vector<transform::BdProjection> uv_bd;
 
+  /// Quantized storage for the absorbed execution (quantize_mla_layer; empty: float32). The
+  /// float32 matrices above stay: they are the conversion's result, which the naive execution,
+  /// the BD and tensor rewrites and the GGUF writer read. A layer with a BD form (uk_bd, uv_bd)
+  /// does not use this storage (quantized()).
+  /// - `q_proj` `[r + d_rope + Q, E]`: W_dkv and W_kr re-quantized, then the query rows: the
+  ///   factored form's Q = Hq·D rows of the source model's own W_q (its bytes, in place), or the
+  ///   direct form's Q = Hq·(r + d_rope) rows [W_uk[h]ᵀ·W_q_nope[h]; W_q_rope[h]] re-quantized.
+  /// - `q_up` (factored form only) `[Hq·(r + d_rope), D]`: per head h, the absorbed query
+  ///   up-projection [W_uk[h]ᵀ·A_h; R_h] of the head's source query q_h = W_q[h]·xn, where
+  ///   W_q_nope[h] = A_h·W_q[h] and W_q_rope[h] = R_h·W_q[h] (the conversion only mixes and
+  ///   rotates query dims, so the MLA query of head h is a linear function of q_h). Cost per
+  ///   token Hq·(r + d_rope)·D MACs instead of Hq·(r + d_rope)·E.
+  /// - `q_uv` `[Hq·d_v, r]`: W_uv re-quantized.
+  QuantMatrix q_proj, q_up, q_uv;
+  std::int64_t q_head_dim = 0;  ///< D of q_up (0: the direct form)
+  /// The bytes of the re-quantized matrices (shared by copies of the layer).
+  std::vector<std::shared_ptr<const std::vector<std::uint8_t>>> q_bytes;
+  /// Whether the absorbed execution reads the quantized storage.
+  bool quantized() const { return !q_proj.empty() && !uk_bd && uv_bd.empty(); }
+  /// The weights the quantized storage multiplies by, float64, as one MLA layer for the float64
+  /// transcription: W_dkv, W_kr and W_uv dequantized; d_nope' = r with W_uk' = I and
+  /// W_q_nope'[h] = the dequantized (up-projection ∘ source W_q[h]) or direct rows, so that
+  /// q_nope'·k_nope' = q̃_h·c exactly as the absorbed execution scores. Throws unless quantized().
+  MlaLayerWeights quantized_weights(std::int64_t E) const;
+
   /// Rows of w_in.
   std::int64_t in_rows() const { return rank + d_rope + n_head * (d_nope + d_rope); }
   /// Cached floats per token: r + d_rope.
   std::int64_t cache_width() const { return rank + d_rope; }
   /// Linear-layer weights a token multiplies through (w_in, W_uk, W_uv; not W_o), as counted by
-  /// the absorbed execution (the BD forms of W_uk and W_uv counted as their coefficients).
+  /// the absorbed execution (the BD forms of W_uk and W_uv counted as their coefficients; a
+  /// quantized layer: q_proj, q_up and q_uv).
   std::int64_t weights(std::int64_t E) const;
   /// Cast of `w` (validated first with model width E).
   static MlaLayer from_weights(const MlaLayerWeights& w, std::int64_t E);
   /// Back to float64 (exactly the float32 values; W_uk in its effective dense form).
   MlaLayerWeights to_weights(std::int64_t E) const;
 };
+
+/// Gives `L` (no BD form) its quantized storage (see MlaLayer::q_proj): `big` is the type of the
+/// E-wide matrices (W_dkv|W_kr and, in the direct form, the query rows), `small` that of q_up
+/// and q_uv (in = D or r). A type whose block does not divide a matrix's width, or that
+/// quant.h cannot quantize (the K-quants), is replaced by Q8_0, and by F32 when even Q8_0's
+/// block of 32 does not divide it. `source_wq`: the source model's W_q `[Hq·D, E]` in place,
+/// whose dequantized values the conversion read (or null): the factored form is used when
+/// [W_q_nope[h]; W_q_rope[h]] = B_h·W_q[h] holds for every head to a relative Frobenius residual
+/// of 1e-5 (least squares in float64), else the direct form. Cost O(Hq·(r + d_rope)·E·D).
+void quantize_mla_layer(MlaLayer& L, std::int64_t E, GgmlType big, GgmlType small, const QuantMatrix* source_wq);
+
+class LlamaModel;
+
+/// Gives every MLA layer of `model` the storage `w`: kF32 leaves the layers as they are; kSource
+/// re-quantizes the E-wide matrices to the type of the layer's source W_q (`source_wq[ℓ]`, the
+/// GQA model's W_q rows held in place) and q_up, q_uv to Q8_0 (their inputs are only D or r wide,
+/// where 4-bit blocks would cost more accuracy than their few bytes save), and keeps the float32
+/// layers of a model whose source had float32 weights (empty source_wq[ℓ]); kQ8_0 uses Q8_0
+/// throughout. `source_wq` has one entry per layer (or is empty). Layers with a BD form are
+/// refused (quantize_mla_layer).
+void quantize_mla_model(LlamaModel& model, const std::vector<QuantMatrix>& source_wq, MlaWeights w);
 
 /// Float64 transcription of one MLA layer's attention for `n` tokens at positions p0..p0+n−1
 /// that see only each other (causal, an empty cache before them): xn `[n, E]` row-major →
@@ -132,20 +188,30 @@ std::int64_t mla_query_width(const MlaLayer& L, MlaExec exec);
 /// `[c | RoPE(k_rope)]` rows into `cache_rows` (row stride cache_width()) and the query rows
 /// (mla_query_width floats each) into `q`. `cos_sin` scratch of d_rope floats; `proj` scratch
 /// of n·in_rows() floats. `gemm_ctx` splits the GEMMs (ExecContext{1} inside a token block).
+/// A quantized layer (absorbed) multiplies through q_proj with activations `act`; `proj` then
+/// needs n·q_proj.rows() floats.
 void mla_project(const MlaLayer& L, MlaExec exec, const float* xn, std::int64_t n, std::int64_t E,
                  std::int64_t pos0, float* cache_rows, float* q, float* proj,
-                 const ExecContext& gemm_ctx);
+                 const ExecContext& gemm_ctx, Activations act = Activations::kF32);
+/// Floats of mla_project's `proj` scratch per token: in_rows(), or q_proj.rows() when the
+/// absorbed execution reads a quantized layer.
+std::int64_t mla_proj_width(const MlaLayer& L, MlaExec exec);
 
 /// Step 2: attention of the `n` query rows of `q` (the last n of nk positions, causal
 /// bottom-right) over the first `nk` rows of `cache` (row stride cache_width()). Absorbed:
 /// writes the latent outputs `[n, Hq, r]` into `out`; naive: the head outputs `[n, Hq·d_v]`
 /// (rebuilding k_nope/v for all nk tokens first, in parallel over heads; v'_h through uv_bd
 /// when set). Parallel over `ctx`.
+/// A half-precision cache (`half.type` f16 or bf16): `cache` is null and the rows are the 16-bit
+/// values at `half.k` (same stride); absorbed, the method reads them in place when it can
+/// (Capabilities::half_kv: keys and values are the same rows), else a float32 copy of them;
+/// naive, they are widened once before the up-projections.
 void mla_attend(const MlaLayer& L, MlaExec exec, const float* q, std::int64_t n, const float* cache,
-                std::int64_t nk, const AttentionMethod& method, const ExecContext& ctx, float* out);
+                std::int64_t nk, const AttentionMethod& method, const ExecContext& ctx, float* out,
+                const HalfKv& half = {});
 
 /// Step 3, per token block, absorbed only: head outputs `att [n, Hq·d_v]` = W_uv[h]·o_lat_h
-/// (with uv_bd: o_lat_h[S_h] + C_h·o_lat_h[S_h^c] for BD heads).
+/// (with uv_bd: o_lat_h[S_h] + C_h·o_lat_h[S_h^c] for BD heads; quantized: q_uv in place).
 void mla_up_values(const MlaLayer& L, const float* lat, std::int64_t n, float* att);
 
 /// Floats of `att`/`out` scratch per query token that mla_attend needs: absorbed Hq·r, naive Hq·d_v.

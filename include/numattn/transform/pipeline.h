@@ -12,9 +12,10 @@
 ///   pipeline := stage { "|" stage }            e.g. mla(rank=128)|bda(pairs=qk)
 ///
 /// Registered transforms (`numattn transforms` lists them with their parameters):
-/// - `mla(rank, rope_heads, freqfold, calib, calib_tokens, exec)`: GQA → MLA conversion
+/// - `mla(rank, rope_heads, freqfold, calib, calib_tokens, exec, weights)`: GQA → MLA conversion
 ///   (TransMLA; transform/mla.h, model/mla_convert.h), calibrated on the last `calib_tokens`
-///   tokens of the text `calib`; `exec` = how the MLA layers run (model/mla_model.h).
+///   tokens of the text `calib`; `exec` = how the MLA layers run, `weights` = how the absorbed
+///   execution stores the converted projections (model/mla_model.h).
 /// - `bda(pairs, coef)`: BD Attention (transform/bda.h, model/bda_model.h).
 /// - `tensor.vo_cp`, `tensor.qk_cp`, `tensor.tucker_qkvo`, `tensor.tucker_ffn`,
 ///   `tensor.tucker_heads`: the tensor compressions of transform/tensor_heads.h
@@ -56,6 +57,7 @@ struct MlaStage {
   std::string calib;         ///< calibration text path, or "default"
   std::int64_t calib_tokens = 2048;
   std::string exec;          ///< "absorbed" or "naive" (model/mla_model.h parse_mla_exec)
+  std::string weights = "source";  ///< "source", "q8_0" or "f32" (model/mla_model.h parse_mla_weights)
 };
 
 /// `bda(...)`, bound.
