@@ -52,6 +52,14 @@
 /// (FreqFold M > 1 with a rotation), and truncation (rank < full width). No fine-tuning is done
 /// (TransMLA's step 5).
 ///
+/// Calibration (MlaCalibration): steps 2–3 use xn_cov; step 4 uses latent_xn_cov when given. The
+/// model-level default (model/mla_convert.h, calib_mode two_pass) takes xn_cov from the original
+/// model and latent_xn_cov from the model with RoPE removed from every layer, TransMLA's order:
+/// the PCA then sees the inputs that the earlier layers' RoPE removal gives. Calibrating each
+/// layer on the fully converted (also truncated) earlier layers (calib_mode sequential) was
+/// measured worse on the default model (docs/latent.md, R7): the PCA then preserves the perturbed
+/// inputs' keys and values, not the original model's.
+///
 /// KV cache per token and layer: rank + d_rope floats, against GQA's 2·Hkv·D.
 /// Cost: O(Hkv·D·E²) for the covariance products, O((Hkv·D)³) for the eigendecompositions, and
 /// O(Hq·Hkv·D·E) to rotate the queries; about 10 ms per layer of SmolLM2-135M.
