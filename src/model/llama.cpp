@@ -155,19 +155,20 @@ std::shared_ptr<const transform::BdProjection> load_v_bd(const GgufFile& f, cons
 // rope.dimension_count, which size KV-cache comparisons) cannot disagree with the layers.
 struct MlaFileDims {
   std::int64_t rank = 0, d_nope = 0, d_rope = 0, d_v = 0;
-  std::int64_t freqfold = 1, rope_heads = 1, rank_option = 0;
+  std::int64_t freqfold = 1, rope_dims = 0, rank_option = 0;
   double scale = 0;
 };
 constexpr std::int64_t kMaxMlaDim = std::int64_t{1} << 20;
-// The numattn-mla layout this build reads (1: model/mla_convert.h).
-constexpr std::int64_t kMlaFormatVersion = 1;
+// The numattn-mla layouts this build reads (model/mla_convert.h): 2; 1 (rope_heads instead of
+// rope_dims, FreqFold at the group's mean frequency) only where both agree, freqfold 1.
+constexpr std::int64_t kMlaFormatVersion = 2;
 constexpr const char* kMla = "numattn-mla.mla.";
 std::string mla_key(const char* k) { return std::string(kMla) + k; }
 
 MlaFileDims read_mla_dims(const GgufFile& f, const ModelHParams& hp) {
   const GgufKeyReader keys(f);
   MlaFileDims d;
-  keys.version(mla_key("version"), kMlaFormatVersion, 1);  // files before the key are version 1
+  const std::int64_t version = keys.version(mla_key("version"), kMlaFormatVersion, 1);  // files before the key are version 1
   const std::int64_t D = hp.head_dim, Hkv = hp.n_head_kv, pairs = hp.n_rot / 2;
   const std::string dims = fmt::format("an MLA dimension, at most {}", kMaxMlaDim);
   d.rank = keys.integer(mla_key("kv_lora_rank"), 1, kMaxMlaDim, dims);
@@ -178,8 +179,17 @@ MlaFileDims read_mla_dims(const GgufFile& f, const ModelHParams& hp) {
   d.freqfold = keys.integer(mla_key("freqfold"), 1, std::max<std::int64_t>(1, pairs),
                             fmt::format("RoPE frequencies folded together, at most the n_rot/2 = {} of "
                                         "numattn-mla.rope.dimension_count", pairs));
-  d.rope_heads = keys.integer(mla_key("rope_heads"), 1, Hkv,
-                              "KV heads' worth of RoPE dims kept, at most numattn-mla.attention.head_count_kv");
+  if (version >= 2 || keys.has(mla_key("rope_dims"))) {
+    d.rope_dims = keys.integer(mla_key("rope_dims"), 2, Hkv * hp.n_rot,
+                               "RoPE dims kept, at most numattn-mla.attention.head_count_kv × numattn-mla.rope.dimension_count");
+    if (d.rope_dims % 2 != 0) keys.refuse(mla_key("rope_dims"), "must be even (RoPE rotates pairs)");
+  } else {
+    d.rope_dims = hp.n_rot * keys.integer(mla_key("rope_heads"), 1, Hkv,
+                                          "KV heads' worth of RoPE dims kept, at most numattn-mla.attention.head_count_kv");
+  }
+  if (version < 2 && d.freqfold != 1)
+    keys.refuse(mla_key("freqfold"), "is above 1 in a version-1 file, whose FreqFold rotated at the group's mean "
+                                     "frequency: convert the model again");
   d.rank_option = keys.integer(mla_key("rank_option"), 0, std::numeric_limits<std::int64_t>::max(),
                                "the conversion's rank, 0 = the full latent width");
   if (pairs % d.freqfold != 0)
@@ -190,10 +200,9 @@ MlaFileDims read_mla_dims(const GgufFile& f, const ModelHParams& hp) {
                                                   "numattn-mla.embedding_length / numattn-mla.attention.head_count): "
                                                   "the conversion keeps W_o", D));
   if (d.d_rope % 2 != 0) keys.refuse(mla_key("rope_dim"), "must be even (RoPE rotates pairs)");
-  if (d.d_rope != d.rope_heads * hp.n_rot)
-    keys.refuse(mla_key("rope_dim"), fmt::format("must be rope_heads × n_rot = {} × {} = {} ({} and "
-                                                 "numattn-mla.rope.dimension_count)",
-                                                 d.rope_heads, hp.n_rot, d.rope_heads * hp.n_rot, mla_key("rope_heads")));
+  if (d.d_rope != d.rope_dims)
+    keys.refuse(mla_key("rope_dim"), fmt::format("must be the conversion's rope_dims {} ({}, or rope_heads × n_rot "
+                                                 "in a version-1 file)", d.rope_dims, mla_key("rope_dims")));
   if (d.d_nope != Hkv * D - d.d_rope)
     keys.refuse(mla_key("nope_dim"), fmt::format("must be head_count_kv × head dim − rope_dim = {} × {} − {} = {} "
                                                  "(numattn-mla.attention.head_count_kv = {})",
@@ -212,20 +221,20 @@ MlaFileDims read_mla_dims(const GgufFile& f, const ModelHParams& hp) {
 }
 
 // The per-layer RoPE frequencies `numattn-mla.mla.rope_theta.ℓ`: d_rope/2 values, those the
-// conversion derives from rope.freq_base, rope.dimension_count, freqfold and rope_heads.
+// conversion derives from rope.freq_base, rope.dimension_count, freqfold and rope_dims.
 std::vector<double> read_mla_theta(const GgufFile& f, std::int64_t l, const ModelHParams& hp, const MlaFileDims& d) {
   const GgufKeyReader keys(f);
   const std::string k = mla_key("rope_theta.") + std::to_string(l);
   const std::vector<double> th = keys.numbers(k, static_cast<std::size_t>(d.d_rope / 2), 0, true,
                                               std::numeric_limits<double>::infinity(),
                                               "one frequency per RoPE pair, rope_dim / 2 of them");
-  const std::vector<double> want = transform::mla_rope_theta(hp, static_cast<int>(d.freqfold), d.rope_heads);
+  const std::vector<double> want = transform::mla_rope_theta(hp, static_cast<int>(d.freqfold), d.rope_dims);
   for (std::size_t i = 0; i < th.size(); ++i)
     if (std::abs(th[i] - want[i]) > 1e-12 * want[i])
       keys.refuse(k, fmt::format("element {} = {} must be {}, the frequency {} = {} and {} = {} give from "
                                  "numattn-mla.rope.freq_base = {} and numattn-mla.rope.dimension_count = {}",
-                                 i, th[i], want[i], mla_key("freqfold"), d.freqfold, mla_key("rope_heads"),
-                                 d.rope_heads, hp.rope_base, hp.n_rot));
+                                 i, th[i], want[i], mla_key("freqfold"), d.freqfold, mla_key("rope_dims"),
+                                 d.rope_dims, hp.rope_base, hp.n_rot));
   return th;
 }
 

@@ -38,6 +38,12 @@ void check_calibration(const ModelHParams& hp, const MlaCalibration& calib) {
                 calib.xn_cov.size(), e, e, e * e);
   NUMATTN_CHECK(all_finite(calib.xn_cov),
                 "MLA conversion: the calibration covariance xn_cov has a non-finite entry");
+  NUMATTN_CHECK(calib.latent_xn_cov.empty() || static_cast<std::int64_t>(calib.latent_xn_cov.size()) == e * e,
+                "MLA conversion: the latent's calibration covariance latent_xn_cov has {} values, expected "
+                "[E, E] = [{}, {}] = {} (or none: xn_cov)",
+                calib.latent_xn_cov.size(), e, e, e * e);
+  NUMATTN_CHECK(all_finite(calib.latent_xn_cov),
+                "MLA conversion: the latent's calibration covariance latent_xn_cov has a non-finite entry");
 }
 
 void check_freqfold(const ModelHParams& hp, int freqfold) {
@@ -76,17 +82,16 @@ decomp::dense::SymEig eig_descending(const Matrix& s, const char* what) {
   return e;
 }
 
-/// The frequencies of the folded groups: θ*_f = mean of θ_i over the group's M frequencies.
-std::vector<double> folded_theta(const ModelHParams& hp, int m) {
-  const std::int64_t pairs = hp.n_rot / 2, groups = pairs / m;
-  std::vector<double> theta(static_cast<std::size_t>(groups), 0.0);
-  for (std::int64_t f = 0; f < groups; ++f) {
-    double s = 0;
-    for (int j = 0; j < m; ++j)
-      s += std::pow(hp.rope_base, -2.0 * static_cast<double>(f * m + j) / static_cast<double>(hp.n_rot));
-    theta[static_cast<std::size_t>(f)] = s / m;
-  }
-  return theta;
+/// θ_i = rope_base^(−2i/n_rot), the frequency of RoPE pair i of every head.
+double rope_freq(const ModelHParams& hp, std::int64_t i) {
+  return std::pow(hp.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(hp.n_rot));
+}
+
+void check_rope_dims(const ModelHParams& hp, std::int64_t rope_dims) {
+  const std::int64_t most = hp.n_head_kv * hp.n_rot;
+  NUMATTN_CHECK_OPTION(rope_dims % 2 == 0 && rope_dims >= 2 && rope_dims <= most, "rope_dims",
+                       "must be an even number in 2..{} (KV heads × n_rot = {} × {}: RoPE rotates pairs), got {}",
+                       most, hp.n_head_kv, hp.n_rot, rope_dims);
 }
 
 /// The basis with U_f = I (the plain merge: nothing is dropped, so no rotation is needed).
@@ -94,10 +99,10 @@ RoRopeBasis identity_basis(const ModelHParams& hp, int m) {
   RoRopeBasis b;
   b.freqfold = m;
   b.n = hp.n_head_kv * m;
-  b.theta = folded_theta(hp, m);
+  const auto groups = static_cast<std::size_t>(hp.n_rot / 2 / m);
   const Matrix id = Matrix::Identity(b.n, b.n);
-  b.u.assign(b.theta.size(), to_row_major(id));
-  b.eigenvalues.assign(b.theta.size(), std::vector<double>(static_cast<std::size_t>(b.n), 0.0));
+  b.u.assign(groups, to_row_major(id));
+  b.eigenvalues.assign(groups, std::vector<double>(static_cast<std::size_t>(b.n), 0.0));
   return b;
 }
 
@@ -110,34 +115,33 @@ std::int64_t pair_row(std::int64_t head, std::int64_t d, std::int64_t f, int m_f
 /// Steps 1–4 given a basis (the options already checked). `calib` only feeds the PCA and stats.
 MlaLayerWeights build(const ModelHParams& hp, const std::vector<double>& wq_v,
                       const std::vector<double>& wk_v, const std::vector<double>& wv_v,
-                      const MlaCalibration& calib, const RoRopeBasis& basis, std::int64_t rope_heads,
+                      const MlaCalibration& calib, const RoRopeBasis& basis, std::int64_t rope_dims,
                       std::int64_t rank, MlaConversionStats* stats) {
   const std::int64_t e = hp.n_embd, hq = hp.n_head, hkv = hp.n_head_kv, d = hp.head_dim;
   const std::int64_t group = hq / hkv, pairs = hp.n_rot / 2;
   const int mf = basis.freqfold;
-  const std::int64_t groups = pairs / mf, n = hkv * mf, keep = rope_heads * mf;
-  NUMATTN_CHECK(basis.n == n && static_cast<std::int64_t>(basis.u.size()) == groups &&
-                    static_cast<std::int64_t>(basis.theta.size()) == groups,
+  const std::int64_t groups = pairs / mf, n = hkv * mf;
+  NUMATTN_CHECK(basis.n == n && static_cast<std::int64_t>(basis.u.size()) == groups,
                 "MLA conversion: the RoRoPE basis (n = {}, {} groups) does not fit the layer "
                 "(Hkv·M = {}, {} groups)",
                 basis.n, basis.u.size(), n, groups);
   const RowMap wq(wq_v.data(), hq * d, e), wk(wk_v.data(), hkv * d, e), wv(wv_v.data(), hkv * d, e);
 
-  const std::int64_t d_rope = 2 * keep * groups, d_nope = hkv * d - d_rope;
+  const std::vector<std::int64_t> keep = rope_components(hp, mf, rope_dims);
+  const std::int64_t d_rope = rope_dims, d_nope = hkv * d - d_rope;
   Matrix k_rope(d_rope, e), k_nope(d_nope, e);
   std::vector<Matrix> q_rope(static_cast<std::size_t>(hq), Matrix::Zero(d_rope, e));
   std::vector<Matrix> q_nope(static_cast<std::size_t>(hq), Matrix::Zero(d_nope, e));
   MlaLayerWeights out;
-  out.rope_theta.resize(static_cast<std::size_t>(d_rope / 2));
+  out.rope_theta = mla_rope_theta(hp, mf, rope_dims);
 
-  std::int64_t nope_row = 0;
+  std::int64_t nope_row = 0, rope_pair = 0;
   for (std::int64_t f = 0; f < groups; ++f) {
     const RowMap u(basis.u[static_cast<std::size_t>(f)].data(), n, n);
     for (std::int64_t k = 0; k < n; ++k) {
-      const bool rope = k < keep;
-      const std::int64_t row = rope ? 2 * (f * keep + k) : nope_row;
+      const bool rope = k < keep[static_cast<std::size_t>(f)];
+      const std::int64_t row = rope ? 2 * rope_pair++ : nope_row;
       Matrix& kdst = rope ? k_rope : k_nope;
-      if (rope) out.rope_theta[static_cast<std::size_t>(f * keep + k)] = basis.theta[static_cast<std::size_t>(f)];
       for (int c = 0; c < 2; ++c) {
         kdst.row(row + c).setZero();
         for (std::int64_t g = 0; g < hkv; ++g)
@@ -174,13 +178,16 @@ MlaLayerWeights build(const ModelHParams& hp, const std::vector<double>& wq_v,
     down = wz;
     up = Matrix::Identity(full, full);
   } else {
-    const double ek = d_nope > 0 ? covariance(k_nope, calib).trace() : 0.0;
-    const double ev = covariance(Matrix(wv), calib).trace();
+    MlaCalibration latent_calib;
+    latent_calib.xn_cov = calib.latent_xn_cov.empty() ? calib.xn_cov : calib.latent_xn_cov;
+    const MlaCalibration& lc = latent_calib;
+    const double ek = d_nope > 0 ? covariance(k_nope, lc).trace() : 0.0;
+    const double ev = covariance(Matrix(wv), lc).trace();
     // α = RMS‖k_nope‖ / RMS‖v‖ divides the keys, as in TransMLA: neither block dominates the PCA.
     if (ek > 0 && ev > 0) alpha = std::sqrt(ek / ev);
     Matrix wbal = wz;
     wbal.topRows(d_nope) /= alpha;
-    const decomp::dense::SymEig eig = eig_descending(covariance(wbal, calib), "latent covariance");
+    const decomp::dense::SymEig eig = eig_descending(covariance(wbal, lc), "latent covariance");
     const Matrix pr = eig.vectors.leftCols(rank);
     down = pr.transpose() * wbal;
     up = pr;
@@ -215,7 +222,7 @@ MlaLayerWeights build(const ModelHParams& hp, const std::vector<double>& wq_v,
     stats->latent_energy_kept = kept_energy;
     stats->full_width = full;
     stats->rope_energy_kept = 1;
-    if (keep < n && d_rope > 0) {
+    if (d_rope < hkv * hp.n_rot) {
       const double kept = covariance(k_rope, calib).trace();
       const double removed = covariance(k_nope.topRows(d_nope - hkv * (d - hp.n_rot)), calib).trace();
       stats->rope_energy_kept = kept + removed > 0 ? kept / (kept + removed) : 1.0;
@@ -240,7 +247,6 @@ RoRopeBasis basis_unchecked(const ModelHParams& hp, const std::vector<double>& w
   RoRopeBasis b;
   b.freqfold = mf;
   b.n = n;
-  b.theta = folded_theta(hp, mf);
   for (std::int64_t f = 0; f < groups; ++f) {
     // The x and y halves of the group's pairs: same U for both, so their covariances add
     // (TransMLA stacks them as extra samples).
@@ -261,13 +267,42 @@ RoRopeBasis basis_unchecked(const ModelHParams& hp, const std::vector<double>& w
 
 }  // namespace
 
-std::vector<double> mla_rope_theta(const ModelHParams& hp, int freqfold, std::int64_t rope_heads) {
+std::int64_t mla_rope_dims(const ModelHParams& hp, const MlaOptions& opt) {
+  if (opt.rope_dims != 0) {
+    check_rope_dims(hp, opt.rope_dims);
+    return opt.rope_dims;
+  }
+  NUMATTN_CHECK_OPTION(opt.rope_heads >= 1 && opt.rope_heads <= hp.n_head_kv, "rope_heads",
+                       "must be in 1..{} (the model's KV heads), got {}", hp.n_head_kv, opt.rope_heads);
+  return opt.rope_heads * hp.n_rot;
+}
+
+std::vector<std::int64_t> rope_components(const ModelHParams& hp, int freqfold, std::int64_t rope_dims) {
   check_freqfold(hp, freqfold);
-  NUMATTN_CHECK_OPTION(rope_heads >= 1 && rope_heads <= hp.n_head_kv, "rope_heads",
-                       "must be in 1..{} (the model's KV heads), got {}", hp.n_head_kv, rope_heads);
-  const std::int64_t keep = rope_heads * freqfold;
+  check_rope_dims(hp, rope_dims);
+  const std::int64_t groups = hp.n_rot / 2 / freqfold, pairs = rope_dims / 2;
+  std::vector<std::int64_t> keep(static_cast<std::size_t>(groups));
+  // Spread evenly (the first groups, highest frequencies, take the remainder): with rope_dims a
+  // multiple of n_rot/freqfold every group keeps the same count, as in TransMLA.
+  for (std::int64_t f = 0; f < groups; ++f) keep[static_cast<std::size_t>(f)] = pairs / groups + (f < pairs % groups ? 1 : 0);
+  return keep;
+}
+
+std::int64_t rope_member(std::int64_t component, std::int64_t kept, int freqfold) {
+  NUMATTN_ASSERT(component >= 0 && component < kept && freqfold >= 1);
+  const std::int64_t m = freqfold, full = kept / m * m;
+  if (component < full) return component % m;
+  const std::int64_t rest = kept - full, j = component - full;
+  return j * m / rest;  // the last, partial round: members spaced evenly over the group
+}
+
+std::vector<double> mla_rope_theta(const ModelHParams& hp, int freqfold, std::int64_t rope_dims) {
+  const std::vector<std::int64_t> keep = rope_components(hp, freqfold, rope_dims);
   std::vector<double> out;
-  for (double th : folded_theta(hp, freqfold)) out.insert(out.end(), static_cast<std::size_t>(keep), th);
+  out.reserve(static_cast<std::size_t>(rope_dims / 2));
+  for (std::size_t f = 0; f < keep.size(); ++f)
+    for (std::int64_t k = 0; k < keep[f]; ++k)
+      out.push_back(rope_freq(hp, static_cast<std::int64_t>(f) * freqfold + rope_member(k, keep[f], freqfold)));
   return out;
 }
 
@@ -294,7 +329,7 @@ MlaLayerWeights rorope_merge(const ModelHParams& hp, const std::vector<double>& 
                              const RoRopeBasis& basis) {
   check_layer(hp, wq, wk, wv);
   check_freqfold(hp, basis.freqfold);
-  return build(hp, wq, wk, wv, MlaCalibration{}, basis, hp.n_head_kv, 0, nullptr);
+  return build(hp, wq, wk, wv, MlaCalibration{}, basis, hp.n_head_kv * hp.n_rot, 0, nullptr);
 }
 
 MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<double>& wq,
@@ -305,16 +340,15 @@ MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<d
   check_calibration(hp, calib);
   NUMATTN_CHECK_OPTION(opt.rank >= 0, "mla_rank", "the latent rank must be >= 0 (0 = no truncation), got {}",
                        opt.rank);
-  NUMATTN_CHECK_OPTION(opt.rope_heads >= 1 && opt.rope_heads <= hp.n_head_kv, "rope_heads",
-                       "must be in 1..{} (the model's KV heads), got {}", hp.n_head_kv, opt.rope_heads);
   check_freqfold(hp, opt.freqfold);
+  const std::int64_t rope_dims = mla_rope_dims(hp, opt);
   NUMATTN_CHECK_OPTION(!opt.low_rank_query, "low_rank_query",
                        "a low-rank query is not implemented: the MLA layer has no query latent, so "
                        "it would save no cache and only add error");
   // With every component kept as RoPE no rotation is needed: the plain merge (U = I).
-  const RoRopeBasis basis = opt.rope_heads == hp.n_head_kv ? identity_basis(hp, opt.freqfold)
-                                                           : basis_unchecked(hp, wk, calib, opt.freqfold);
-  return build(hp, wq, wk, wv, calib, basis, opt.rope_heads, opt.rank, stats);
+  const RoRopeBasis basis = rope_dims == hp.n_head_kv * hp.n_rot ? identity_basis(hp, opt.freqfold)
+                                                                 : basis_unchecked(hp, wk, calib, opt.freqfold);
+  return build(hp, wq, wk, wv, calib, basis, rope_dims, opt.rank, stats);
 }
 
 MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<double>& wq,

@@ -127,11 +127,27 @@ const std::vector<MethodInfo>& catalogue() {
         "Meng, Tang, Tang, Yao, Sun, Zhang, \"TransMLA: Multi-Head Latent Attention Is All You "
         "Need\", arXiv 2502.07864, NeurIPS 2025",
         "O(Hkv·D·E²) + O((Hkv·D)³) per layer, after a calibration forward pass",
-        {int_param("rank", "", 0, kMaxRank,
+        {int_param("rank", "-1", -1, kMaxRank,
                    "latent rank r of the NoPE keys and values; 0 = the full width (exact when "
-                   "rope_heads is the KV head count)"),
-         int_param("rope_heads", "1", 1, 4096, "KV heads' worth of RoPE dims kept in the shared RoPE key"),
+                   "every RoPE dim is kept); -1 = chosen by budget (give rank or budget)"),
+         int_param("rope_heads", "1", 1, 4096,
+                   "KV heads' worth of RoPE dims kept in the shared RoPE key: rope_dims = rope_heads·n_rot"),
+         int_param("rope_dims", "0", 0, 1 << 20,
+                   "RoPE dims kept in the shared RoPE key, any even number up to Hkv·n_rot (0 = from "
+                   "rope_heads)"),
          int_param("freqfold", "1", 1, 4096, "adjacent RoPE frequencies folded into one (must divide n_rot/2)"),
+         [] {
+           ParamSpec p;
+           p.name = "budget";
+           p.type = ParamType::kFloat;
+           p.default_value = "0";
+           p.min = 0;
+           p.max = 1;
+           p.doc = "KV cache per token and layer as a fraction of GQA's 2·Hkv·D, in (0, 1]: rank, "
+                   "rope_dims and freqfold are chosen by perplexity on the calibration tokens "
+                   "(model/transform_model.h); 0 = off";
+           return p;
+         }(),
          [] {
            ParamSpec p;
            p.name = "calib";
@@ -142,12 +158,16 @@ const std::vector<MethodInfo>& catalogue() {
            return p;
          }(),
          int_param("calib_tokens", "2048", 1, 1e9, "calibration tokens"),
+         choice_param("calib_mode", "two_pass", {"two_pass", "sequential", "one_pass"},
+                      "two_pass: RoRoPE from the original model, the latent's PCA from the model after RoPE "
+                      "removal (TransMLA's order); sequential: layer l on the model with layers < l converted; "
+                      "one_pass: every layer on the original model (model/mla_convert.h)"),
          choice_param("exec", "absorbed", {"absorbed", "naive"},
                       "absorbed: W_uk on the query side, decode reads only the latent cache; naive: "
                       "k_nope and v rebuilt from the cache"),
-         choice_param("weights", "source", {"source", "q8_0", "f32"},
-                      "storage of the converted projections that the absorbed execution reads: the "
-                      "source model's types (its own W_q in place), Q8_0, or float32 "
+         choice_param("weights", "q8_0", {"q8_0", "source", "f32"},
+                      "storage of the converted projections that the absorbed execution reads: Q8_0 "
+                      "(its own W_q in place), the source model's types, or float32 "
                       "(model/mla_model.h quantize_mla_layer)")}));
     v.push_back(info(
         "bda", "bda",
@@ -225,11 +245,24 @@ TransformPipeline parse_transforms(std::string_view pipeline) {
       MlaStage m;
       m.options.rank = get(v, "rank");
       m.options.rope_heads = static_cast<int>(get(v, "rope_heads"));
+      m.options.rope_dims = get(v, "rope_dims");
       m.options.freqfold = static_cast<int>(get(v, "freqfold"));
+      m.budget = v.get_float("budget");
       m.calib = v.get_string("calib");
       m.calib_tokens = get(v, "calib_tokens");
+      m.calib_mode = v.get_string("calib_mode");
       m.exec = v.get_string("exec");
       m.weights = v.get_string("weights");
+      // By value, not by presence, so that the canonical form (every default written) parses back.
+      NUMATTN_CHECK_OPTION(!(m.budget > 0 && (m.options.rank != -1 || m.options.rope_heads != 1 ||
+                                               m.options.rope_dims != 0 || m.options.freqfold != 1)),
+                           "budget", "chooses rank, rope_dims and freqfold: give it without them, or give rank");
+      NUMATTN_CHECK(m.budget > 0 || m.options.rank >= 0, "transform pipeline '{}': mla needs rank=... (latent "
+                    "rank r, 0 = the full width) or budget=... (a fraction of the GQA cache in (0, 1]; 0 = off)", pipeline);
+      NUMATTN_CHECK_OPTION(m.options.rope_dims == 0 || m.options.rope_heads == 1, "rope_dims",
+                           "give rope_dims or rope_heads (rope_heads = h stands for rope_dims = h·n_rot), not both");
+      NUMATTN_CHECK_OPTION(m.options.rope_dims % 2 == 0, "rope_dims",
+                           "must be even (RoPE rotates pairs), got {}", m.options.rope_dims);
       out.mla = m;
     } else if (info->family == "bda") {
       refuse_after(out.bda.has_value(), "is given twice");

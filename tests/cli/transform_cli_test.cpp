@@ -66,7 +66,7 @@ TEST(TransformCli, TransformsListsTheRegistry) {
   ASSERT_EQ(j.size(), 7u);
   EXPECT_EQ(j[0]["name"], "mla");
   EXPECT_EQ(j[0]["parameters"][0]["name"], "rank");
-  EXPECT_EQ(j[0]["parameters"][0]["required"], true);
+  EXPECT_EQ(j[0]["parameters"][0]["required"], false);  // rank or budget: checked by the pipeline
   EXPECT_EQ(j[0]["parameters"][1]["default"], "1");
 }
 
@@ -114,8 +114,8 @@ TEST(TransformCli, OlderFlagsAreAliasesOfThePipeline) {
   const auto spec = json_of(base + " --transform 'mla(rank=64,rope_heads=1,calib_tokens=512)|bda(pairs=vo,coef=f32)'",
                             &err_new);
   const std::string canonical =
-      "mla(rank=64,rope_heads=1,freqfold=1,calib=default,calib_tokens=512,exec=absorbed,weights=source)|"
-      "bda(pairs=vo,coef=f32)";
+      "mla(rank=64,rope_heads=1,rope_dims=0,freqfold=1,budget=0,calib=default,calib_tokens=512,calib_mode=two_pass,"
+      "exec=absorbed,weights=q8_0)|bda(pairs=vo,coef=f32)";
   EXPECT_EQ(alias.at("transform"), canonical);
   EXPECT_EQ(spec.at("transform"), canonical);
   for (const char* k : {"ppl", "ppl_baseline", "kld_mean", "kld_p99", "top1_agreement", "logprob_max_abs_diff",

@@ -170,7 +170,7 @@ TEST(GgufArchKeys, MlaKeysAreCheckedByNameAgainstEachOtherAndTheLayers) {
   write_mla_gguf(src, m, opt, valid);
   const std::string p = "numattn-mla.mla.";
   std::vector<Bad> t = {
-      {p + "version", u32(2), {"newer numattn"}},
+      {p + "version", u32(3), {"newer numattn"}},
       {p + "version", u32(0), {}},
       {p + "kv_lora_rank", u32(0), {}},
       {p + "kv_lora_rank", u32(1u << 21), {}},
@@ -178,7 +178,7 @@ TEST(GgufArchKeys, MlaKeysAreCheckedByNameAgainstEachOtherAndTheLayers) {
       {p + "nope_dim", u32(9), {"head_count_kv"}},
       {p + "nope_dim", u32(1u << 21), {}},
       {p + "rope_dim", u32(3), {"even"}},
-      {p + "rope_dim", u32(16), {"rope_heads"}},
+      {p + "rope_dim", u32(16), {"rope_dims"}},
       {p + "value_dim", u32(0), {}},
       {p + "value_dim", u32(7), {"head dim"}},
       {p + "softmax_scale", GgufValue::f64(-1.0), {}},
@@ -187,10 +187,10 @@ TEST(GgufArchKeys, MlaKeysAreCheckedByNameAgainstEachOtherAndTheLayers) {
       {p + "freqfold", i32(0), {}},
       {p + "freqfold", i32(3), {"divide"}},
       {p + "freqfold", i32(5), {}},
-      {p + "freqfold", i32(2), {"rope_theta.0"}},  // in range, but not the frequencies the layers have
-      {p + "rope_heads", i32(0), {}},
-      {p + "rope_heads", i32(3), {"head_count_kv"}},
-      {p + "rope_heads", i32(2), {"rope_dim"}},
+      {p + "rope_dims", u32(0), {}},
+      {p + "rope_dims", u32(7), {"even"}},
+      {p + "rope_dims", u32(18), {"head_count_kv"}},
+      {p + "rope_dims", u32(16), {"rope_dim"}},
       {p + "rank_option", GgufValue::i64(-1), {}},
       {p + "rank_option", GgufValue::i64(8), {"kv_lora_rank"}},
       {p + "rank_option", GgufValue::i64(0), {"kv_lora_rank"}},
@@ -224,7 +224,7 @@ TEST(GgufArchKeys, TensorKeysAreCheckedByName) {
   const std::string p = "numattn-tensor.tensor.";
   const std::set<std::string> optional = optional_keys("numattn-tensor", {p + "version", p + "exec"});
   std::vector<Bad> common = {
-      {p + "version", u32(2), {"newer numattn"}},
+      {p + "version", u32(3), {"newer numattn"}},
       {p + "version", u32(0), {}},
       {p + "scheme", str("vo-tt"), {"tucker-heads"}},
       {p + "spec", str("not a spec"), {}},

@@ -49,7 +49,7 @@ TEST(MlaCli, BadFlagsAreReportedBeforeTheModelIsOpened) {
     // The MLA flags are aliases of the mla transform, whose parameters the pipeline checks
     // (naming the parameter); a flag given without --mla-rank is refused by name.
     for (const auto& [flag, says] : {std::pair<std::string, std::string>{"--mla-rank -2", "--transform: spec mla: parameter rank=-2: out of range"},
-                                     {"--freqfold 2", "--freqfold: needs --mla-rank"},
+                                     {"--freqfold 2", "--freqfold: needs --mla-rank or --mla-budget"},
                                      {"--mla-rank 8 --freqfold 0", "--transform: spec mla: parameter freqfold=0: out of range"},
                                      {"--mla-rank 8 --rope-heads 0", "--transform: spec mla: parameter rope_heads=0: out of range"},
                                      {"--mla-rank 8 --calib-tokens 0", "--transform: spec mla: parameter calib_tokens=0: out of range"}}) {

@@ -729,7 +729,8 @@ TEST(MlaModel, GgufRoundTripAndHostileFiles) {
   write_mla_gguf(src, mm, opt, out);
   EXPECT_THROW(write_mla_gguf(src, src_model, opt, test::temp_path("mla_bad.gguf")), Error);  // not MLA
   // Options that do not give these layers: the file's keys would disagree with them.
-  for (auto bad : {transform::MlaOptions{8, 1, 1}, transform::MlaOptions{7, 2, 1}, transform::MlaOptions{7, 1, 2}})
+  for (auto bad : {transform::MlaOptions{.rank = 8}, transform::MlaOptions{.rank = 7, .rope_dims = 4},
+                   transform::MlaOptions{.rank = 7, .rope_heads = 2}, transform::MlaOptions{.rank = 7, .rope_dims = 3}})
     EXPECT_THROW(write_mla_gguf(src, mm, bad, test::temp_path("mla_bad.gguf")), Error);
   // A random MLA model of other dimensions is no conversion of the source.
   EXPECT_THROW(write_mla_gguf(src, random_mla_model(MlaShape{0, 0, 7, 3, 4, 8}), opt, test::temp_path("mla_bad.gguf")),
@@ -777,6 +778,65 @@ TEST(MlaModel, GgufRoundTripAndHostileFiles) {
   expect_refused({{{"numattn-mla.mla.rope_theta.0", GgufValue::array(std::vector<double>{1.0, NAN})}}, {}, {}},
                  "rope_theta.0");
   expect_refused({{}, {}, {"blk.1.attn_kv_b.weight"}}, "attn_kv_b.weight");
+}
+
+// RoPE dims below one head (half of n_rot = 8) with FreqFold 2 (per-member frequencies): the
+// converted model runs in both executions, decode equals prefill, and the numattn-mla file holds
+// rope_dims and the per-member θ and reads back with bitwise logits; a sequential calibration
+// gives such a layer too.
+TEST(MlaModel, RopeDimsBelowOneHeadRunsAndRoundTrips) {
+  const test::TinyTensors T = test::make_tiny(false);
+  const std::string src_path = test::write_gguf(T, "mla_rd_src.gguf");
+  const GgufFile src = GgufFile::open(src_path);
+  transform::MlaOptions opt;
+  opt.rank = 9;
+  opt.rope_dims = 4;
+  opt.freqfold = 2;
+  LlamaModel mm = LlamaModel::load(src, ExecContext{1});
+  const ModelHParams hp = mm.hparams();
+  ASSERT_EQ(hp.n_rot, 8);
+  const auto toks = tokens(12);
+  const MlaModelReport rep = convert_model_to_mla_sequential(mm, toks, 5, opt, ExecContext{1});
+  EXPECT_EQ(rep.d_rope, 4);
+  EXPECT_EQ(rep.rank, 9);
+  EXPECT_EQ(rep.d_nope, hp.n_head_kv * hp.head_dim - 4);
+  EXPECT_EQ(mm.kv_bytes_per_token(), hp.n_layer * 4 * (9 + 4));
+  const double th0 = 1.0, th2 = std::pow(hp.rope_base, -2.0 * 2 / 8.0);  // members 0 of groups {0,1}, {2,3}
+  for (const LlamaLayer& L : mm.weights().layers) {
+    ASSERT_TRUE(L.mla);
+    EXPECT_EQ(L.mla->rope_theta, (std::vector<double>{th0, th2}));
+  }
+  const std::int64_t V = hp.n_vocab;
+  std::vector<float> by_exec[2];
+  for (MlaExec e : {MlaExec::kNaive, MlaExec::kAbsorbed}) {
+    mm.set_mla_exec(e);
+    KvCache full = mm.make_cache(12);
+    const auto ref = mm.forward(toks, full, ExecContext{2});
+    KvCache c = mm.make_cache(12);
+    std::vector<float> dec;
+    for (std::int32_t t : toks) {
+      const auto lg = mm.forward({t}, c, ExecContext{1});
+      dec.insert(dec.end(), lg.begin(), lg.end());
+    }
+    EXPECT_LE(rel_diff(dec, ref), 1e-5) << to_string(e);
+    EXPECT_EQ(static_cast<std::int64_t>(ref.size()), 12 * V);
+    by_exec[e == MlaExec::kNaive ? 0 : 1] = ref;
+  }
+  EXPECT_LE(rel_diff(by_exec[1], by_exec[0]), 1e-5);
+  const std::string out = test::temp_path("mla_rd_out.gguf");
+  write_mla_gguf(src, mm, opt, out);
+  const GgufFile back_file = GgufFile::open(out);
+  EXPECT_EQ(back_file.get_int("numattn-mla.mla.rope_dims"), 4);
+  EXPECT_EQ(back_file.get_int("numattn-mla.mla.version"), 2);
+  LlamaModel back = LlamaModel::load(out, ExecContext{1}, WeightStorage::kF32);
+  back.set_mla_exec(MlaExec::kAbsorbed);
+  KvCache c = back.make_cache(12);
+  EXPECT_EQ(back.forward(toks, c, ExecContext{2}), by_exec[1]);
+  // The file's θ must be the per-member ones of its keys.
+  const std::string bad = test::rewrite_gguf(
+      out, {{{"numattn-mla.mla.rope_theta.0", GgufValue::array(std::vector<double>{th0, 0.5 * (th0 + th2)})}}, {}, {}},
+      "mla_rd_bad.gguf");
+  EXPECT_THROW(LlamaModel::load(bad, ExecContext{1}, WeightStorage::kF32), Error);
 }
 
 }  // namespace NUMATTN_UNITY_ID

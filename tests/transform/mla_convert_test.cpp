@@ -284,21 +284,150 @@ TEST(MlaConvert, FreqFoldKyFanAndFoldedFrequencies) {
           EXPECT_GT(v2, v1) << "M=" << m << " keep=" << keep;
         }
       }
-      // The folded layer with every component kept is GQA with each θ_i replaced by θ*_f.
-      Vec theta;
-      for (double t : bm.theta) theta.insert(theta.end(), static_cast<std::size_t>(m), t);
-      const MlaLayerWeights w = rorope_merge(L.hp, L.wq, L.wk, L.wv, bm);
-      // convert_layer_to_mla with every RoPE head kept folds the frequencies without rotating.
+      // Every component kept: each rotates at its own member's frequency, so the folded merge
+      // is GQA itself (no rotation is needed when nothing is dropped).
       MlaOptions opt;
       opt.rope_heads = static_cast<int>(hkv);
       opt.freqfold = m;
       const MlaLayerWeights wc = convert_layer_to_mla(L.hp, L.wq, L.wk, L.wv, L.calib, opt);
+      // With a rotation that mixes members, no per-component frequency is exact.
+      const MlaLayerWeights w = rorope_merge(L.hp, L.wq, L.wk, L.wv, bm);
       const Vec xn = tokens(L, 10, seed);
       for (std::int64_t p : kPositions) {
-        const Attn ref = gqa(L, xn, 10, p, theta);
-        EXPECT_LE(rel_err(mla(w, e, xn, 10, p).scores, ref.scores), kRewriteTol) << "M=" << m << " pos " << p;
+        const Attn ref = gqa(L, xn, 10, p);
         EXPECT_LE(rel_err(mla(wc, e, xn, 10, p).scores, ref.scores), kMergeTol) << "M=" << m << " pos " << p;
+        if (p > 0) {
+          EXPECT_GT(rel_err(mla(w, e, xn, 10, p).scores, ref.scores), 1e-6) << "M=" << m << " pos " << p;
+        }
       }
+    }
+  }
+}
+
+TEST(MlaConvert, PerMemberFrequencies) {
+  const ModelHParams hp = hparams(48, 6, 3, 16, 16);  // 8 frequencies, 3 KV heads
+  auto theta = [&](std::int64_t i) { return std::pow(hp.rope_base, -2.0 * static_cast<double>(i) / 16.0); };
+  // M = 1: every kept pair of frequency i rotates at θ_i, rope_heads of them per frequency.
+  for (std::int64_t h = 1; h <= 3; ++h) {
+    const Vec th = mla_rope_theta(hp, 1, h * 16);
+    ASSERT_EQ(static_cast<std::int64_t>(th.size()), h * 8);
+    for (std::int64_t i = 0; i < 8; ++i)
+      for (std::int64_t c = 0; c < h; ++c) EXPECT_EQ(th[i * h + c], theta(i)) << "h=" << h;
+  }
+  // M = 4, one head's worth: group f keeps 4 components at members 0..3, i.e. θ_{4f+m}.
+  Vec th = mla_rope_theta(hp, 4, 16);
+  for (std::int64_t i = 0; i < 8; ++i) EXPECT_EQ(th[i], theta(i));
+  // M = 4, 8 dims (TransMLA's collapse 2): 2 per group at members 0 and 2.
+  th = mla_rope_theta(hp, 4, 8);
+  ASSERT_EQ(th.size(), 4u);
+  EXPECT_EQ(th[0], theta(0));
+  EXPECT_EQ(th[1], theta(2));
+  EXPECT_EQ(th[2], theta(4));
+  EXPECT_EQ(th[3], theta(6));
+  // Dims that do not divide evenly: the remainder goes to the first groups, the counts add up.
+  for (int m : {1, 2, 4, 8})
+    for (std::int64_t dims = 2; dims <= 48; dims += 2) {
+      const std::vector<std::int64_t> k = rope_components(hp, m, dims);
+      std::int64_t sum = 0;
+      for (std::size_t f = 0; f < k.size(); ++f) {
+        sum += k[f];
+        EXPECT_LE(k[f], 3 * m);
+        if (f > 0) {
+          EXPECT_LE(k[f], k[f - 1]);
+          EXPECT_GE(k[f], k[f - 1] - 1);
+        }
+      }
+      EXPECT_EQ(sum, dims / 2) << "M=" << m << " dims=" << dims;
+      EXPECT_EQ(static_cast<std::int64_t>(mla_rope_theta(hp, m, dims).size()), dims / 2);
+    }
+  EXPECT_EQ(rope_member(0, 3, 4), 0);  // a partial round of 3 over 4 members: 0, 1, 2
+  EXPECT_EQ(rope_member(2, 3, 4), 2);
+  EXPECT_EQ(rope_member(5, 6, 4), 2);  // one full round, then 2 at members 0 and 2
+}
+
+TEST(MlaConvert, FoldedRotationWithinMembersIsExact) {
+  // The rotation identity under FreqFold: a U_f that only mixes the heads of one member (column
+  // c in rows g·M + c mod M) leaves every score unchanged once component c rotates at member
+  // c mod M's frequency.
+  const std::int64_t e = 48, hq = 6, hkv = 3, d = 16, n_rot = 16;
+  const Layer L = make_layer(e, hq, hkv, d, n_rot, test::base_seed() + 50);
+  for (int m : {2, 4}) {
+    RoRopeBasis b;
+    b.freqfold = m;
+    b.n = hkv * m;
+    const std::int64_t groups = n_rot / 2 / m;
+    for (std::int64_t f = 0; f < groups; ++f) {
+      // A random rotation of the Hkv heads per member (Gram–Schmidt of a Gaussian matrix).
+      Vec u(static_cast<std::size_t>(b.n * b.n), 0.0);
+      for (std::int64_t mm = 0; mm < m; ++mm) {
+        Vec a = normal(static_cast<std::size_t>(hkv * hkv), test::base_seed() + 51, static_cast<std::uint64_t>(f * 8 + mm));
+        for (std::int64_t c = 0; c < hkv; ++c) {
+          for (std::int64_t c2 = 0; c2 < c; ++c2) {
+            double dot = 0;
+            for (std::int64_t g = 0; g < hkv; ++g) dot += a[g * hkv + c] * a[g * hkv + c2];
+            for (std::int64_t g = 0; g < hkv; ++g) a[g * hkv + c] -= dot * a[g * hkv + c2];
+          }
+          double nn = 0;
+          for (std::int64_t g = 0; g < hkv; ++g) nn += a[g * hkv + c] * a[g * hkv + c];
+          for (std::int64_t g = 0; g < hkv; ++g) a[g * hkv + c] /= std::sqrt(nn);
+        }
+        for (std::int64_t g = 0; g < hkv; ++g)
+          for (std::int64_t c = 0; c < hkv; ++c) u[(g * m + mm) * b.n + (c * m + mm)] = a[g * hkv + c];
+      }
+      b.u.push_back(u);
+      b.eigenvalues.emplace_back(static_cast<std::size_t>(b.n), 0.0);
+    }
+    const MlaLayerWeights w = rorope_merge(L.hp, L.wq, L.wk, L.wv, b);
+    const Vec xn = tokens(L, 10, test::base_seed() + 52);
+    for (std::int64_t p : kPositions) {
+      const Attn ref = gqa(L, xn, 10, p), got = mla(w, e, xn, 10, p);
+      EXPECT_LE(rel_err(got.scores, ref.scores), kRewriteTol) << "M=" << m << " pos " << p;
+      EXPECT_LE(rel_err(got.out, ref.out), kRewriteTol) << "M=" << m << " pos " << p;
+    }
+  }
+}
+
+TEST(MlaConvert, RopeDimsBelowOneHead) {
+  const Layer L = make_layer(48, 6, 3, 16, 16, test::base_seed() + 60);
+  const Vec xn = tokens(L, 12, test::base_seed() + 61);
+  for (int m : {1, 2, 4}) {
+    // rope_heads = h is rope_dims = h·n_rot, to the last bit.
+    MlaOptions a, b;
+    a.rope_heads = 2;
+    b.rope_dims = 32;
+    a.freqfold = b.freqfold = m;
+    a.rank = b.rank = 40;
+    const MlaLayerWeights wa = convert_layer_to_mla(L.hp, L.wq, L.wk, L.wv, L.calib, a);
+    const MlaLayerWeights wb = convert_layer_to_mla(L.hp, L.wq, L.wk, L.wv, L.calib, b);
+    EXPECT_EQ(wa.w_kr, wb.w_kr);
+    EXPECT_EQ(wa.w_dkv, wb.w_dkv);
+    EXPECT_EQ(wa.rope_theta, wb.rope_theta);
+    // Fewer dims than one head: the shapes follow and more dims keep more RoPE energy.
+    double prev = 0;
+    for (std::int64_t dims : {2, 6, 8, 12, 16, 30}) {
+      MlaOptions o;
+      o.rope_dims = dims;
+      o.freqfold = m;
+      MlaConversionStats st;
+      const MlaLayerWeights w = convert_layer_to_mla(L.hp, L.wq, L.wk, L.wv, L.calib, o, &st);
+      EXPECT_EQ(w.d_rope, dims);
+      EXPECT_EQ(w.d_nope, 48 - dims);
+      EXPECT_EQ(w.rank, 48 - dims + 48);
+      EXPECT_EQ(w.rope_theta, mla_rope_theta(L.hp, m, dims));
+      EXPECT_GT(st.rope_energy_kept, prev) << "M=" << m << " dims=" << dims;
+      EXPECT_LT(st.rope_energy_kept, 1.0);
+      prev = st.rope_energy_kept;
+      // A query and a key at the same position see no rotation, so there the untruncated layer
+      // (only RoPE removed) still equals GQA; elsewhere it does not.
+      const Attn ref = gqa(L, xn, 12, 1000), got = mla(w, 48, xn, 12, 1000);
+      Vec dg, dr;
+      for (std::int64_t h = 0; h < 6; ++h)
+        for (std::int64_t i = 0; i < 12; ++i) {
+          dg.push_back(got.scores[(h * 12 + i) * 12 + i]);
+          dr.push_back(ref.scores[(h * 12 + i) * 12 + i]);
+        }
+      EXPECT_LE(rel_err(dg, dr), kRewriteTol) << "M=" << m << " dims=" << dims;
+      EXPECT_GT(rel_err(got.scores, ref.scores), 1e-6) << "M=" << m << " dims=" << dims;
     }
   }
 }
@@ -395,6 +524,13 @@ TEST(MlaConvert, RefusesBadOptionsByName) {
   opt.rope_heads = 3;
   expect_refused(L, opt, L.calib, "rope_heads: must be in 1..2");
   opt.rope_heads = 1;
+  opt.rope_dims = 7;
+  expect_refused(L, opt, L.calib, "rope_dims: must be an even number in 2..16");
+  opt.rope_dims = 18;
+  expect_refused(L, opt, L.calib, "rope_dims: must be an even number in 2..16");
+  opt.rope_dims = -2;
+  expect_refused(L, opt, L.calib, "rope_dims");
+  opt.rope_dims = 0;
   opt.freqfold = 3;
   expect_refused(L, opt, L.calib, "freqfold: 3 does not divide the 4 RoPE frequencies");
   opt.freqfold = 0;

@@ -33,7 +33,8 @@ TEST(TransformPipeline, EmptyIsNoTransform) {
 TEST(TransformPipeline, CanonicalFillsDefaultsAndRoundTrips) {
   const auto p = parse_transforms(" mla( rank = 128 , rope_heads=1 ) | bda(pairs=qk) ");
   EXPECT_EQ(p.canonical(),
-            "mla(rank=128,rope_heads=1,freqfold=1,calib=default,calib_tokens=2048,exec=absorbed)|"
+            "mla(rank=128,rope_heads=1,rope_dims=0,freqfold=1,budget=0,calib=default,calib_tokens=2048,"
+            "calib_mode=two_pass,exec=absorbed)|"
             "bda(pairs=qk,coef=q8_0)");
   ASSERT_TRUE(p.mla && p.bda);
   EXPECT_FALSE(p.tensor);
@@ -49,7 +50,8 @@ TEST(TransformPipeline, CanonicalFillsDefaultsAndRoundTrips) {
            "bda(pairs=qkvo,coef=f32)", "tensor.vo_cp(rank=256,iters=8,seed=7,exec=factored)",
            "tensor.qk_cp(rank=0)", "tensor.tucker_qkvo(rank=128,rank2=256,layers=8)",
            "tensor.tucker_ffn(rank=384)", "tensor.tucker_heads(rank=64,rank2=32,heads=3,iters=4)",
-           "mla(rank=64)|tensor.qk_cp(rank=32)", "mla(rank=64)|bda(pairs=vo)"}) {
+           "mla(rank=64)|tensor.qk_cp(rank=32)", "mla(rank=64)|bda(pairs=vo)", "mla(budget=0.5)",
+           "mla(rank=96,rope_dims=32,freqfold=4,calib_mode=one_pass)"}) {
     const auto a = parse_transforms(s);
     const auto b = parse_transforms(a.canonical());
     EXPECT_EQ(a.canonical(), b.canonical()) << s;
@@ -90,7 +92,16 @@ TEST(TransformPipeline, BadInputIsRefusedClearly) {
            {"mla(rank=128))", {"closes no '('"}},
            {"foo(rank=1)", {"unknown transform 'foo'", "mla", "tensor.vo_cp", "numattn transforms"}},
            {"mla(rank=128,ranks=3)", {"unknown parameter 'ranks'", "valid keys of mla", "rope_heads"}},
-           {"mla(rank=-1)", {"rank=-1", "out of range"}},
+           {"mla(rank=-2)", {"rank=-2", "out of range"}},
+           {"mla(rank=-1)", {"mla needs rank=", "budget="}},
+           {"mla(budget=0)", {"mla needs rank=", "budget="}},
+           {"mla(budget=-0.5)", {"budget=-0.5", "out of range"}},
+           {"mla(budget=1.5)", {"budget=1.5", "out of range"}},
+           {"mla(budget=0.5,rank=64)", {"budget", "chooses rank"}},
+           {"mla(budget=0.5,freqfold=2)", {"budget", "chooses rank"}},
+           {"mla(rank=64,rope_dims=31)", {"rope_dims", "even"}},
+           {"mla(rank=64,rope_dims=32,rope_heads=2)", {"rope_dims", "not both"}},
+           {"mla(rank=64,calib_mode=twice)", {"calib_mode=twice", "not one of the allowed values"}},
            {"mla(rank=12.5)", {"not an integer"}},
            {"mla(rope_heads=2)", {"mla needs rank="}},
            {"tensor.vo_cp(iters=3)", {"tensor.vo_cp needs rank="}},

@@ -118,7 +118,7 @@ void add_convert(CLI::App& app) {
       // In place: the conversion dequantizes Wq|Wk|Wv one layer at a time, the rest is copied.
       LlamaModel model = LlamaModel::load(src, ctx, WeightStorage::kInPlace);
       const MlaStageResult res = apply_mla_stage(model, tok, *xp.mla, ctx, !o->no_progress);
-      write_mla_gguf(*src, model, xp.mla->options, o->out, recorded(*src));
+      write_mla_gguf(*src, model, res.report.options, o->out, recorded(*src));
       // Read it back: the written file must load and give the same MLA weights.
       LlamaModel back = LlamaModel::load(o->out, ctx, WeightStorage::kInPlace);
       for (std::size_t l = 0; l < back.weights().layers.size(); ++l) {

@@ -10,6 +10,10 @@ void add_mla_options(CLI::App& sub, MlaCliOptions& o) {
                  "rank r for the NoPE keys and values; 0 = the full width (exact when --rope-heads "
                  "is the KV head count); -1 = no conversion")
       ->capture_default_str();
+  sub.add_option("--mla-budget", o.budget,
+                 "alias of --transform \"mla(budget=...)\": convert to MLA with a KV cache of this fraction of "
+                 "the GQA cache, rank, RoPE dims and freqfold chosen on the calibration text")
+      ->capture_default_str();
   sub.add_option("--freqfold", o.freqfold,
                  "deprecated (mla(freqfold=...)): with --mla-rank: M adjacent RoPE frequencies folded into one (must divide n_rot/2)")
       ->capture_default_str();
@@ -31,9 +35,14 @@ void add_mla_options(CLI::App& sub, MlaCliOptions& o) {
 }
 
 std::string mla_alias_spec(const CLI::App& sub, const MlaCliOptions& o) {
+  if (sub.count("--mla-budget") > 0) {
+    for (const char* f : {"--mla-rank", "--freqfold", "--rope-heads"})
+      NUMATTN_CHECK_OPTION(sub.count(f) == 0, std::string(f + 2), "cannot be given with --mla-budget, which chooses it");
+    return fmt::format("mla(budget={},calib={},calib_tokens={},exec={})", o.budget, o.calib, o.calib_tokens, o.exec);
+  }
   if (o.rank == -1) {
     for (const char* f : {"--freqfold", "--rope-heads", "--calib", "--calib-tokens"})
-      NUMATTN_CHECK_OPTION(sub.count(f) == 0, std::string(f + 2), "needs --mla-rank");
+      NUMATTN_CHECK_OPTION(sub.count(f) == 0, std::string(f + 2), "needs --mla-rank or --mla-budget");
     return "";
   }
   return fmt::format("mla(rank={},rope_heads={},freqfold={},calib={},calib_tokens={},exec={})", o.rank,
@@ -41,9 +50,11 @@ std::string mla_alias_spec(const CLI::App& sub, const MlaCliOptions& o) {
 }
 
 void add_mla_columns(Row& row, const transform::MlaStage& s, const MlaStageResult& r) {
-  row["mla_rank"] = s.options.rank;
-  row["mla_freqfold"] = s.options.freqfold;
-  row["mla_rope_heads"] = s.options.rope_heads;
+  row["mla_rank"] = r.report.options.rank;
+  row["mla_freqfold"] = r.report.options.freqfold;
+  row["mla_rope_dims"] = r.report.d_rope;
+  row["mla_budget"] = s.budget;
+  row["mla_calib_mode"] = s.calib_mode;
   row["mla_latent"] = r.report.rank;
   row["mla_d_nope"] = r.report.d_nope;
   row["mla_d_rope"] = r.report.d_rope;

@@ -11,32 +11,23 @@
 /// place, one layer at a time) → transform::convert_layer_to_mla → MlaLayer (float32);
 /// W_o, the norms and the FFN stay as they are (the conversion keeps d_v = D).
 ///
-/// GGUF form (`write_mla_gguf`, read back by LlamaModel::load; docs/model-runner.md):
-/// `general.architecture = "numattn-mla"`, every `llama.*` key of the source renamed
-/// `numattn-mla.*` (the GQA hyper-parameters, kept for validation and KV-cache comparisons),
-/// plus
-/// - `numattn-mla.mla.version` (u32, 1), `numattn-mla.mla.kv_lora_rank` (u32) r,
-///   `numattn-mla.mla.nope_dim` (u32) d_nope, `numattn-mla.mla.rope_dim` (u32) d_rope,
-///   `numattn-mla.mla.value_dim` (u32) d_v, `numattn-mla.mla.softmax_scale` (f64), and the options
-///   used, `numattn-mla.mla.freqfold` (i32), `numattn-mla.mla.rope_heads` (i32),
-///   `numattn-mla.mla.rank_option` (i64). The loader checks each key's range and their relations
-///   (d_v = D, d_rope = rope_heads·n_rot, d_nope = Hkv·D − d_rope, r = the latent width cut to
-///   rank_option, scale 1/sqrt(D), θ from freqfold and rope_heads; docs/model-runner.md), so the
-///   writer refuses layers and options that do not satisfy them;
-/// - per layer ℓ, `numattn-mla.mla.rope_theta.ℓ` (f64 array [d_rope/2], rad per position) and
-///   F32 tensors (GGUF ne order {in, out}; rows as in arch/mla_weights.h):
-///   `blk.ℓ.attn_kv_a_mqa.weight` {E, r + d_rope}: rows W_dkv then W_kr;
-///   `blk.ℓ.attn_q.weight` {E, Hq·(d_nope + d_rope)}: per head h, rows W_q_nope[h] then W_q_rope[h];
-///   `blk.ℓ.attn_kv_b.weight` {r, Hq·(d_nope + d_v)}: per head h, rows W_uk[h] then W_uv[h];
-///   the source's `attn_k`/`attn_v` are dropped; everything else is copied unchanged.
-/// The layout follows llama.cpp's `deepseek2` tensor names and per-head row order, but the file
-/// cannot be a `deepseek2` model: llama.cpp's deepseek2 graph applies the RMSNorm
-/// `attn_kv_a_norm` to the latent before the up-projections (kv_cmpr = RMSNorm(c)·γ, then
-/// wkv_b / wk_b), i.e. every cached token's k_nope and v are divided by rms(c_j), a per-token
-/// factor that no weight (no γ, no W_uk/W_uv) can undo, while the converted layer is linear in c.
-/// (Two further mismatches could be absorbed: deepseek2's scale 1/sqrt(d_nope + d_rope), by
-/// scaling W_q; and its single geometric RoPE base over d_rope dims, which matches only
-/// rope_heads = 1 with freqfold = 1 — repeated or FreqFold-averaged θ do not.)
+/// Which statistics each layer is converted with (MlaCalibMode):
+/// - **two_pass** (the default; TransMLA's order, `calibrate_mla` then `add_latent_statistics`):
+///   RoRoPE and RoPE removal (steps 2–3) from one pass over the original model; the latent's PCA
+///   (step 4) from a second pass over the model with RoPE removed from every layer but nothing
+///   truncated. The PCA then sees the inputs that the RoPE removal of the earlier layers gives,
+///   the larger of the two changes at a moderate rank, without chasing the truncation errors of
+///   the earlier layers. Cost: two forward passes of the calibration tokens and one conversion.
+/// - **sequential** (`convert_model_to_mla_sequential`): layer ℓ's statistics on the model whose
+///   layers < ℓ are already converted (RoPE removed and truncated), as in the sequential
+///   calibration of GPTQ (Frantar et al., "GPTQ: Accurate Post-Training Quantization for
+///   Generative Pre-trained Transformers", 2023). The PCA of the latent then keeps what the
+///   perturbed inputs carry, not what the original model computes, and on the default model it
+///   measured worse than two_pass (docs/latent.md). Cost: L(L+1)/2 layer passes (the pass for
+///   layer ℓ stops after its capture), about L/2 forward passes.
+/// - **one_pass** (`calibrate_mla` then `convert_model_to_mla`): every layer's statistics from one
+///   pass over the original model; the cheapest, used for the candidates of the budget search
+///   (model/transform_model.h) and kept for comparison.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +50,11 @@ std::vector<transform::MlaCalibration> calibrate_mla(
     const LlamaModel& model, const std::vector<std::int32_t>& tokens, std::int64_t chunk,
     const ExecContext& ctx, const std::function<void(std::int64_t, std::int64_t)>& on_chunk = {});
 
+/// How the statistics of each layer are collected (file comment).
+enum class MlaCalibMode { kTwoPass, kSequential, kOnePass };
+/// "two_pass" | "sequential" | "one_pass"; throws OptionError("calib_mode") otherwise.
+MlaCalibMode parse_mla_calib_mode(const std::string& s);
+
 struct MlaModelReport {
   transform::MlaOptions options;
   std::int64_t rank = 0, d_nope = 0, d_rope = 0, d_v = 0;  ///< of layer 0 (all layers agree)
@@ -74,6 +70,21 @@ MlaModelReport convert_model_to_mla(LlamaModel& model,
                                     const std::vector<transform::MlaCalibration>& calib,
                                     const transform::MlaOptions& opt, const ExecContext& ctx,
                                     const std::function<void(std::int64_t, std::int64_t)>& on_layer = {});
+
+/// The second pass of two_pass: `model` (GQA) converted with `calib` (from calibrate_mla) and
+/// `opt` but rank 0 (RoPE removal only), its layer inputs over `tokens` stored in each
+/// calib[ℓ].latent_xn_cov. `model` itself is not changed.
+void add_latent_statistics(const LlamaModel& model, std::vector<transform::MlaCalibration>& calib,
+                           const std::vector<std::int32_t>& tokens, std::int64_t chunk,
+                           const transform::MlaOptions& opt, const ExecContext& ctx);
+
+/// Converts every layer of `model` (GQA) in place, sequentially (file comment): layer ℓ's
+/// statistics on `tokens` (chunks of at most `chunk`) through the model with layers < ℓ already
+/// converted. All or nothing. `on_layer(l, L)` after each layer.
+MlaModelReport convert_model_to_mla_sequential(LlamaModel& model, const std::vector<std::int32_t>& tokens,
+                                               std::int64_t chunk, const transform::MlaOptions& opt,
+                                               const ExecContext& ctx,
+                                               const std::function<void(std::int64_t, std::int64_t)>& on_layer = {});
 
 /// Writes `mla_model` (converted from the model in `source` with `opt`) as a `numattn-mla`
 /// GGUF file (layout above), atomically; refuses `path` == the source file.

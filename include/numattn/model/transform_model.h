@@ -26,6 +26,8 @@ namespace numattn {
 /// Tokens per calibration chunk, the same for every front-end so that they convert a model
 /// identically.
 inline constexpr std::int64_t kMlaCalibChunk = 512;
+/// The largest FreqFold the budget search tries (mla_budget_candidates).
+inline constexpr std::int64_t kMaxBudgetFreqfold = 8;
 
 /// The refusals that depend only on the pipeline and the model's header, before its weights are
 /// read: `mla` on an MLA file or on attention with per-head extras (a norm of k after its
@@ -33,15 +35,34 @@ inline constexpr std::int64_t kMlaCalibChunk = 512;
 /// dividing n_rot/2; the tensor stage's check_tensor_spec. Throws numattn::OptionError("transform").
 void check_transforms(const transform::TransformPipeline& p, const ModelHParams& hp, bool file_is_mla);
 
+/// One candidate of the budget search and its perplexity on the calibration tokens.
+struct MlaBudgetCandidate {
+  transform::MlaOptions options;
+  double calib_ppl = 0;
+};
+
+/// The candidates of `mla(budget=b)` for `hp`: the cache C = round(b·2·Hkv·D) numbers per token
+/// and layer split as rope_dims ∈ {n_rot/4, n_rot/2, n_rot, 2·n_rot, …, Hkv·n_rot} plus
+/// rank = C − rope_dims (kept when 1 <= rank <= the full latent width), each with freqfold
+/// 1, 2, 4, 8 (those dividing n_rot/2; only 1 when every RoPE dim is kept: FreqFold then changes
+/// nothing). The cost is linear in the candidates (a conversion and one forward pass of the calibration
+/// tokens each), so folds stop at kMaxBudgetFreqfold.
+/// Throws OptionError("budget") for b outside (0, 1] or a C with no candidate.
+std::vector<transform::MlaOptions> mla_budget_candidates(const ModelHParams& hp, double budget);
+
 struct MlaStageResult {
-  MlaModelReport report;
+  MlaModelReport report;            ///< report.options: what was converted (the budget's choice)
+  std::vector<MlaBudgetCandidate> candidates;  ///< the budget search, in order (empty without one)
   std::int64_t calib_tokens = 0;  ///< tokens actually used (the text may be shorter)
   double calib_s = 0;
 };
 
-/// The `mla` stage: calibrates `model` (GQA) on the last calib_tokens tokens of the calib text,
-/// converts it in place and sets its MLA execution. Progress on stderr when `progress` and
-/// stderr is a terminal.
+/// The `mla` stage: calibrates `model` (GQA) on the last calib_tokens tokens of the calib text
+/// (sequentially or in one pass, MlaStage::calib_mode), converts it in place and sets its MLA
+/// execution. With a budget, first the search: every candidate (mla_budget_candidates) is
+/// converted with one-pass statistics and scored by perplexity on the calibration tokens alone
+/// (chunks of min(512, T/2) tokens, the protocol of model/ppl.h), each line printed on stderr;
+/// the lowest is converted. Progress on stderr when `progress` and stderr is a terminal.
 MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const transform::MlaStage& s,
                                const ExecContext& ctx, bool progress);
 

@@ -12,10 +12,13 @@
 ///   pipeline := stage { "|" stage }            e.g. mla(rank=128)|bda(pairs=qk)
 ///
 /// Registered transforms (`numattn transforms` lists them with their parameters):
-/// - `mla(rank, rope_heads, freqfold, calib, calib_tokens, exec, weights)`: GQA → MLA conversion
-///   (TransMLA; transform/mla.h, model/mla_convert.h), calibrated on the last `calib_tokens`
-///   tokens of the text `calib`; `exec` = how the MLA layers run, `weights` = how the absorbed
-///   execution stores the converted projections (model/mla_model.h).
+/// - `mla(rank, rope_heads, rope_dims, freqfold, budget, calib, calib_tokens, calib_mode, exec,
+///   weights)`: GQA → MLA conversion (TransMLA; transform/mla.h, model/mla_convert.h), calibrated
+///   on the last `calib_tokens` tokens of the text `calib` (`calib_mode`: two_pass, sequential or
+///   one_pass); `rope_heads` h is rope_dims = h·n_rot; `budget` (a cache fraction) instead of rank,
+///   rope_dims and freqfold searches them on the calibration tokens (model/transform_model.h);
+///   `exec` = how the MLA layers run, `weights` = how the absorbed execution stores the converted
+///   projections (model/mla_model.h).
 /// - `bda(pairs, coef)`: BD Attention (transform/bda.h, model/bda_model.h).
 /// - `tensor.vo_cp`, `tensor.qk_cp`, `tensor.tucker_qkvo`, `tensor.tucker_ffn`,
 ///   `tensor.tucker_heads`: the tensor compressions of transform/tensor_heads.h
@@ -53,9 +56,11 @@ const MethodInfo* find_transform(std::string_view name);
 
 /// `mla(...)`, bound.
 struct MlaStage {
-  MlaOptions options;        ///< rank, freqfold, rope_heads
+  MlaOptions options;        ///< rank (-1 with a budget), freqfold, rope_dims / rope_heads
+  double budget = 0;         ///< > 0: cache fraction; rank, rope_dims, freqfold are searched
   std::string calib;         ///< calibration text path, or "default"
   std::int64_t calib_tokens = 2048;
+  std::string calib_mode;    ///< "sequential" or "one_pass" (model/mla_convert.h parse_mla_calib_mode)
   std::string exec;          ///< "absorbed" or "naive" (model/mla_model.h parse_mla_exec)
   std::string weights = "source";  ///< "source", "q8_0" or "f32" (model/mla_model.h parse_mla_weights)
 };
