@@ -165,9 +165,10 @@ const std::vector<MethodInfo>& catalogue() {
          choice_param("exec", "absorbed", {"absorbed", "naive"},
                       "absorbed: W_uk on the query side, decode reads only the latent cache; naive: "
                       "k_nope and v rebuilt from the cache"),
-         choice_param("weights", "q8_0", {"q8_0", "source", "f32"},
-                      "storage of the converted projections that the absorbed execution reads: Q8_0 "
-                      "(its own W_q in place), the source model's types, or float32 "
+         choice_param("weights", "f32", {"f32", "q8_0", "source"},
+                      "storage of the converted projections that the absorbed execution reads: float32 "
+                      "(the conversion as computed: the exact merge stays exact), Q8_0, or the source "
+                      "model's types (both read the source W_q in place) "
                       "(model/mla_model.h quantize_mla_layer)")}));
     v.push_back(info(
         "bda", "bda",

@@ -115,7 +115,7 @@ TEST(TransformCli, OlderFlagsAreAliasesOfThePipeline) {
                             &err_new);
   const std::string canonical =
       "mla(rank=64,rope_heads=1,rope_dims=0,freqfold=1,budget=0,calib=default,calib_tokens=512,calib_mode=two_pass,"
-      "exec=absorbed,weights=q8_0)|bda(pairs=vo,coef=f32)";
+      "exec=absorbed,weights=f32)|bda(pairs=vo,coef=f32)";
   EXPECT_EQ(alias.at("transform"), canonical);
   EXPECT_EQ(spec.at("transform"), canonical);
   for (const char* k : {"ppl", "ppl_baseline", "kld_mean", "kld_p99", "top1_agreement", "logprob_max_abs_diff",
