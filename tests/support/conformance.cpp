@@ -664,8 +664,14 @@ std::vector<Violation> check_half_io(const MethodInfo& info, const MethodFactory
       const double u = type == KvType::kF16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
       for (int t : threads) {
         const std::string at = where(info.name, name, t);
-        m->run(p32, ExecContext{t});
+        // The float32 path with the same K/V (half K/V may be read by other kernels than
+        // float32 ones, so that path is what run's conversion of Q and out must reproduce).
+        AttentionProblem pb = p16;
+        pb.q = p32.q;
+        pb.half_q = HalfQ{};
+        m->run(pb, ExecContext{t});
         const std::vector<float> out32 = prob.out_data();
+        m->run(p32, ExecContext{t});
         const ErrorMetrics e32 = compare_with_reference(p32, ref);
         for (bool half_out : {false, true}) {
           AttentionProblem ph = p16;
