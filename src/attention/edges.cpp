@@ -62,7 +62,7 @@ RowBounds row_bounds(const AttentionProblem& p, const HeadStats& hs, index_t b, 
   double mask_max = 0;
   if (p.mask.kind == MaskKind::kAdditive)
     for (index_t j = 0; j < p.n_kv(); ++j) {
-      const double a = p.mask.additive[i * p.mask.ld + j];
+      const double a = p.mask_row(b, h, i).additive[j];
       if (std::isfinite(a)) mask_max = std::max(mask_max, std::abs(a));
       else r.nonfinite |= a > 0;  // NaN and -inf hide keys; +inf hidden by the causal rule or window
     }
@@ -78,8 +78,14 @@ std::string row_name(index_t b, index_t h, index_t i) {
   return fmt::format("query row [b,h,i] = [{},{},{}]", b, h, i);
 }
 
-bool row_finite(const AttentionProblem& p, index_t b, index_t h, index_t i) {
-  if (!simd::all_finite(p.out.row(b, h, i), p.d_v())) return false;
+bool row_finite(const AttentionProblem& p, index_t b, index_t h, index_t i, std::vector<float>& row) {
+  if (p.has_half_out()) {
+    row.resize(static_cast<std::size_t>(p.d_v()));
+    widen_row(p.out16_row(b, h, i), p.half_out.type, p.d_v(), row.data());
+    if (!simd::all_finite(row.data(), p.d_v())) return false;
+  } else if (!simd::all_finite(p.out.row(b, h, i), p.d_v())) {
+    return false;
+  }
   if (p.lse.empty()) return true;
   const float l = p.lse(b, h, i, 0);
   return !std::isnan(l) && l != std::numeric_limits<float>::infinity();  // -inf: no visible key
@@ -89,12 +95,19 @@ bool row_finite(const AttentionProblem& p, index_t b, index_t h, index_t i) {
 
 void settle_nonfinite_rows(const AttentionMethod& m, const AttentionProblem& p, const ExecContext& ctx) {
   std::vector<RowIndex> bad;
+  std::vector<float> row;
   for (index_t b = 0; b < p.batch(); ++b)
     for (index_t h = 0; h < p.heads(); ++h)
       for (index_t i = 0; i < p.n_q(); ++i)
-        if (!row_finite(p, b, h, i)) bad.push_back({b, h, i});
+        if (!row_finite(p, b, h, i, row)) bad.push_back({b, h, i});
   if (bad.empty()) return;
-  if (p.half_kv()) {  // the float64 trace reads float32 rows: the same problem, widened
+  if (p.has_half_q() || p.has_half_out()) {  // the float64 trace reads float32 rows: the same problem, widened
+    const WidenedIo w = widen_io(p);
+    settle_nonfinite_rows(m, w.problem, ctx);
+    w.store_out(p);
+    return;
+  }
+  if (p.half_kv()) {
     const WidenedKv w = widen_kv(p);
     return settle_nonfinite_rows(m, w.problem, ctx);
   }

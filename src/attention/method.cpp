@@ -65,6 +65,9 @@ Status AttentionMethod::can_run(const AttentionProblem& p) const {
     return Status::unsupported(n + " does not support boolean masks");
   if (p.mask.kind == MaskKind::kAdditive && !c.additive_mask)
     return Status::unsupported(n + " does not support additive masks");
+  if (p.mask.kind != MaskKind::kNone && !p.mask.shared() && !c.head_mask)
+    return Status::unsupported(n + " takes only a mask shared by every batch and head (Mask::stride_b = "
+                               "stride_h = 0): it cannot honour one that varies over them");
   if (p.has_window() && !c.window && !recursion)
     return Status::unsupported(n + " does not support a sliding window" + no_recursion());
   if (!p.lse.empty() && !c.lse) return Status::unsupported(n + " cannot output log-sum-exp");
@@ -80,8 +83,10 @@ double attention_io_bytes(const AttentionProblem& p) {
   const double bh = static_cast<double>(p.batch() * p.heads()), bk = static_cast<double>(p.batch() * p.kv_heads());
   const double nq = static_cast<double>(p.n_q()), nk = static_cast<double>(p.n_kv());
   double b = 4 * (bh * nq * (p.d_qk() + p.d_v() + (p.lse.empty() ? 0 : 1)) + bk * nk * (p.d_qk() + p.d_v()));
-  if (p.mask.kind == MaskKind::kBool) b += nq * nk;
-  if (p.mask.kind == MaskKind::kAdditive) b += 4 * nq * nk;
+  // A mask that varies over batches or heads is read once per (b, h) that has its own.
+  const double copies = static_cast<double>((p.mask.stride_b ? p.batch() : 1) * (p.mask.stride_h ? p.heads() : 1));
+  if (p.mask.kind == MaskKind::kBool) b += copies * nq * nk;
+  if (p.mask.kind == MaskKind::kAdditive) b += copies * 4 * nq * nk;
   return b;
 }
 
@@ -98,6 +103,14 @@ CostModel AttentionMethod::cost(const AttentionProblem& p) const {
 
 void AttentionMethod::run(const AttentionProblem& p, const ExecContext& ctx) const {
   validate(p);
+  if ((p.has_half_q() || p.has_half_out()) && !info().caps.half_io) {
+    // Half-precision Q / output for a method that reads and writes float32 only: a float32 copy
+    // of Q and a float32 output buffer, rounded once at the end.
+    const WidenedIo w = widen_io(p);
+    run(w.problem, ctx);
+    w.store_out(p);
+    return;
+  }
   Status s = can_run(p);
   NUMATTN_CHECK(s.is_ok(), "{} cannot run this problem ({}): {}", spec(), p.describe(), s.reason());
   if (runs_by_recursion(p))

@@ -100,6 +100,57 @@ WidenedKv widen_kv(const AttentionProblem& p) {
   return w;
 }
 
+void narrow_row(const float* src, KvType type, index_t n, std::uint16_t* out) {
+  index_t d = 0;
+  if (type == KvType::kBf16) {
+    for (; d < n; ++d) out[d] = fp32_to_bf16(src[d]);
+    return;
+  }
+#if defined(__F16C__)
+  for (; d + 8 <= n; d += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; d < n; ++d) out[d] = fp32_to_fp16(src[d]);
+}
+
+WidenedIo widen_io(const AttentionProblem& p) {
+  WidenedIo w;
+  w.problem = p;
+  const index_t B = p.batch(), H = p.heads(), N = p.n_q(), dk = p.d_qk(), dv = p.d_v();
+  const std::uint64_t bytes = static_cast<std::uint64_t>(B * H * N) *
+                              static_cast<std::uint64_t>((p.has_half_q() ? dk : 0) + (p.has_half_out() ? dv : 0)) * 4;
+  if (bytes == 0) return w;
+  check_memory(bytes, fmt::format("a float32 copy of half-precision Q / output ({})", p.describe()));
+  if (p.has_half_q()) {
+    w.q.resize(static_cast<std::size_t>(B * H * N * dk));
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < H; ++h)
+        for (index_t i = 0; i < N; ++i)
+          widen_row(p.q16_row(b, h, i), p.half_q.type, dk, w.q.data() + ((b * H + h) * N + i) * dk);
+    w.problem.q = TensorView<const float>::contiguous(w.q.data(), {B, H, N, dk});
+    w.problem.half_q = HalfQ{};
+  }
+  if (p.has_half_out()) {
+    w.out.resize(static_cast<std::size_t>(B * H * N * dv));
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < H; ++h)
+        for (index_t i = 0; i < N; ++i)
+          widen_row(p.out16_row(b, h, i), p.half_out.type, dv, w.out.data() + ((b * H + h) * N + i) * dv);
+    w.problem.out = TensorView<float>::contiguous(w.out.data(), {B, H, N, dv});
+    w.problem.half_out = HalfOut{};
+  }
+  return w;
+}
+
+void WidenedIo::store_out(const AttentionProblem& p) const {
+  if (!p.has_half_out()) return;
+  for (index_t b = 0; b < p.batch(); ++b)
+    for (index_t h = 0; h < p.heads(); ++h)
+      for (index_t i = 0; i < p.n_q(); ++i)
+        narrow_row(problem.out.row(b, h, i), p.half_out.type, p.d_v(), p.out16_row(b, h, i));
+}
+
 KeyRange AttentionProblem::key_range(index_t i) const {
   const index_t nk = n_kv();
   const index_t d = i + diag_offset();
@@ -112,16 +163,28 @@ KeyRange AttentionProblem::key_range(index_t i) const {
   return {lo, std::max(lo, hi)};
 }
 
-bool AttentionProblem::visible(index_t i, index_t j) const {
+bool AttentionProblem::visible(index_t b, index_t h, index_t i, index_t j) const {
   KeyRange r = key_range(i);
   if (j < r.begin || j >= r.end) return false;
-  if (mask.kind == MaskKind::kBool) return mask.allowed[i * mask.ld + j] != 0;
+  if (mask.kind == MaskKind::kBool) return mask_row(b, h, i).allowed[j] != 0;
   return true;
 }
 
+bool AttentionProblem::visible(index_t i, index_t j) const {
+  NUMATTN_ASSERT(mask.shared());
+  return visible(0, 0, i, j);
+}
+
 std::string AttentionProblem::describe() const {
-  return fmt::format("B={} Hq={} Hkv={} Nq={} Nk={} Dk={} Dv={} causal={}", batch(), heads(),
-                     kv_heads(), n_q(), n_kv(), d_qk(), d_v(), to_string(causal));
+  std::string s = fmt::format("B={} Hq={} Hkv={} Nq={} Nk={} Dk={} Dv={} causal={}", batch(), heads(),
+                              kv_heads(), n_q(), n_kv(), d_qk(), d_v(), to_string(causal));
+  if (mask.kind != MaskKind::kNone)
+    s += fmt::format(" mask={}(ld={} stride_b={} stride_h={})", mask.kind == MaskKind::kBool ? "bool" : "additive",
+                     mask.ld, mask.stride_b, mask.stride_h);
+  if (half_kv()) s += fmt::format(" kv={}", to_string(half.type));
+  if (has_half_q()) s += fmt::format(" q={}", to_string(half_q.type));
+  if (has_half_out()) s += fmt::format(" out={}", to_string(half_out.type));
+  return s;
 }
 
 double attention_flops(const AttentionProblem& p) {
@@ -146,14 +209,23 @@ void check_rank4(const char* name, const TensorView<const float>& t, bool half =
 }  // namespace
 
 void validate(const AttentionProblem& p) {
-  check_rank4("q", p.q);
+  check_rank4("q", p.q, p.has_half_q());
   check_rank4("k", p.k, p.half_kv());
   check_rank4("v", p.v, p.half_kv());
   if (p.half_kv())
     NUMATTN_CHECK(p.half.k != nullptr && p.half.v != nullptr && p.k.data == nullptr && p.v.data == nullptr,
                   "attention: half-precision K/V ({}) need their data in `half` and none in `k` and `v`",
                   to_string(p.half.type));
-  check_rank4("out", p.out);
+  if (p.has_half_q())
+    NUMATTN_CHECK(p.half_q.data != nullptr && p.q.data == nullptr,
+                  "attention: half-precision Q ({}) needs its data in `half_q.data` and none in `q` ({})",
+                  to_string(p.half_q.type), p.describe());
+  check_rank4("out", p.out, p.has_half_out());
+  if (p.has_half_out())
+    NUMATTN_CHECK(p.half_out.data != nullptr && p.out.data == nullptr,
+                  "attention: half-precision output ({}) needs its buffer in `half_out.data` and none in "
+                  "`out` ({})",
+                  to_string(p.half_out.type), p.describe());
   const index_t B = p.batch(), Hq = p.heads(), Hkv = p.kv_heads();
   NUMATTN_CHECK(B >= 1 && Hq >= 1 && Hkv >= 1, "attention: batch and head counts must be >= 1 ({})",
                 p.describe());
@@ -178,11 +250,21 @@ void validate(const AttentionProblem& p) {
     NUMATTN_CHECK(p.lse.shape[0] == B && p.lse.shape[1] == Hq && p.lse.shape[2] == p.n_q(),
                   "attention: lse must be [B, Hq, Nq, 1]");
   }
-  if (p.mask.kind == MaskKind::kBool)
-    NUMATTN_CHECK(p.mask.allowed && p.mask.ld >= p.n_kv(), "attention: bool mask needs [Nq, Nk] data");
-  if (p.mask.kind == MaskKind::kAdditive)
-    NUMATTN_CHECK(p.mask.additive && p.mask.ld >= p.n_kv(),
-                  "attention: additive mask needs [Nq, Nk] data");
+  if (p.mask.kind != MaskKind::kNone) {
+    const char* kind = p.mask.kind == MaskKind::kBool ? "bool" : "additive";
+    NUMATTN_CHECK(p.mask.kind == MaskKind::kBool ? p.mask.allowed != nullptr : p.mask.additive != nullptr,
+                  "attention: {} mask has no data ({})", kind, p.describe());
+    NUMATTN_CHECK(p.mask.stride_b >= 0 && p.mask.stride_h >= 0 && p.mask.ld >= 0,
+                  "attention: {} mask strides must be >= 0 (0 = broadcast), got ld={} stride_b={} stride_h={}",
+                  kind, p.mask.ld, p.mask.stride_b, p.mask.stride_h);
+    // Read only, so heads and batches may share entries (any strides >= 0); a row is Nk
+    // entries, so rows of one (b, h) are either one row for every query (ld = 0, as an
+    // expanded [.., 1, Nk] tensor) or disjoint.
+    NUMATTN_CHECK(p.mask.ld == 0 || p.mask.ld >= p.n_kv(),
+                  "attention: {} mask row stride ld={} is shorter than Nk={}: rows of [Nq, Nk] would overlap; "
+                  "use ld >= Nk, or 0 for one row shared by every query ({})",
+                  kind, p.mask.ld, p.n_kv(), p.describe());
+  }
   // Any other negative value would silently mean "unbounded" to the kernels (they test >= 0).
   NUMATTN_CHECK(p.window_left >= -1 && p.window_right >= -1,
                 "attention: window_left = {} and window_right = {}: each must be >= 0 (keys on "

@@ -32,17 +32,23 @@ double reference_row(const AttentionProblem& p, index_t b, index_t h, index_t i,
   std::vector<double> s(nr, 0.0), mag(nr, 0.0), add(nr, 0.0);
   std::vector<char> visible(nr, 0);
   const bool exponential = target.kind == TargetKind::kSoftmax || target.kind == TargetKind::kGaussian;
-  const float* q = p.q.row(b, h, i);
+  std::vector<float> q16;  // a half-precision q row, widened (exactly)
+  if (p.has_half_q()) {
+    q16.resize(static_cast<std::size_t>(dk));
+    widen_row(p.q16_row(b, h, i), p.half_q.type, dk, q16.data());
+  }
+  const float* q = p.has_half_q() ? q16.data() : p.q.row(b, h, i);
+  const MaskRow mrow = p.mask_row(b, h, i);
   std::vector<double> phi_q, phi_k;
   bool q_checked = false;
   double qq = 0;
   for (index_t j = r.begin; j < r.end; ++j) {
-    if (p.mask.kind == MaskKind::kBool && !p.mask.allowed[i * p.mask.ld + j]) continue;
+    if (mrow.allowed && !mrow.allowed[j]) continue;
     const auto at = static_cast<std::size_t>(j - r.begin);
-    if (p.mask.kind == MaskKind::kAdditive) {
-      const float a = p.mask.additive[i * p.mask.ld + j];
+    if (mrow.additive) {
+      const float a = mrow.additive[j];
       if (!(a > -std::numeric_limits<float>::infinity())) continue;  // -inf or NaN: hidden
-      if (std::isinf(a)) throw NonFiniteInput("mask", {i, j}, a);
+      if (std::isinf(a)) throw NonFiniteInput("mask", p.mask.shared() ? std::vector<index_t>{i, j} : std::vector<index_t>{b, h, i, j}, a);
       add[at] = a;
     }
     if (!q_checked) {

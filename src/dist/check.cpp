@@ -71,10 +71,10 @@ DistCheck check_sharded(Comm& comm, const ShardedProblem& sp, index_t count, std
         index_t koff = 0;
         for (const Segment& s : segs) {
           for (index_t j = s.begin; j < s.end; ++j) {
-            if (!g.visible(r.i, j)) continue;
+            if (!g.visible(r.b, r.h, r.i, j)) continue;
             double add = 0;
             if (g.mask.kind == MaskKind::kAdditive) {
-              add = g.mask.additive[r.i * g.mask.ld + j];
+              add = g.mask_row(r.b, r.h, r.i).additive[j];
               if (!(add > kNegInf)) continue;  // -inf and NaN hide the key
             }
             const float* kr = k.row(r.b, 0, koff + j - s.begin);

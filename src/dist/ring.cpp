@@ -68,6 +68,7 @@ void attend_pair(const AttentionProblem& g, const PairPlan& pl, Segment qs, Segm
   sub.window_right = pl.window_right;
   if (g.mask.kind != MaskKind::kNone) {
     sub.mask = g.mask;
+    // The block's rows and columns of every (b, h) mask (Mask::stride_b and stride_h carry over).
     const index_t off = (qs.begin + pl.a) * g.mask.ld + ks.begin + pl.b;
     if (g.mask.kind == MaskKind::kBool) sub.mask.allowed += off;
     else sub.mask.additive += off;

@@ -71,6 +71,16 @@ TEST_P(Conformance, FollowsTheEdgeSemanticsOnHostileInputs) {
   EXPECT_TRUE(v.empty()) << test::describe(v);
 }
 
+TEST_P(Conformance, HonoursMasksThatVaryOverBatchAndHead) {
+  const auto v = test::check_head_masks(info(), test::registry_factory());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+}
+
+TEST_P(Conformance, ReadsHalfPrecisionQueriesAndWritesHalfPrecisionOutput) {
+  const auto v = test::check_half_io(info(), test::registry_factory());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+}
+
 TEST_P(Conformance, RefusesWhatItDoesNotClaim) {
   auto m = create_method(GetParam());
   const Capabilities& caps = m->info().caps;
@@ -140,7 +150,8 @@ INSTANTIATE_TEST_SUITE_P(Registry, Conformance, ::testing::ValuesIn(all_names())
 
 // The same method on every other instruction-set path this CPU runs: the attention kernels have
 // portable, avx2 and avx512 variants (avx512vnni runs avx512's), and each is held to the
-// method's budget, limit case and edge semantics where it runs.
+// method's budget, limit case and edge semantics, masks varying over (b, h) and half-precision Q and
+// output where it runs.
 struct PathCase {
   std::string method;
   CpuPath path;
@@ -168,6 +179,10 @@ TEST_P(ConformanceOnPath, KeepsItsBudgetLimitCaseAndEdgeSemantics) {
   v = test::check_limit_case(info, test::registry_factory());
   EXPECT_TRUE(v.empty()) << test::describe(v);
   v = test::check_hostile(info, test::registry_factory());
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+  v = test::check_head_masks(info, test::registry_factory(), {2});
+  EXPECT_TRUE(v.empty()) << test::describe(v);
+  v = test::check_half_io(info, test::registry_factory(), {2});
   EXPECT_TRUE(v.empty()) << test::describe(v);
 }
 

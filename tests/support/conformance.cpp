@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <set>
 
 #include "numattn/analysis/metrics.h"
 #include "numattn/attention/reference.h"
 #include "numattn/attention/registry.h"
+#include "numattn/quant/quant.h"
 #include "support/test_util.h"
 
 namespace numattn::test {
@@ -477,6 +479,276 @@ void expect_answer(std::vector<Violation>& v, const MethodInfo& info, const Meth
 }
 
 }  // namespace
+
+namespace {
+
+/// A mask of one kind over [B, Hq, Nq, Nk] with strides; entry(b, h, i, j) fills it.
+struct HeadMaskCase {
+  std::string name;
+  ProblemConfig cfg;
+  MaskKind kind;
+  index_t stride_b, stride_h, ld;  ///< in units of the [B or 1, H or 1, Nq or 1, Nk] layout below
+  std::function<float(index_t, index_t, index_t, index_t)> entry;
+};
+
+std::vector<HeadMaskCase> head_mask_cases() {
+  std::vector<HeadMaskCase> v;
+  {  // padding: batch 0 sees all 24 keys, batch 1 only the first 13
+    ProblemConfig c = shape(4, 2, 24, 24, 16, 16, Causal::kNone);
+    c.batch = 2;
+    v.push_back({"padding bool [B,1,Nq,Nk]", c, MaskKind::kBool, 1, 0, 1,
+                 [](index_t b, index_t, index_t i, index_t j) { return b == 1 ? float(j < 13) : float((i + j) % 7 != 0); }});
+    v.push_back({"padding bool [B,1,1,Nk] (ld = 0)", c, MaskKind::kBool, 1, 0, 0,
+                 [](index_t b, index_t, index_t, index_t j) { return float(j < (b == 1 ? 5 : 24)); }});
+  }
+  {  // ALiBi: −slope_h·|i − j| per query head, bottom-right causal
+    ProblemConfig c = shape(4, 4, 20, 30, 16, 16, Causal::kBottomRight);
+    v.push_back({"ALiBi additive [1,Hq,Nq,Nk]", c, MaskKind::kAdditive, 0, 1, 1,
+                 [](index_t, index_t h, index_t i, index_t j) {
+                   return -std::ldexp(1.f, -static_cast<int>(h) - 1) * static_cast<float>(std::abs(i + 10 - j));
+                 }});
+  }
+  {  // one row fully hidden in (b, h) = (1, 2) only; -inf/NaN entries elsewhere
+    ProblemConfig c = shape(3, 3, 17, 21, 8, 8, Causal::kNone);
+    c.batch = 2;
+    v.push_back({"row hidden in one (b,h) [B,Hq,Nq,Nk]", c, MaskKind::kAdditive, 1, 1, 1,
+                 [](index_t b, index_t h, index_t i, index_t j) {
+                   if (b == 1 && h == 2 && i == 3) return -kInf;
+                   if ((i + j + h + 2 * b) % 9 == 0) return kNaN;
+                   return static_cast<float>((i * 5 + j * 3 + h * 7 + b) % 13) * 0.25f - 1.5f;
+                 }});
+  }
+  {  // GQA, a different boolean mask per query head of a group
+    ProblemConfig c = shape(6, 2, 19, 19, 16, 16, Causal::kTopLeft);
+    v.push_back({"GQA per-query-head bool [1,Hq,Nq,Nk]", c, MaskKind::kBool, 0, 1, 1,
+                 [](index_t, index_t h, index_t i, index_t j) { return float((i + j + h) % 3 != 0 || j == 0); }});
+  }
+  return v;
+}
+
+/// Mask storage for a case: [B or 1, H or 1, Nq or 1, Nk] contiguous.
+struct HeadMaskData {
+  std::vector<std::uint8_t> allowed;
+  std::vector<float> additive;
+};
+
+void apply_head_mask(RandomProblem& prob, const HeadMaskCase& c, HeadMaskData& d) {
+  const ProblemConfig& cfg = prob.config();
+  const index_t nb = c.stride_b ? cfg.batch : 1, nh = c.stride_h ? cfg.heads : 1, ni = c.ld ? cfg.n : 1;
+  const index_t nk = cfg.eff_n_kv();
+  const auto n = static_cast<std::size_t>(nb * nh * ni * nk);
+  if (c.kind == MaskKind::kBool) d.allowed.resize(n);
+  else d.additive.resize(n);
+  for (index_t b = 0; b < nb; ++b)
+    for (index_t h = 0; h < nh; ++h)
+      for (index_t i = 0; i < ni; ++i)
+        for (index_t j = 0; j < nk; ++j) {
+          const auto at = static_cast<std::size_t>(((b * nh + h) * ni + i) * nk + j);
+          const float x = c.entry(b, h, i, j);
+          if (c.kind == MaskKind::kBool) d.allowed[at] = x != 0.f;
+          else d.additive[at] = x;
+        }
+  Mask& m = prob.problem().mask;
+  m.kind = c.kind;
+  m.allowed = c.kind == MaskKind::kBool ? d.allowed.data() : nullptr;
+  m.additive = c.kind == MaskKind::kAdditive ? d.additive.data() : nullptr;
+  m.ld = c.ld ? nk : 0;
+  m.stride_h = c.stride_h ? ni * nk : 0;
+  m.stride_b = c.stride_b ? nh * ni * nk : 0;
+}
+
+/// Rounds every element of x to half precision and back (in place); returns the half values.
+std::vector<std::uint16_t> round_to_half(std::vector<float>& x, KvType t) {
+  std::vector<std::uint16_t> h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    h[i] = t == KvType::kF16 ? fp32_to_fp16(x[i]) : fp32_to_bf16(x[i]);
+    x[i] = t == KvType::kF16 ? fp16_to_fp32(h[i]) : bf16_to_fp32(h[i]);
+  }
+  return h;
+}
+
+float half_value(std::uint16_t h, KvType t) { return t == KvType::kF16 ? fp16_to_fp32(h) : bf16_to_fp32(h); }
+
+}  // namespace
+
+std::vector<Violation> check_head_masks(const MethodInfo& info, const MethodFactory& make,
+                                        const std::vector<int>& threads) {
+  std::vector<Violation> v;
+  if (!info.accuracy.max_rel_fro_error) return check_declaration(info);
+  const std::vector<HeadMaskCase> cases = head_mask_cases();
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    ProblemConfig cfg = cases[c].cfg;
+    cfg.seed = base_seed() + 500 + c;
+    cfg.want_lse = info.caps.lse;
+    RandomProblem prob(cfg);
+    HeadMaskData data;
+    apply_head_mask(prob, cases[c], data);
+    const AttentionProblem& p = prob.problem();
+    if (!info.caps.head_mask) {
+      auto m = make(info.name);
+      const std::string at = where(info.name, cases[c].name, 1);
+      const Status s = m->can_run(p);
+      if (s.is_ok()) {
+        v.push_back({"refusal", at, "accepts a mask varying over (b, h) without Capabilities::head_mask"});
+        continue;
+      }
+      if (s.reason().empty()) v.push_back({"refusal", at, "can_run refused without a reason"});
+      bool threw = false;
+      try {
+        m->run(p, ExecContext{1});
+      } catch (const Error&) {
+        threw = true;
+      }
+      if (!threw) v.push_back({"refusal", at, "can_run refused but run did not throw"});
+      continue;
+    }
+    const ReferenceRows ref = reference_all(p, ExecContext{2});
+    for (int t : threads) check_run(v, info, make, {}, prob, ref, cases[c].name, t, info.caps.exact, "head-mask");
+  }
+  return v;
+}
+
+std::vector<Violation> check_half_io(const MethodInfo& info, const MethodFactory& make,
+                                     const std::vector<int>& threads) {
+  std::vector<Violation> v;
+  if (!info.accuracy.max_rel_fro_error) return check_declaration(info);
+  struct HalfCase {
+    std::string name;
+    ProblemConfig cfg;
+    bool half_kv;
+  };
+  std::vector<HalfCase> cases;
+  {
+    ProblemConfig c = shape(4, 2, 37, 37, 32, 32, Causal::kNone);
+    cases.push_back({"GQA bhnd", c, false});
+    c.layout = Layout::kBNHD;
+    c.n = c.n_kv = 150;  // several query blocks per kv head: the packed panels of exact.flash
+    c.causal = Causal::kTopLeft;
+    cases.push_back({"GQA bnhd causal", c, false});
+    cases.push_back({"GQA bnhd causal, half K/V", c, true});
+    ProblemConfig d = shape(3, 1, 1, 90, 64, 64, Causal::kBottomRight);  // decode (key lanes)
+    cases.push_back({"MQA decode", d, false});
+  }
+  for (KvType type : {KvType::kF16, KvType::kBf16})
+    for (std::size_t c = 0; c < cases.size(); ++c) {
+      ProblemConfig cfg = cases[c].cfg;
+      cfg.seed = base_seed() + 600 + c;
+      cfg.want_lse = info.caps.lse;
+      RandomProblem prob(cfg);
+      const bool half_kv = cases[c].half_kv && info.caps.half_kv;
+      // x̂: the inputs rounded to half precision; prob holds them in float32 (the twin problem).
+      const std::vector<std::uint16_t> q16 = round_to_half(prob.q_data(), type);
+      std::vector<std::uint16_t> k16, v16;
+      if (half_kv) k16 = round_to_half(prob.k_data(), type), v16 = round_to_half(prob.v_data(), type);
+      std::vector<std::uint16_t> out16(prob.out_data().size());
+      const AttentionProblem& p32 = prob.problem();
+      AttentionProblem p16 = p32;
+      p16.q.data = nullptr;
+      p16.half_q = {type, q16.data()};
+      if (half_kv) {
+        p16.k.data = nullptr;
+        p16.v.data = nullptr;
+        p16.half = {type, k16.data(), v16.data()};
+      }
+      const std::string name = fmt::format("{} {}{}", cases[c].name, to_string(type), half_kv ? "" : ", f32 K/V");
+      const ReferenceRows ref = reference_all(p32, ExecContext{2});
+      auto m = make(info.name);
+      const Status s32 = m->can_run(p32);
+      const Status s16 = m->can_run(p16);
+      if (s32.is_ok() != s16.is_ok()) {
+        v.push_back({"half-io", where(info.name, name, 1), "can_run differs between the float32 and the half problem: " +
+                                                               (s32.is_ok() ? s16.reason() : s32.reason())});
+        continue;
+      }
+      if (!s32.is_ok()) continue;
+      const double u = type == KvType::kF16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+      for (int t : threads) {
+        const std::string at = where(info.name, name, t);
+        // The float32 path with the same K/V (half K/V may be read by other kernels than
+        // float32 ones, so that path is what run's conversion of Q and out must reproduce).
+        AttentionProblem pb = p16;
+        pb.q = p32.q;
+        pb.half_q = HalfQ{};
+        m->run(pb, ExecContext{t});
+        const std::vector<float> out32 = prob.out_data();
+        m->run(p32, ExecContext{t});
+        const ErrorMetrics e32 = compare_with_reference(p32, ref);
+        for (bool half_out : {false, true}) {
+          AttentionProblem ph = p16;
+          std::fill(prob.out_data().begin(), prob.out_data().end(), kNaN);
+          std::fill(out16.begin(), out16.end(), std::uint16_t{0x7e00});  // NaN in both types' top bits
+          if (half_out) {
+            ph.out.data = nullptr;
+            ph.half_out = {type, out16.data()};
+          }
+          try {
+            m->run(ph, ExecContext{t});
+          } catch (const Error& e) {
+            v.push_back({"half-io", at, std::string("threw: ") + e.what()});
+            continue;
+          }
+          std::vector<float> got(prob.out_data().size());
+          for (std::size_t x = 0; x < got.size(); ++x) got[x] = half_out ? half_value(out16[x], type) : prob.out_data()[x];
+          if (!info.caps.half_io) {
+            // run() converts: exactly the float32 path, rounded once.
+            for (std::size_t x = 0; x < got.size(); ++x) {
+              const float want = half_out ? half_value(type == KvType::kF16 ? fp32_to_fp16(out32[x]) : fp32_to_bf16(out32[x]), type)
+                                          : out32[x];
+              if (!(got[x] == want) && info.caps.deterministic) {
+                v.push_back({"half-io", at, fmt::format("{} output [{}] = {} differs from the float32 path's {}",
+                                                        half_out ? "half" : "float32", x, got[x], want)});
+                break;
+              }
+            }
+            continue;
+          }
+          // Native: 2·e32 (+ the output rounding) against the float64 reference on x̂.
+          const AttentionProblem& pp = p32;
+          double worst = 0;
+          std::string worst_at;
+          const index_t dv = pp.d_v();
+          for (index_t b = 0; b < pp.batch(); ++b)
+            for (index_t h = 0; h < pp.heads(); ++h)
+              for (index_t i = 0; i < pp.n_q(); ++i) {
+                const std::size_t row = static_cast<std::size_t>(((b * pp.heads() + h) * pp.n_q() + i));
+                const float* o32 = pp.out.row(b, h, i);  // prob.out_data() laid out as out
+                const std::ptrdiff_t off = o32 - prob.out_data().data();
+                for (index_t d = 0; d < dv; ++d) {
+                  const double r = ref.out[row * static_cast<std::size_t>(dv) + static_cast<std::size_t>(d)];
+                  const double tol = 2 * e32.max_abs_error + 1e-7 * (1 + std::abs(r)) + (half_out ? u * std::abs(r) : 0.0);
+                  const double err = std::abs(got[static_cast<std::size_t>(off + d)] - r);
+                  if (!(err <= tol) && !(err - tol <= worst)) {
+                    worst = err - tol;
+                    worst_at = fmt::format("[{},{},{},{}]: |{} − {}| > {:.3g} (2·e32 = {:.3g})", b, h, i, d,
+                                           got[static_cast<std::size_t>(off + d)], r, tol, 2 * e32.max_abs_error);
+                  }
+                }
+              }
+          if (!worst_at.empty())
+            v.push_back({"half-io", at, std::string(half_out ? "half" : "float32") + " output beyond its bound at " + worst_at});
+        }
+      }
+      // A non-finite half value in a q row some key is visible to: refused, naming q.
+      for (std::uint16_t bad : {std::uint16_t(type == KvType::kF16 ? 0x7c00 : 0x7f80), std::uint16_t(0x7fc0)}) {
+        std::vector<std::uint16_t> qb = q16;
+        const index_t b = 0, h = 1, i = p32.n_q() - 1, d = 3;
+        qb[static_cast<std::size_t>(b * p32.q.stride[0] + h * p32.q.stride[1] + i * p32.q.stride[2] + d)] = bad;
+        AttentionProblem ph = p16;
+        ph.half_q.data = qb.data();
+        const std::string at = where(info.name, name + fmt::format(", q[0,1,{},3] = {:#x}", i, bad), 1);
+        try {
+          m->run(ph, ExecContext{1});
+          v.push_back({"half-io", at, "ran without NonFiniteInput"});
+        } catch (const NonFiniteInput& e) {
+          if (e.tensor() != "q" || e.index() != std::vector<index_t>{b, h, i, d})
+            v.push_back({"half-io", at, std::string("NonFiniteInput names the wrong element: ") + e.what()});
+        } catch (const Error& e) {
+          v.push_back({"half-io", at, std::string("threw something else: ") + e.what()});
+        }
+      }
+    }
+  return v;
+}
 
 std::vector<Violation> check_hostile(const MethodInfo& info, const MethodFactory& make,
                                      const std::vector<int>& threads) {

@@ -87,4 +87,23 @@ std::vector<Violation> check_convergence(const MethodInfo& info, const MethodFac
 std::vector<Violation> check_hostile(const MethodInfo& info, const MethodFactory& make,
                                      const std::vector<int>& threads = {1, 2, 3});
 
+/// Masks that vary over batch and query head (problem.h Mask::stride_b, stride_h): a padding
+/// mask [B, 1, Nq, Nk] and one broadcast over queries too ([B, 1, 1, Nk], ld = 0), a per-head
+/// additive ALiBi bias [1, Hq, Nq, Nk] under a causal rule, a row fully hidden in one (b, h)
+/// only, and GQA with a per-query-head boolean mask. A method with `Capabilities::head_mask`
+/// is held to its budget (exact: the exact tolerances) against the float64 reference; one without
+/// must refuse with a reason, and `run` must throw.
+std::vector<Violation> check_head_masks(const MethodInfo& info, const MethodFactory& make,
+                                        const std::vector<int>& threads = {1, 2});
+
+/// Half-precision Q and output (problem.h HalfQ, HalfOut), f16 and bf16, BHND and BNHD, with f32
+/// and half K/V where the method reads them: the result on the rounded inputs `x̂` is compared with
+/// the float32 path on the same `x̂`. A method without `Capabilities::half_io` (run converts)
+/// must give exactly the float32 path's output rounded once; a half_io method, with e32 the
+/// float32 path's error against float64 on x̂, must stay within 2·e32 (float32 output) or
+/// 2·e32 + u·|ref| elementwise (half output; u = 2^-11 f16, 2^-8 bf16) of the float64 reference.
+/// An infinite or NaN half value in Q that a query reads raises `NonFiniteInput` naming q.
+std::vector<Violation> check_half_io(const MethodInfo& info, const MethodFactory& make,
+                                     const std::vector<int>& threads = {1, 2});
+
 }  // namespace numattn::test

@@ -52,6 +52,11 @@ struct Capabilities {
   bool deterministic = true;   ///< bitwise-equal results across runs at a fixed thread count
   bool randomized = false;     ///< draws from the seeded RNG (has a `seed` parameter)
   bool half_kv = false;        ///< reads half-precision K/V (problem.h HalfKv)
+  /// Reads half-precision Q and writes half-precision output natively (problem.h HalfQ,
+  /// HalfOut); `run` converts for the others.
+  bool half_io = false;
+  /// Honours a mask that varies over batch and query head (problem.h Mask::stride_b, stride_h).
+  bool head_mask = false;
   /// Collective across ranks (dist.*, dist/context_parallel.h): under mpirun every rank must call
   /// it together, so it cannot run inside work that ranks split among themselves (a distributed
   /// perplexity), inside another method, or as an advise candidate.

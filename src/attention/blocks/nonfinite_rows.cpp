@@ -33,20 +33,23 @@ bool mark_rows_reading_nonfinite(const AttentionProblem& p, const ExecContext& c
     if (!ok) any_bad.store(true, std::memory_order_relaxed);
   });
   bool mask_inf = false;
-  if (p.mask.kind == MaskKind::kAdditive)
-    for (index_t i = 0; i < p.n_q() && !mask_inf; ++i)
-      for (index_t j = 0; j < p.n_kv(); ++j)
-        if (p.mask.additive[i * p.mask.ld + j] == kInf) {
-          mask_inf = true;
-          break;
+  if (p.mask.kind == MaskKind::kAdditive) {
+    // A shared mask is one [Nq, Nk] block; otherwise every (b, h) has its own rows.
+    const index_t nb = p.mask.stride_b ? B : 1, nh = p.mask.stride_h ? H : 1;
+    for (index_t b = 0; b < nb && !mask_inf; ++b)
+      for (index_t h = 0; h < nh && !mask_inf; ++h)
+        for (index_t i = 0; i < p.n_q() && !mask_inf; ++i) {
+          const float* a = p.mask_row(b, h, i).additive;
+          mask_inf = std::find(a, a + p.n_kv(), kInf) != a + p.n_kv();
         }
+  }
   if (!any_bad.load() && !mask_inf) return false;
 
   const index_t nq = p.n_q(), nk = p.n_kv(), dv = p.d_v();
-  // Whether query i sees key j: problem.h's rule plus the additive mask's hiding entries.
-  auto sees = [&](index_t i, index_t j) {
-    if (!p.visible(i, j)) return false;
-    if (p.mask.kind == MaskKind::kAdditive && !(p.mask.additive[i * p.mask.ld + j] > -kInf)) return false;
+  // Whether query i of (b, h) sees key j: problem.h's rule plus the additive mask's hiding entries.
+  auto sees = [&](index_t b, index_t h, index_t i, index_t j) {
+    if (!p.visible(b, h, i, j)) return false;
+    if (p.mask.kind == MaskKind::kAdditive && !(p.mask_row(b, h, i).additive[j] > -kInf)) return false;
     return true;
   };
   std::vector<char> row_bad(static_cast<std::size_t>(B * H * nq));
@@ -60,9 +63,9 @@ bool mark_rows_reading_nonfinite(const AttentionProblem& p, const ExecContext& c
       const bool q_ok = simd::all_finite(p.q.row(b, h, i), p.d_qk());
       bool reads_bad = false;
       for (index_t j = 0; j < nk && !reads_bad; ++j) {
-        if (!sees(i, j)) continue;  // a row that sees no key reads nothing, not even its q
+        if (!sees(b, h, i, j)) continue;  // a row that sees no key reads nothing, not even its q
         reads_bad = bad_key[static_cast<std::size_t>(j)] || !q_ok ||
-                    (p.mask.kind == MaskKind::kAdditive && p.mask.additive[i * p.mask.ld + j] == kInf);
+                    (p.mask.kind == MaskKind::kAdditive && p.mask_row(b, h, i).additive[j] == kInf);
       }
       row_bad[static_cast<std::size_t>(t * nq + i)] = reads_bad;
     }

@@ -47,7 +47,8 @@ const MethodInfo& FlashAttention::describe() {
          "the decoding kernel (-1 = automatic: fewer rows than SIMD lanes; 0 = never)"},
     };
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = true, .decode = true, .half_kv = true};
+              .window = true, .lse = true, .decode = true, .half_kv = true, .half_io = true,
+              .head_mask = true};
     // One SIMD vector of rows, ragged key tiles and forced splits reach the branches the
     // defaults do not (partial blocks, 1..RJ-1 key tails, split-KV merging at every shape);
     // key_lanes = 64 runs every problem of up to 64 rows per kv head in key lanes (all row

@@ -26,7 +26,7 @@ const MethodInfo& NaiveAttention::describe() {
     m.time_complexity = "O(Nq·Nk·(Dk+Dv))";
     m.memory_complexity = "O(threads·256·Nk)";
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = true, .decode = false};
+              .window = true, .lse = true, .decode = false, .head_mask = true};
     m.accuracy = AccuracyContract::exact();
     return m;
   }();
@@ -65,7 +65,7 @@ void NaiveAttention::forward(const AttentionProblem& p, const ExecContext& ctx) 
     std::vector<float> row_sum(static_cast<std::size_t>(rows)), row_max(static_cast<std::size_t>(rows));
     for (index_t r = 0; r < rows; ++r) {
       float* srow = s.data() + r * nkk;
-      const bool finite = detail::mask_row(p, i0 + r, jb, jb + nkk, srow);
+      const bool finite = detail::mask_row(p, b, h, i0 + r, jb, jb + nkk, srow);
       float m = -std::numeric_limits<float>::infinity();
       for (index_t j = 0; j < nkk; ++j) m = std::max(m, srow[j]);
       row_max[r] = m;

@@ -18,7 +18,7 @@ const MethodInfo& ReferenceAttention::describe() {
     m.time_complexity = "O(Nq·Nk·(Dk+Dv)) in float64";
     m.memory_complexity = "O(Nk) per thread";
     m.caps = {.exact = true, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = true, .decode = false};
+              .window = true, .lse = true, .decode = false, .head_mask = true};
     m.accuracy = AccuracyContract::exact();
     return m;
   }();

@@ -20,13 +20,15 @@ inline bool tile_needs_mask(const AttentionProblem& p, index_t i0, index_t i1, i
   return false;
 }
 
-/// Applies causal rule, window and masks to logits `s[j - j0]` of query row `i`, keys [j0, j1):
+/// Applies causal rule, window and masks to logits `s[j - j0]` of query row `i` of batch b and
+/// query head h, keys [j0, j1):
 /// hidden keys become -inf (an additive -inf or NaN hides its key), additive entries are added.
 /// Returns false when a logit of a key the row sees is not finite (NaN or ±inf from the inputs,
 /// float32 overflow, a +inf mask entry): the row must be settled by `AttentionMethod::run`.
-inline bool mask_row(const AttentionProblem& p, index_t i, index_t j0, index_t j1, float* s) {
+inline bool mask_row(const AttentionProblem& p, index_t b, index_t h, index_t i, index_t j0, index_t j1, float* s) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   const KeyRange r = p.key_range(i);
+  const MaskRow m = p.mask_row(b, h, i);
   bool finite = true;
   for (index_t j = j0; j < j1; ++j) {
     float& x = s[j - j0];
@@ -34,13 +36,13 @@ inline bool mask_row(const AttentionProblem& p, index_t i, index_t j0, index_t j
       x = ninf;
       continue;
     }
-    if (p.mask.kind == MaskKind::kBool) {
-      if (!p.mask.allowed[i * p.mask.ld + j]) {
+    if (m.allowed) {
+      if (!m.allowed[j]) {
         x = ninf;
         continue;
       }
-    } else if (p.mask.kind == MaskKind::kAdditive) {
-      const float a = p.mask.additive[i * p.mask.ld + j];
+    } else if (m.additive) {
+      const float a = m.additive[j];
       if (!(a > ninf)) {
         x = ninf;
         continue;

@@ -107,6 +107,8 @@ void PerformerAttention::features_f64(Kernel kernel, const std::vector<double>& 
 }
 
 Status PerformerAttention::can_run(const AttentionProblem& p) const {
+  // It reads q: judge the float32 problem run() makes of half-precision Q / output.
+  if (p.has_half_q() || p.has_half_out()) return can_run(widen_io(p).problem);
   Status s = AttentionMethod::can_run(p);
   if (!s.is_ok()) return s;
   if (!(p.effective_scale() >= 0)) return Status::unsupported("kernel.performer needs scale ≥ 0 (x ← x·√scale)");

@@ -148,9 +148,9 @@ KvBasis make_basis(const AttentionProblem& p, index_t b, index_t hk, index_t r, 
 }
 
 /// Whether row i sees key j (causal rule, window, boolean mask, additive −inf/NaN hide).
-bool sees(const AttentionProblem& p, index_t i, index_t j) {
-  if (!p.visible(i, j)) return false;
-  if (p.mask.kind == MaskKind::kAdditive) return p.mask.additive[i * p.mask.ld + j] > kNegInf;
+bool sees(const AttentionProblem& p, index_t b, index_t h, index_t i, index_t j) {
+  if (!p.visible(b, h, i, j)) return false;
+  if (p.mask.kind == MaskKind::kAdditive) return p.mask_row(b, h, i).additive[j] > kNegInf;
   return true;
 }
 
@@ -222,12 +222,12 @@ RowKind choose_row(const AttentionProblem& p, const std::vector<index_t>& bad, i
     nv = 0;
     for (index_t j = kr.begin; j < kr.end; ++j) {
       float& x = w.sel[static_cast<std::size_t>(j - kr.begin)];
-      if (!sees(p, i, j)) {
+      if (!sees(p, b, h, i, j)) {
         x = kNegInf;
         continue;
       }
       double y = as * srow[j];
-      if (p.mask.kind == MaskKind::kAdditive) y += p.mask.additive[i * p.mask.ld + j];
+      if (p.mask.kind == MaskKind::kAdditive) y += p.mask_row(b, h, i).additive[j];
       x = static_cast<float>(std::clamp(y, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX)));
       ++nv;
     }
@@ -237,7 +237,7 @@ RowKind choose_row(const AttentionProblem& p, const std::vector<index_t>& bad, i
   // A non-finite value the row reads (q, or a key it sees) must reach its output.
   if (!simd::all_finite(p.q.row(b, h, i), p.d_qk())) return RowKind::kNaN;
   for (index_t j : bad)
-    if (sees(p, i, j)) return RowKind::kNaN;
+    if (sees(p, b, h, i, j)) return RowKind::kNaN;
   const index_t k = std::clamp<index_t>(static_cast<index_t>(std::ceil(kfrac * static_cast<double>(nv) - 1e-9)), 1, nv);
   *count = blocks::select_top(cand, n, k, static_cast<std::int32_t>(kr.begin), out, w.sw);
   // Nothing chosen among visible keys: the approximate scores overflowed (an Error from run()).
@@ -260,7 +260,7 @@ const MethodInfo& LokiAttention::describe() {
         {"topk_frac", ParamType::kFloat, "0.25", 0.01, 1, {}, "fraction of each row's visible keys attended (k = ceil(topk_frac·visible)); 1 = exact"},
     };
     m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = false, .decode = false};
+              .window = true, .lse = false, .decode = false, .head_mask = true};
     AccuracyContract& a = m.accuracy;
     a.max_rel_fro_error = [](const BudgetInput& in) {
       const double f = in.params.get_float("topk_frac");
@@ -373,7 +373,7 @@ void LokiAttention::forward(const AttentionProblem& p, const ExecContext& ctx) c
         row.q = p.q.row(b, h, i);
         row.out = p.out.row(b, h, i);
         row.keys = w.keys.data() + static_cast<index_t>(u) * cap;
-        if (p.mask.kind == MaskKind::kAdditive) row.add = p.mask.additive + i * p.mask.ld;
+        row.add = p.mask_row(b, h, i).additive;
         if (span > 0)
           w.kinds[u] = choose_row(p, bad[static_cast<std::size_t>(bkv)], b, h, i, w.s.data() + (i - i0) * bs.ld - bs.origin, kfrac, w,
                                   w.keys.data() + static_cast<index_t>(u) * cap, &row.n);

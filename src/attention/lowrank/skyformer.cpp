@@ -112,6 +112,8 @@ SkyformerAttention::Landmarks SkyformerAttention::landmarks(const AttentionProbl
 }
 
 Status SkyformerAttention::can_run(const AttentionProblem& p) const {
+  // It reads q: judge the float32 problem run() makes of half-precision Q / output.
+  if (p.has_half_q() || p.has_half_out()) return can_run(widen_io(p).problem);
   Status base = AttentionMethod::can_run(p);
   if (!base.is_ok()) return base;
   const double s = p.effective_scale();

@@ -55,7 +55,7 @@ const MethodInfo& SvdAttention::describe() {
     // Causal rules and windows by the causal recursion (svd.h): a native form would take the SVD
     // of the whole masked P, whose rank-r truncation mixes every row with the later rows.
     m.caps = {.exact = false, .causal = false, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = false, .lse = false, .decode = false};
+              .window = false, .lse = false, .decode = false, .head_mask = true};
     m.accuracy.max_rel_fro_error = svd_budget;
     m.accuracy.limit_case = [](const AttentionProblem& p) {
       return ParamOverrides{{"rank", std::to_string(std::max<index_t>(1, std::min(p.n_q(), p.n_kv())))}};
@@ -75,6 +75,8 @@ const MethodInfo& SvdAttention::describe() {
 }
 
 Status SvdAttention::can_run(const AttentionProblem& p) const {
+  // It reads q: judge the float32 problem run() makes of half-precision Q / output.
+  if (p.has_half_q() || p.has_half_out()) return can_run(widen_io(p).problem);
   const std::int64_t e = static_cast<std::int64_t>(p.n_q()) * p.n_kv();
   if (e > kMaxEntries)
     return Status::unsupported(fmt::format(
@@ -98,9 +100,9 @@ void SvdAttention::forward(const AttentionProblem& p, const ExecContext& ctx) co
   check_memory(static_cast<std::uint64_t>(nt) * head_bytes(nq, nk), "lowrank.svd (P and its SVD per thread)");
 
   // Whether query i sees key j (problem.h), and the additive term when it does.
-  auto sees = [&](index_t i, index_t j) {
-    if (!p.visible(i, j)) return false;
-    return !(p.mask.kind == MaskKind::kAdditive && !(p.mask.additive[i * p.mask.ld + j] > -kInfF));
+  auto sees = [&](index_t b, index_t h, index_t i, index_t j) {
+    if (!p.visible(b, h, i, j)) return false;
+    return !(p.mask.kind == MaskKind::kAdditive && !(p.mask_row(b, h, i).additive[j] > -kInfF));
   };
   parallel_for(ExecContext{nt}, p.batch() * H, [&](std::int64_t t) {
     const index_t b = t / H, h = t % H, hk = h / p.group();
@@ -111,7 +113,7 @@ void SvdAttention::forward(const AttentionProblem& p, const ExecContext& ctx) co
       bool any = false;
       const KeyRange kr = p.key_range(i);
       for (index_t j = kr.begin; j < kr.end; ++j)
-        if (sees(i, j)) any = col_used[static_cast<std::size_t>(j)] = 1;
+        if (sees(b, h, i, j)) any = col_used[static_cast<std::size_t>(j)] = 1;
       if (any) rows.push_back(i);
       else std::fill(p.out.row(b, h, i), p.out.row(b, h, i) + dv, 0.f);
     }
@@ -134,11 +136,11 @@ void SvdAttention::forward(const AttentionProblem& p, const ExecContext& ctx) co
       double mx = -std::numeric_limits<double>::infinity();
       for (Eigen::Index c = 0; c < nc; ++c) {
         const index_t j = cols[static_cast<std::size_t>(c)];
-        if (!sees(i, j)) {
+        if (!sees(b, h, i, j)) {
           pm(r, c) = -std::numeric_limits<double>::infinity();
           continue;
         }
-        if (p.mask.kind == MaskKind::kAdditive) pm(r, c) += p.mask.additive[i * p.mask.ld + j];
+        if (p.mask.kind == MaskKind::kAdditive) pm(r, c) += p.mask_row(b, h, i).additive[j];
         mx = std::max(mx, pm(r, c));
       }
       double sum = 0;

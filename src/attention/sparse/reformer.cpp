@@ -142,6 +142,8 @@ const MethodInfo& ReformerAttention::describe() {
 }
 
 Status ReformerAttention::can_run(const AttentionProblem& p) const {
+  // It reads q: judge the float32 problem run() makes of half-precision Q / output.
+  if (p.has_half_q() || p.has_half_out()) return can_run(widen_io(p).problem);
   // The recursion's blocks would take their own rows' queries as keys, not those of the keys'
   // positions.
   if (params_.get_bool("shared_qk") && (p.causal != Causal::kNone || p.has_window()))

@@ -140,6 +140,8 @@ const MethodInfo& SmyrfAttention::describe() {
 }
 
 Status SmyrfAttention::can_run(const AttentionProblem& p) const {
+  // It reads q: judge the float32 problem run() makes of half-precision Q / output.
+  if (p.has_half_q() || p.has_half_out()) return can_run(widen_io(p).problem);
   return AttentionMethod::can_run(p);
 }
 

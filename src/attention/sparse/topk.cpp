@@ -67,13 +67,14 @@ index_t select_block(const AttentionProblem& p, index_t b, index_t h, index_t i0
     if (p.mask.kind == MaskKind::kNone) {
       finite = simd::all_finite(s + kr.begin, kr.end - kr.begin);
     } else {
+      const MaskRow m = p.mask_row(b, h, i);
       for (index_t j = kr.begin; j < kr.end; ++j) {
-        if (p.mask.kind == MaskKind::kBool && !p.mask.allowed[i * p.mask.ld + j]) {
+        if (m.allowed && !m.allowed[j]) {
           s[j] = kNegInf;
           continue;
         }
-        if (p.mask.kind == MaskKind::kAdditive) {
-          const float a = p.mask.additive[i * p.mask.ld + j];
+        if (m.additive) {
+          const float a = m.additive[j];
           if (!(a > kNegInf)) {
             s[j] = kNegInf;
             continue;
@@ -171,10 +172,11 @@ KvPrep prepare_kv(const AttentionProblem& p, const ExecContext& ctx) {
   return kp;
 }
 
-/// Whether row i sees key j (causal rule, window, boolean mask, additive −inf/NaN hide).
-bool sees(const AttentionProblem& p, index_t i, index_t j) {
-  if (!p.visible(i, j)) return false;
-  if (p.mask.kind == MaskKind::kAdditive) return p.mask.additive[i * p.mask.ld + j] > kNegInf;
+/// Whether row i of (b, query head h) sees key j (causal rule, window, boolean mask, additive
+/// −inf/NaN hide).
+bool sees(const AttentionProblem& p, index_t b, index_t h, index_t i, index_t j) {
+  if (!p.visible(b, h, i, j)) return false;
+  if (p.mask.kind == MaskKind::kAdditive) return p.mask_row(b, h, i).additive[j] > kNegInf;
   return true;
 }
 
@@ -270,12 +272,12 @@ index_t choose_far(const AttentionProblem& p, index_t b, index_t hk, index_t i0,
                        w.s.data(), lds);
   index_t counted = 0;  // sampled rows whose softmax entered a
   for (index_t u = 0; u < m; ++u) {
-    const index_t i = sr[static_cast<std::size_t>(u)] % p.n_q();
+    const index_t h = sr[static_cast<std::size_t>(u)] / p.n_q(), i = sr[static_cast<std::size_t>(u)] % p.n_q();
     float* s = w.s.data() + u * lds - 16 * pb;  // s[j]
     if (!bk.dense) {
       for (index_t j = bk.begin; j < send; ++j) {
-        if (!sees(p, i, j)) s[j] = kNegInf;
-        else if (p.mask.kind == MaskKind::kAdditive) s[j] += p.mask.additive[i * p.mask.ld + j];
+        if (!sees(p, b, h, i, j)) s[j] = kNegInf;
+        else if (p.mask.kind == MaskKind::kAdditive) s[j] += p.mask_row(b, h, i).additive[j];
       }
     }
     const index_t ns_keys = send - bk.begin;
@@ -336,7 +338,7 @@ void forward_block(const AttentionProblem& p, const ExecContext& ctx, const Bloc
       std::uint8_t& nan = w.nan_row[static_cast<std::size_t>(u)];
       if (bk.dense) nan = !simd::all_finite(p.q.row(b, h, i), dk);
       for (index_t j : badk)
-        if (!nan && sees(p, i, j)) nan = 1;
+        if (!nan && sees(p, b, h, i, j)) nan = 1;
     }
     if (!bk.any) {
       for (index_t h = hk * g; h < (hk + 1) * g; ++h)
@@ -381,12 +383,12 @@ void forward_block(const AttentionProblem& p, const ExecContext& ctx, const Bloc
         row.out = p.out.row(b, h, i);
         row.lse = p.lse.empty() ? nullptr : &p.lse(b, h, i, 0);
         row.keys = keys;
-        if (p.mask.kind == MaskKind::kAdditive) row.add = p.mask.additive + i * p.mask.ld;
+        row.add = p.mask_row(b, h, i).additive;
         if (p.key_range(i).empty()) continue;
         for (index_t c = 0; c < nf; ++c)
-          if (sees(p, i, w.far[static_cast<std::size_t>(c)])) keys[row.n++] = w.far[static_cast<std::size_t>(c)];
+          if (sees(p, b, h, i, w.far[static_cast<std::size_t>(c)])) keys[row.n++] = w.far[static_cast<std::size_t>(c)];
         for (index_t j = bk.near; j < bk.end; ++j)
-          if (sees(p, i, j)) keys[row.n++] = static_cast<std::int32_t>(j);
+          if (sees(p, b, h, i, j)) keys[row.n++] = static_cast<std::int32_t>(j);
         if (!simd::all_finite(row.q, dk)) w.nan_row[static_cast<std::size_t>(u)] = row.n > 0;
       }
       blocks::attend_chosen(w.rows.data(), g * rows, p.k.row(b, hk, 0), p.k.stride[2], p.v.row(b, hk, 0), p.v.stride[2],
@@ -425,7 +427,7 @@ const MethodInfo& TopkAttention::describe() {
         {"mass", ParamType::kFloat, "0", 0, 1, {}, "select=block: 0 = keep k far keys; > 0 = top-p: the fewest far keys (at most k, in decreasing estimated mass) whose dropped mass, estimated as the sampled rows' mean softmax mass over the keys before the block's first row (far and local), is at most this fraction"},
     };
     m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = true, .decode = false};
+              .window = true, .lse = true, .decode = false, .head_mask = true};
     AccuracyContract& a = m.accuracy;
     a.max_rel_fro_error = [](const BudgetInput& in) {
       const index_t k = in.params.get_int("k");
@@ -478,9 +480,9 @@ std::vector<index_t> TopkAttention::block_keys_of_row(const AttentionProblem& p,
   blocks::pack_key_panels(p.k.row(b, hk, 0), p.k.stride[2], p.n_kv(), p.d_qk(), kt.data());
   const index_t nf = choose_far(p, b, hk, i0, i1, bk, prm, kt.data(), w);
   for (index_t c = 0; c < nf; ++c)
-    if (sees(p, i, w.far[static_cast<std::size_t>(c)])) keys.push_back(w.far[static_cast<std::size_t>(c)]);
+    if (sees(p, b, h, i, w.far[static_cast<std::size_t>(c)])) keys.push_back(w.far[static_cast<std::size_t>(c)]);
   for (index_t j = bk.near; j < bk.end; ++j)
-    if (sees(p, i, j)) keys.push_back(j);
+    if (sees(p, b, h, i, j)) keys.push_back(j);
   return keys;
 }
 

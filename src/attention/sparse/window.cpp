@@ -46,7 +46,7 @@ bool needs_sinks(const AttentionProblem& p, const Band& bd, index_t i) {
 std::optional<double> logit(const AttentionProblem& p, index_t b, index_t h, index_t i, index_t j) {
   double a = 0;
   if (p.mask.kind == MaskKind::kAdditive) {
-    a = p.mask.additive[i * p.mask.ld + j];
+    a = p.mask_row(b, h, i).additive[j];
     if (!(a > kNegInf)) return std::nullopt;
   }
   const float* q = p.q.row(b, h, i);
@@ -121,12 +121,13 @@ void merge_sinks(const AttentionProblem& p, const Band& bd, index_t b, index_t h
   w.x.clear();
   bool bad = std::isnan(lse);
   float m = -std::numeric_limits<float>::infinity();
+  const MaskRow mr = p.mask_row(b, h, i);
   for (index_t j = kr.begin; j < std::min(kr.end, bd.sinks); ++j) {
     if (j >= d - bd.left && j <= d + bd.right) continue;  // in the band: flash's
-    if (p.mask.kind == MaskKind::kBool && !p.mask.allowed[i * p.mask.ld + j]) continue;
+    if (mr.allowed && !mr.allowed[j]) continue;
     float x = sl[j];
-    if (p.mask.kind == MaskKind::kAdditive) {
-      const float a = p.mask.additive[i * p.mask.ld + j];
+    if (mr.additive) {
+      const float a = mr.additive[j];
       if (!(a > -std::numeric_limits<float>::infinity())) continue;  // -inf or NaN hides the key
       x += a;
     }
@@ -167,7 +168,7 @@ void exact_row_f64(const AttentionProblem& p, const Band& bd, index_t b, index_t
                    RowScratch& w) {
   w.s.clear();
   w.keys.clear();
-  for (index_t j : WindowAttention::attended_keys(p, i, bd.left, bd.right, bd.sinks)) {
+  for (index_t j : WindowAttention::attended_keys(p, b, h, i, bd.left, bd.right, bd.sinks)) {
     const std::optional<double> x = logit(p, b, h, i, j);
     if (!x) continue;
     w.s.push_back(*x);
@@ -198,7 +199,7 @@ const MethodInfo& WindowAttention::describe() {
         {"sinks", ParamType::kInt, "4", 0, 4096, {}, "first keys every row attends to (attention sinks)"},
     };
     m.caps = {.exact = false, .causal = true, .gqa = true, .bool_mask = true, .additive_mask = true,
-              .window = true, .lse = true, .decode = true, .half_kv = true};
+              .window = true, .lse = true, .decode = true, .half_kv = true, .head_mask = true};
     AccuracyContract& a = m.accuracy;
     a.max_rel_fro_error = [](const BudgetInput& in) {
       const Band bd = band_of(in.problem, in.params);
@@ -232,11 +233,17 @@ const MethodInfo& WindowAttention::describe() {
 
 std::vector<index_t> WindowAttention::attended_keys(const AttentionProblem& p, index_t i, index_t left,
                                                     index_t right, index_t sinks) {
+  NUMATTN_ASSERT(p.mask.shared());
+  return attended_keys(p, 0, 0, i, left, right, sinks);
+}
+
+std::vector<index_t> WindowAttention::attended_keys(const AttentionProblem& p, index_t b, index_t h, index_t i,
+                                                    index_t left, index_t right, index_t sinks) {
   std::vector<index_t> keys;
   const index_t d = i + p.diag_offset();
   for (index_t j = 0; j < p.n_kv(); ++j) {
     const bool band = j >= d - left && j <= d + right;
-    if ((band || j < sinks) && p.visible(i, j)) keys.push_back(j);
+    if ((band || j < sinks) && p.visible(b, h, i, j)) keys.push_back(j);
   }
   return keys;
 }

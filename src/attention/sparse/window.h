@@ -47,6 +47,9 @@ class WindowAttention final : public AttentionMethod {
   /// (additive −inf entries are left to the logits).
   static std::vector<index_t> attended_keys(const AttentionProblem& p, index_t i, index_t left,
                                             index_t right, index_t sinks);
+  /// The same for row i of batch b and query head h (a mask that varies over them).
+  static std::vector<index_t> attended_keys(const AttentionProblem& p, index_t b, index_t h, index_t i,
+                                            index_t left, index_t right, index_t sinks);
 };
 
 }  // namespace numattn

@@ -37,9 +37,20 @@
 /// kernels read the 16-bit elements in place, W at a time, widened in registers (F16C's
 /// vcvtph2ps for binary16, a zero-extension and 16-bit shift for bfloat16; a scalar conversion
 /// on the portable path), so a decode step reads half the bytes and converts nothing else;
-/// blocks in query lanes (a prefill) run on a float32 copy of the visible rows (widen_kv,
-/// O(Nk·D) against their O(Nq·Nk·D)). Every half value is a float32, so the result is bitwise
-/// the float32 kernels' on the widened values.
+/// blocks in query lanes (a prefill) run on packed panels (below). Every half value is a
+/// float32, so the result is bitwise the float32 kernels' on the widened values.
+///
+/// Packed K/V: in query lanes every block of rows streams its (batch, kv head)'s whole K and V.
+/// When those rows are half precision, or float32 rows not adjacent in memory ([B, N, H, D]
+/// storage: k.stride[2] = H·D, 2 rows per 4 KiB page, few cache sets; measured 1.1–1.3× slower)
+/// and more than one block reads them, the visible rows are first copied into contiguous float32
+/// rows in one parallel pass (O(B·Hkv·Nk·(Dk+Dv)) time and workspace, against
+/// O(B·Hq·Nq·Nk·(Dk+Dv)) of attention). Decoding (key lanes) reads rows in place.
+///
+/// Half-precision Q and output (problem.h HalfQ, HalfOut; `Capabilities::half_io`): each q row
+/// is converted to float32 as its block is loaded, each output row rounded to nearest even as it
+/// is written; no whole-tensor copy. Q·K runs in float32 FMAs on every path: AVX-512 BF16
+/// (`vdpbf16ps`) is not used (docs/numerics.md, "Half-precision queries and output").
 ///
 /// Cost: 2·Nq·Nk·(Dk+Dv) flops per query head (about half for causal), no BLAS calls;
 /// workspace O(threads·64·(Dk + Dv + block_k)) floats plus, when split, 64·(Dv+2) floats per
