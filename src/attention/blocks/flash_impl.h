@@ -97,7 +97,11 @@ Plan make_plan(const AttentionProblem& p, const blocks::FlashConfig& cfg, int th
   pl.G = p.group();
   pl.rows = pl.G * p.n_q();
   const index_t kl = cfg.key_lanes;
-  pl.key_lanes = pl.rows <= (kl < 0 ? auto_key_lanes() : kl);
+  // Half-precision K/V in query lanes run on a float32 copy of every visible row (a pass over
+  // the cache per call): a decode step's rows stay in key lanes up to a whole vector, where the
+  // halves are widened in registers (an MLA layer's 9 query heads over one latent KV head).
+  const index_t auto_kl = p.half_kv() && p.n_q() == 1 ? W : auto_key_lanes();
+  pl.key_lanes = pl.rows <= (kl < 0 ? auto_kl : kl);
   // Key lanes take all rows of several kv heads as one block (at most 64 = kMaxCI·W rows):
   // with the KV cache's [position, kv head, dim] rows, a tile of keys is then one contiguous
   // stream of memory instead of one strided pass per kv head.
