@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
-#include <Eigen/Cholesky>
 #include <Eigen/Core>
 
 #include "model/blocks/linear.h"
 #include "numattn/core/blas.h"
 #include "numattn/core/error.h"
 #include "numattn/core/memory.h"
+#include "numattn/decomp/dense.h"
 #include "numattn/model/llama.h"
 #include "numattn/quant/quant.h"
 
@@ -200,9 +200,10 @@ bool factor_query_head(const MlaLayer& L, std::int64_t h, std::int64_t E, const 
       wq(dn + i, e) = L.w_in[static_cast<std::size_t>((q0 + H * dn + h * dr + i) * E + e)];
   for (std::int64_t i = 0; i < D; ++i)
     for (std::int64_t e = 0; e < E; ++e) G(i, e) = g[i * E + e];
-  const Eigen::LLT<Eigen::MatrixXd> llt(G * G.transpose());
-  if (llt.info() != Eigen::Success) return false;
-  b = llt.solve(G * wq.transpose()).transpose();  // B = W·Gᵀ·(G·Gᵀ)⁻¹
+  const Eigen::MatrixXd gg = G * G.transpose(), rhs = G * wq.transpose();
+  const decomp::dense::Solution sol = decomp::dense::cholesky_solve(gg, rhs);
+  if (sol.info != decomp::dense::Info::kSuccess) return false;
+  b = sol.x.transpose();  // B = W·Gᵀ·(G·Gᵀ)⁻¹
   const double res = (wq - b * G).norm(), ref = wq.norm();
   return std::isfinite(res) && res <= 1e-5 * std::max(ref, 1e-300);
 }

@@ -97,10 +97,11 @@ Plan make_plan(const AttentionProblem& p, const blocks::FlashConfig& cfg, int th
   pl.G = p.group();
   pl.rows = pl.G * p.n_q();
   const index_t kl = cfg.key_lanes;
-  // Half-precision K/V in query lanes run on a float32 copy of every visible row (a pass over
-  // the cache per call): a decode step's rows stay in key lanes up to a whole vector, where the
-  // halves are widened in registers (an MLA layer's 9 query heads over one latent KV head).
-  const index_t auto_kl = p.half_kv() && p.n_q() == 1 ? W : auto_key_lanes();
+  // A decode step (one query row per head) stays in key lanes up to a whole vector of rows per
+  // kv head: every key is then read once for all of them (an MLA layer's 9 query heads over its
+  // one latent head), where query lanes would pad the rows to a block and, for a half cache,
+  // widen every key tile first.
+  const index_t auto_kl = p.n_q() == 1 ? W : auto_key_lanes();
   pl.key_lanes = pl.rows <= (kl < 0 ? auto_kl : kl);
   // Key lanes take all rows of several kv heads as one block (at most 64 = kMaxCI·W rows):
   // with the KV cache's [position, kv head, dim] rows, a tile of keys is then one contiguous
@@ -176,8 +177,13 @@ struct Scratch {
   std::vector<TileSeg> segs;  ///< segments of packed tiles (attend_rows_over)
   std::vector<index_t> seg_first, seg_cols;  ///< first segment and width of each packed tile
   std::vector<index_t> kb, ke;  ///< visible key range of each lane (kb ≥ ke: none)
+  AlignedFloats ktile, vtile;  ///< one tile of half-precision K / V rows widened (query lanes)
   void reserve(const AttentionProblem& p, const Plan& pl) {
     const auto br = static_cast<std::size_t>(pl.br);
+    if (p.half_kv() && !pl.key_lanes) {
+      ktile.resize(static_cast<std::size_t>(pl.bk * p.d_qk()));
+      vtile.resize(static_cast<std::size_t>(pl.bk * p.d_v()));
+    }
     qt.resize(static_cast<std::size_t>(p.d_qk()) * br);
     s.resize(static_cast<std::size_t>(pl.lds) * br);
     ot.resize(static_cast<std::size_t>(p.d_v()) * br);
@@ -357,14 +363,29 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
   R vlow[CI];  // smallest raw logit per lane over all tiles
   for (int c = 0; c < CI; ++c) vlow[c] = Vec::set1(std::numeric_limits<float>::infinity());
 
-  const float* kbase = p.k.row(it.b, it.hk, 0);
-  const float* vbase = p.v.row(it.b, it.hk, 0);
-  const index_t ldk = p.k.stride[2], ldv = p.v.stride[2];
+  // Half-precision K/V: each tile's rows are widened (exactly) into scratch as the tile is
+  // reached, so no float32 copy of the cache is made; the block's 16–64 query rows then use
+  // each widened row, which keeps the conversions under 1% of the tile's FLOPs.
+  const bool half = p.half_kv();
+  const float* kbase = half ? nullptr : p.k.row(it.b, it.hk, 0);
+  const float* vbase = half ? nullptr : p.v.row(it.b, it.hk, 0);
+  const index_t ldk = half ? dk : p.k.stride[2], ldv = half ? dv : p.v.stride[2];
   float* s = ws.s.data();
   for_each_tile(p, ws, n, span, pl.bk, [&](index_t jt, index_t cols, bool full) {
     R vmax[CI], mu[CI], corr[CI];
     for (int c = 0; c < CI; ++c) vmax[c] = Vec::set1(kNegInf);
-    qk_tile<CI>(qt, dk, kbase + jt * ldk, ldk, cols, s, vmax, vlow);
+    const float* kt = nullptr;
+    const float* vt = nullptr;
+    if (half) {
+      for (index_t j = 0; j < cols; ++j) {
+        widen_row(p.k16_row(it.b, it.hk, jt + j), p.half.type, dk, ws.ktile.data() + j * dk);
+        widen_row(p.v16_row(it.b, it.hk, jt + j), p.half.type, dv, ws.vtile.data() + j * dv);
+      }
+      kt = ws.ktile.data(), vt = ws.vtile.data();
+    } else {
+      kt = kbase + jt * ldk, vt = vbase + jt * ldv;
+    }
+    qk_tile<CI>(qt, dk, kt, ldk, cols, s, vmax, vlow);
     if (!full) {
       for (int c = 0; c < CI; ++c) vmax[c] = Vec::set1(kNegInf);
       mask_tile<CI>(p, ws, n, jt, cols, s, vmax);
@@ -409,7 +430,7 @@ void attend_block(const AttentionProblem& p, const Plan& pl, const Item& it, Key
     }
     for (int c = 0; c < CI; ++c)
       Vec::store(st.l + c * W, Vec::fmadd(Vec::load(st.l + c * W), corr[c], sum[c]));
-    pv_tile<CI>(s, cols, vbase + jt * ldv, ldv, dv, st.ot, corr, rescale);
+    pv_tile<CI>(s, cols, vt, ldv, dv, st.ot, corr, rescale);
   });
   // A -inf logit (from an infinite input or float32 overflow) got weight 0 without a trace:
   // make the lane's normaliser NaN so that run() settles the row. NaN and +inf logits need
@@ -709,12 +730,11 @@ constexpr BlockFn block_fn_for(int ci) {
   }
 }
 
-/// Whether the query-lane kernels run on packed K/V (forward_packed): K/V rows in half
-/// precision, or float32 rows not adjacent in memory ([B, N, H, D] storage, k.stride[2] = H·D)
-/// that more than one block of the (b, kv head) re-reads.
+/// Whether the query-lane kernels run on packed K/V (forward_packed): float32 rows not adjacent
+/// in memory ([B, N, H, D] storage, k.stride[2] = H·D) that more than one block of the
+/// (b, kv head) re-reads. Half-precision rows are widened per tile instead (attend_block).
 bool packs_panels(const AttentionProblem& p, const Plan& pl) {
-  if (pl.key_lanes) return false;
-  if (p.half_kv()) return true;
+  if (pl.key_lanes || p.half_kv()) return false;
   return pl.nblk > 1 && (p.k.stride[2] != p.d_qk() || p.v.stride[2] != p.d_v());
 }
 
@@ -726,9 +746,12 @@ std::size_t workspace_bytes(const AttentionProblem& p, const blocks::FlashConfig
           ? sizeof(float) * static_cast<std::size_t>(p.batch() * p.kv_heads() * p.n_kv() * (p.d_qk() + p.d_v())) + 128
           : 0;
   const auto br = static_cast<std::size_t>(pl.br);
+  const std::size_t tiles = p.half_kv() && !pl.key_lanes
+                                ? sizeof(float) * static_cast<std::size_t>(pl.bk * (p.d_qk() + p.d_v()))
+                                : 0;
   const std::size_t per_thread =
       sizeof(float) * br * static_cast<std::size_t>(p.d_qk() + pl.lds + (pl.key_lanes ? 2 : 1) * p.d_v() + 2) +
-      4 * sizeof(index_t) * br;
+      4 * sizeof(index_t) * br + tiles;
   const auto units = static_cast<std::size_t>(pl.items * pl.splits);
   std::size_t partial = 2 * sizeof(index_t) * units;  // schedule: costs and order
   if (pl.splits > 1)
@@ -740,8 +763,7 @@ std::size_t workspace_bytes(const AttentionProblem& p, const blocks::FlashConfig
 void forward(const AttentionProblem& p, const blocks::FlashConfig& cfg, const ExecContext& ctx);
 
 /// The query-lane kernels over packed K/V: the visible K and V rows of every (batch, kv head)
-/// panel are copied (half precision: widened, exactly) into contiguous float32 rows in one
-/// parallel pass, O(B·Hkv·Nk·(Dk+Dv)) against the O(B·Hq·Nq·Nk·(Dk+Dv)) of attending to them,
+/// panel are copied into contiguous float32 rows in one parallel pass, O(B·Hkv·Nk·(Dk+Dv)) against the O(B·Hq·Nq·Nk·(Dk+Dv)) of attending to them,
 /// and the kernels run on the copy.
 ///
 /// Why: every block of query rows streams its panel's whole K and V through the cache. Rows
@@ -759,7 +781,7 @@ void forward_packed(const AttentionProblem& p, const blocks::FlashConfig& cfg, c
     if (!r.empty()) lo = std::min(lo, r.begin), hi = std::max(hi, r.end);
   }
   check_memory(static_cast<std::uint64_t>(B * Hk * nk * (dk + dv)) * 4,
-               fmt::format("exact.flash: a contiguous float32 copy of strided or half-precision K/V ({})", p.describe()));
+               fmt::format("exact.flash: a contiguous float32 copy of strided K/V ({})", p.describe()));
   AlignedFloats kc(static_cast<std::size_t>(B * Hk * nk * dk)), vc(static_cast<std::size_t>(B * Hk * nk * dv));
   constexpr index_t kChunk = 256;  // rows per packing task
   const index_t chunks = hi > lo ? (hi - lo + kChunk - 1) / kChunk : 0;
@@ -769,26 +791,20 @@ void forward_packed(const AttentionProblem& p, const blocks::FlashConfig& cfg, c
     float* kd = kc.data() + bh * nk * dk;
     float* vd = vc.data() + bh * nk * dv;
     for (index_t j = j0; j < j1; ++j) {
-      if (p.half_kv()) {
-        widen_row(p.k16_row(b, hk, j), p.half.type, dk, kd + j * dk);
-        widen_row(p.v16_row(b, hk, j), p.half.type, dv, vd + j * dv);
-      } else {
-        std::copy_n(p.k.row(b, hk, j), dk, kd + j * dk);
-        std::copy_n(p.v.row(b, hk, j), dv, vd + j * dv);
-      }
+      std::copy_n(p.k.row(b, hk, j), dk, kd + j * dk);
+      std::copy_n(p.v.row(b, hk, j), dv, vd + j * dv);
     }
   });
   AttentionProblem s = p;
   s.k = TensorView<const float>::contiguous(kc.data(), {B, Hk, nk, dk});
   s.v = TensorView<const float>::contiguous(vc.data(), {B, Hk, nk, dv});
-  s.half = HalfKv{};
   forward(s, cfg, ctx);
 }
 
 void forward(const AttentionProblem& p, const blocks::FlashConfig& cfg, const ExecContext& ctx) {
   const Plan pl = make_plan(p, cfg, ctx.num_threads());
-  // Half-precision K/V: the key-lane kernels (decoding) read them in place, as they do strided
-  // rows; the query-lane kernels (many rows per kv head, a prefill) run on packed panels.
+  // Half-precision K/V: the key-lane kernels (decoding) read them in place, the query-lane
+  // kernels widen them per tile; strided float32 rows that several blocks re-read are packed.
   if (packs_panels(p, pl)) return forward_packed(p, cfg, ctx);
   const int threads = pl.threads;
   const ExecContext run_ctx{threads};
