@@ -116,55 +116,11 @@ void widen_input(QkvInput& in, const char* name) {
   in.half_data = nullptr;
 }
 
-// The library's problem may describe a mask per (batch, query head) (Mask::stride_b, stride_h,
-// and ld = 0 for a mask broadcast over queries) and half-precision queries and output
-// (AttentionProblem::half_q, half_out). The binding uses them where the library has them and
-// otherwise runs such a mask one (batch, head) slice at a time (for_each_slice) and converts
-// half-precision q and out itself: the checks below see which library it is built against.
-template <class P>
-constexpr bool kMaskStrides = requires(P p) {
-  p.mask.stride_b;
-  p.mask.stride_h;
-};
-template <class P>
-constexpr bool kHalfIo = requires(P p) {
-  p.half_q.data;
-  p.half_out.data;
-};
-template <class P>
-void set_mask_strides(P& p, index_t sb, index_t sh) {
-  if constexpr (kMaskStrides<P>) {
-    p.mask.stride_b = sb;
-    p.mask.stride_h = sh;
-  }
-}
-template <class P>
-bool set_half_q(P& p, KvType t, const std::uint16_t* data) {
-  if constexpr (kHalfIo<P>) {
-    p.half_q.type = t;
-    p.half_q.data = data;
-    return true;
-  } else {
-    return false;
-  }
-}
-template <class P>
-bool set_half_out(P& p, KvType t, std::uint16_t* data) {
-  if constexpr (kHalfIo<P>) {
-    p.half_out.type = t;
-    p.half_out.data = data;
-    return true;
-  } else {
-    return false;
-  }
-}
-// The half-precision q / out pointers of the slice of `p` that starts at batch b, query head h.
-template <class P>
-void offset_half_io(P& s, const P& p, index_t b, index_t h) {
-  if constexpr (kHalfIo<P>) {
-    if (p.half_q.data) s.half_q.data = p.half_q.data + b * p.q.stride[0] + h * p.q.stride[1];
-    if (p.half_out.data) s.half_out.data = p.half_out.data + b * p.out.stride[0] + h * p.out.stride[1];
-  }
+// The half-precision q / out pointers of the slice of `p` that starts at batch b, query head h
+// (for_each_slice: a per-(batch, head) mask that the method cannot read whole).
+void offset_half_io(AttentionProblem& s, const AttentionProblem& p, index_t b, index_t h) {
+  if (p.half_q.data) s.half_q.data = p.half_q.data + b * p.q.stride[0] + h * p.q.stride[1];
+  if (p.half_out.data) s.half_out.data = p.half_out.data + b * p.out.stride[0] + h * p.out.stride[1];
 }
 
 // Inputs of one problem, kept alive while it runs: the views point into the caller's arrays or
@@ -219,7 +175,7 @@ void read_mask(Inputs& in, const AnyArray& m) {
   // In place: one element per key (stride 1 along Nk), rows at least Nk apart (or one row), and
   // a dtype the kernels read.
   const bool rows_ok = (nk <= 1 || st[3] == 1) && (ms[3] == nk) &&
-                       (nq == 1 || (ms[2] == nq && st[2] >= nk) || (ms[2] == 1 && kMaskStrides<AttentionProblem>));
+                       (nq == 1 || (ms[2] == nq && st[2] >= nk) || ms[2] == 1);
   const bool aligned = reinterpret_cast<std::uintptr_t>(m.data()) % alignof(float) == 0;
   in.mask_sb = st[0];
   in.mask_sh = st[1];
@@ -282,10 +238,10 @@ void read_mask(Inputs& in, const AnyArray& m) {
     }
     in.mask_sb = bm == 1 ? 0 : hm * plane;
     in.mask_sh = hm == 1 ? 0 : plane;
-    set_mask_strides(p, in.mask_sb, in.mask_sh);
+    p.mask.stride_b = in.mask_sb, p.mask.stride_h = in.mask_sh;
     return;
   }
-  set_mask_strides(p, in.mask_sb, in.mask_sh);
+  p.mask.stride_b = in.mask_sb, p.mask.stride_h = in.mask_sh;
   std::vector<std::int64_t> sts(m.ndim());
   for (std::size_t i = 0; i < m.ndim(); ++i) sts[i] = m.stride(i);
   in.mask_mem = mem_span(m.data(), mshape, sts, m.itemsize());
@@ -311,7 +267,8 @@ void read_inputs(Inputs& in, const AnyArray& q, const AnyArray& k, const AnyArra
   // precision too where the library reads it (HalfQ) and the caller asks for it, else it is
   // widened.
   AttentionProblem& p = in.p;
-  if (!(native_half_q && in.q.is_half() && set_half_q(p, in.q.half, in.q.half_data))) widen_input(in.q, "q");
+  if (native_half_q && in.q.is_half()) p.half_q = HalfQ{in.q.half, in.q.half_data};
+  else widen_input(in.q, "q");
   if (in.k.half != in.v.half) {
     widen_input(in.k, "k");
     widen_input(in.v, "v");
@@ -339,7 +296,7 @@ void read_inputs(Inputs& in, const AnyArray& q, const AnyArray& k, const AnyArra
 template <class F>
 void for_each_slice(const Inputs& in, const AttentionProblem& p, const AttentionMethod* m, F&& f) {
   if ((in.mask_sb == 0 && in.mask_sh == 0) ||
-      (kMaskStrides<AttentionProblem> && (m == nullptr || m->can_run(p).is_ok()))) {
+      m == nullptr || m->can_run(p).is_ok()) {
     f(p, index_t{0}, index_t{0});
     return;
   }
@@ -366,7 +323,7 @@ void for_each_slice(const Inputs& in, const AttentionProblem& p, const Attention
       const index_t off = b * in.mask_sb + h * in.mask_sh;
       if (s.mask.allowed) s.mask.allowed += off;
       if (s.mask.additive) s.mask.additive += off;
-      set_mask_strides(s, 0, 0);
+      s.mask.stride_b = 0, s.mask.stride_h = 0;
       f(static_cast<const AttentionProblem&>(s), b, h);
     }
 }
@@ -499,7 +456,7 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v,
   }
   // Half-precision q and out are handed to the library as they are, except for an error
   // estimate, whose float64 rows compare a float32 output.
-  const bool native_half = kHalfIo<AttentionProblem> && !estimate_rows;
+  const bool native_half = !estimate_rows;
   Inputs in;
   read_inputs(in, q, k, v, causal, mask, scale, window, layout, out_layout, native_half);
   AttentionProblem& p = in.p;
@@ -544,7 +501,8 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v,
                          "shares memory with the mask: the output must not overlap an input");
     if (out_type == KvType::kF32) {
       p.out = logical_view(static_cast<float*>(o.data()), in, shape, strides);
-    } else if (native_half && set_half_out(p, out_type, static_cast<std::uint16_t*>(o.data()))) {
+    } else if (native_half) {
+      p.half_out = HalfOut{out_type, static_cast<std::uint16_t*>(o.data())};
       p.out = logical_view(static_cast<float*>(nullptr), in, shape, strides);
     } else {
       out16 = static_cast<std::uint16_t*>(o.data());

@@ -39,6 +39,14 @@ namespace {
 
 constexpr index_t kQ = 4;  // queries scored per pass over a row (accumulators live in registers)
 
+/// Element `at` of a summary row as float32 (the scalar tails).
+template <KvType T>
+inline float scalar_at(const void* s, index_t at) {
+  if constexpr (T == KvType::kF32) return static_cast<const float*>(s)[at];
+  else if constexpr (T == KvType::kF16) return fp16_to_fp32(static_cast<const std::uint16_t*>(s)[at]);
+  else return bf16_to_fp32(static_cast<const std::uint16_t*>(s)[at]);
+}
+
 #if NUMATTN_ISA == 2
 template <KvType T>
 inline __m512 load16(const void* s, index_t at, __mmask16 m) {
@@ -88,13 +96,6 @@ inline __m256 load8(const void* s, index_t at) {
   }
 }
 
-template <KvType T>
-inline float scalar_at(const void* s, index_t at) {
-  if constexpr (T == KvType::kF32) return static_cast<const float*>(s)[at];
-  else if constexpr (T == KvType::kF16) return fp16_to_fp32(static_cast<const std::uint16_t*>(s)[at]);
-  else return bf16_to_fp32(static_cast<const std::uint16_t*>(s)[at]);
-}
-
 inline float hsum(__m256 v) {
   const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
@@ -126,13 +127,6 @@ void bounds_t(const void* s, index_t n, index_t w, const float* qpm, index_t G, 
   }
 }
 #else
-template <KvType T>
-inline float scalar_at(const void* s, index_t at) {
-  if constexpr (T == KvType::kF32) return static_cast<const float*>(s)[at];
-  else if constexpr (T == KvType::kF16) return fp16_to_fp32(static_cast<const std::uint16_t*>(s)[at]);
-  else return bf16_to_fp32(static_cast<const std::uint16_t*>(s)[at]);
-}
-
 template <KvType T>
 void bounds_t(const void* s, index_t n, index_t w, const float* qpm, index_t G, float* out) {
   // Independent partial sums per lane, so that the compiler can vectorise the dot products.
