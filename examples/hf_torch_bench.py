@@ -7,7 +7,8 @@ speed: q, k, v in [B, N, H, D] memory (as a transformers layer computes them) an
 their [B, H, N, D] views (`transpose(1, 2)`, stride H·D between rows), against the same call on
 contiguous copies made beforehand, on copies made in the call (`.contiguous()` + call), and
 against torch's own `scaled_dot_product_attention` on the views, causal and not; rounds
-interleave the four so all see the same machine load; medians over `--reps`.
+interleave the four (in an order that rotates every round) so all see the same machine load;
+one warm-up call of each first; medians over `--reps`.
 
 bf16: bfloat16 (and float16) inputs, the error of the result against float64 attention on the
 same (rounded) inputs, next to the float32 path's error on those inputs and that of the float32
@@ -46,12 +47,21 @@ def speed(a):
     rows = []
     for causal in (True, False):
         runs = {"strided": [], "contiguous": [], "copy_then_call": [], "sdpa": []}
-        for _ in range(a.reps):
-            runs["strided"].append(timed(lambda: nt.attention(q, k, v, a.method, is_causal=causal)))
-            runs["contiguous"].append(timed(lambda: nt.attention(qc, kc, vc, a.method, is_causal=causal)))
-            runs["copy_then_call"].append(timed(lambda: nt.attention(q.contiguous(), k.contiguous(), v.contiguous(),
-                                                                     a.method, is_causal=causal)))
-            runs["sdpa"].append(timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)))
+        calls = {
+            "strided": lambda: nt.attention(q, k, v, a.method, is_causal=causal),
+            "contiguous": lambda: nt.attention(qc, kc, vc, a.method, is_causal=causal),
+            "copy_then_call": lambda: nt.attention(q.contiguous(), k.contiguous(), v.contiguous(), a.method,
+                                                   is_causal=causal),
+            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        }
+        names = list(calls)
+        for key in names:  # warm-up: thread pools, the kept scratch block, torch's buffers
+            calls[key]()
+        for r in range(a.reps):
+            # The order rotates every round: a call right after torch's own (whose OpenMP threads
+            # keep spinning a while after it returns) would otherwise always pay for that.
+            for key in names[r % 4:] + names[:r % 4]:
+                runs[key].append(timed(calls[key]))
         med = {key: statistics.median(t) * 1e3 for key, t in runs.items()}
         rows.append(dict(causal=causal, n=a.n, heads=a.heads, d=a.d, threads=a.threads, method=a.method,
                          **{f"{key}_ms": round(t, 1) for key, t in med.items()},

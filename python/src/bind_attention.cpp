@@ -18,6 +18,7 @@
 #include "numattn/analysis/metrics.h"
 #include "numattn/attention/reference.h"
 #include "numattn/attention/registry.h"
+#include "numattn/core/memory.h"
 #include "numattn/quant/quant.h"
 
 namespace numattn::py {
@@ -819,6 +820,14 @@ Returns a float64 array shaped like ``attention``'s output, or ``(out, lse)`` wi
 which Ctrl-C is honoured.)doc") +
          kProblemDoc)
             .c_str());
+  m.def(
+      "release_scratch_memory", [] { return numattn::release_scratch_memory(); },
+      R"doc(Frees the scratch block numattn keeps between calls and returns its size in bytes.
+
+A call that needs a large temporary block (exact.flash packing strided float32 K/V, as
+``numattn.torch`` receives them from a [B, N, H, D] tensor) keeps it afterwards, one block of at
+most 1 GiB or a quarter of the available memory, so that the next call (the next layer) does
+not fault in fresh pages; this returns it to the system.)doc");
   m.def("error", guarded("numattn.error", &error_metrics), nb::arg("approx"), nb::arg("exact"), nb::kw_only(),
         nb::arg("approx_lse") = nb::none(), nb::arg("exact_lse") = nb::none(),
         R"doc(Error metrics of a float32 result against the float64 reference, named as everywhere

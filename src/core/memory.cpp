@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "numattn/core/error.h"
 
@@ -110,6 +113,74 @@ void huge_page_free(void* p, std::size_t bytes) noexcept {
   if (p == nullptr) return;
   if (bytes < kHugePage) return ::operator delete(p);
   munmap(p, (bytes + kHugePage - 1) / kHugePage * kHugePage);
+}
+
+namespace {
+
+struct KeptScratch {
+  std::mutex mu;
+  void* p = nullptr;
+  std::size_t bytes = 0;
+};
+
+KeptScratch& kept_scratch() {
+  static KeptScratch k;
+  return k;
+}
+
+void scratch_free(void* p) noexcept { ::operator delete(p, std::align_val_t{64}); }
+
+}  // namespace
+
+std::size_t scratch_keep_limit() {
+  std::uint64_t avail = std::numeric_limits<std::uint64_t>::max();
+  try {
+    avail = available_memory_bytes();
+  } catch (const Error&) {  // a malformed override: keep the fixed limit
+  }
+  return static_cast<std::size_t>(std::min<std::uint64_t>(std::uint64_t{1} << 30, avail / 4));
+}
+
+ScratchBlock::ScratchBlock(std::size_t bytes) {
+  const std::size_t want = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+  {
+    KeptScratch& k = kept_scratch();
+    const std::lock_guard<std::mutex> lock(k.mu);
+    if (k.p != nullptr && k.bytes >= want) {
+      p_ = std::exchange(k.p, nullptr);
+      cap_ = std::exchange(k.bytes, 0);
+      return;
+    }
+  }
+  p_ = ::operator new(want, std::align_val_t{64});
+  cap_ = want;
+}
+
+ScratchBlock::~ScratchBlock() {
+  if (p_ == nullptr) return;
+  void* drop = p_;
+  if (cap_ <= scratch_keep_limit()) {
+    KeptScratch& k = kept_scratch();
+    const std::lock_guard<std::mutex> lock(k.mu);
+    if (cap_ > k.bytes) {  // keep the larger of the two
+      std::swap(k.p, drop);
+      k.bytes = cap_;
+    }
+  }
+  if (drop != nullptr) scratch_free(drop);
+}
+
+std::size_t release_scratch_memory() noexcept {
+  KeptScratch& k = kept_scratch();
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  {
+    const std::lock_guard<std::mutex> lock(k.mu);
+    p = std::exchange(k.p, nullptr);
+    bytes = std::exchange(k.bytes, 0);
+  }
+  if (p != nullptr) scratch_free(p);
+  return bytes;
 }
 
 }  // namespace numattn

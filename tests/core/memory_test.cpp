@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -123,6 +124,36 @@ TEST(HugePageAllocator, BlocksAreAlignedZeroedAndSurviveGrowth) {
       EXPECT_EQ(v.back(), 2.f);
     }
   }
+}
+
+TEST(ScratchBlock, ReleasedBlockIsReusedWhenLargeEnoughAndFreedOnRequest) {
+  release_scratch_memory();
+  void* first = nullptr;
+  {
+    const ScratchBlock a(1000);
+    first = a.data();
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(first) % 64, 0u);
+    std::fill_n(a.as<char>(), 1000, 'x');
+  }
+  {
+    const ScratchBlock b(900);  // fits the kept block
+    EXPECT_EQ(b.data(), first);
+    const ScratchBlock c(900);  // in use at the same time: a fresh one
+    EXPECT_NE(c.data(), first);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(c.data()) % 64, 0u);
+  }  // both released: the larger (equal here: the first kept) stays
+  {
+    const ScratchBlock big(5000);  // larger than the kept block: fresh, and kept afterwards
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big.data()) % 64, 0u);
+    std::fill_n(big.as<char>(), 5000, 'y');
+  }
+  EXPECT_EQ(release_scratch_memory(), 5056u);  // rounded up to 64 bytes
+  EXPECT_EQ(release_scratch_memory(), 0u);
+  // Above the keep limit a block is freed, not kept.
+  const MemoryCap cap("40000");
+  EXPECT_EQ(scratch_keep_limit(), 10000u);
+  { const ScratchBlock huge(20000); }
+  EXPECT_EQ(release_scratch_memory(), 0u);
 }
 
 }  // namespace NUMATTN_UNITY_ID

@@ -782,22 +782,27 @@ void forward_packed(const AttentionProblem& p, const blocks::FlashConfig& cfg, c
   }
   check_memory(static_cast<std::uint64_t>(B * Hk * nk * (dk + dv)) * 4,
                fmt::format("exact.flash: a contiguous float32 copy of strided K/V ({})", p.describe()));
-  AlignedFloats kc(static_cast<std::size_t>(B * Hk * nk * dk)), vc(static_cast<std::size_t>(B * Hk * nk * dv));
+  // One kept block (ScratchBlock) for both: a call per layer reuses it instead of faulting in
+  // fresh pages, which would cost five times the copy.
+  const std::size_t kn = static_cast<std::size_t>(B * Hk * nk * dk), kn64 = (kn + 15) / 16 * 16;
+  const ScratchBlock block(sizeof(float) * (kn64 + static_cast<std::size_t>(B * Hk * nk * dv)));
+  float* const kdata = block.as<float>();
+  float* const vdata = kdata + kn64;
   constexpr index_t kChunk = 256;  // rows per packing task
   const index_t chunks = hi > lo ? (hi - lo + kChunk - 1) / kChunk : 0;
   parallel_for(ctx, B * Hk * chunks, [&](std::int64_t t) {
     const index_t c = t % chunks, bh = t / chunks, b = bh / Hk, hk = bh % Hk;
     const index_t j0 = lo + c * kChunk, j1 = std::min(hi, j0 + kChunk);
-    float* kd = kc.data() + bh * nk * dk;
-    float* vd = vc.data() + bh * nk * dv;
+    float* kd = kdata + bh * nk * dk;
+    float* vd = vdata + bh * nk * dv;
     for (index_t j = j0; j < j1; ++j) {
       std::copy_n(p.k.row(b, hk, j), dk, kd + j * dk);
       std::copy_n(p.v.row(b, hk, j), dv, vd + j * dv);
     }
   });
   AttentionProblem s = p;
-  s.k = TensorView<const float>::contiguous(kc.data(), {B, Hk, nk, dk});
-  s.v = TensorView<const float>::contiguous(vc.data(), {B, Hk, nk, dv});
+  s.k = TensorView<const float>::contiguous(kdata, {B, Hk, nk, dk});
+  s.v = TensorView<const float>::contiguous(vdata, {B, Hk, nk, dv});
   forward(s, cfg, ctx);
 }
 

@@ -113,7 +113,10 @@ void SvdAttention::forward(const AttentionProblem& p, const ExecContext& ctx) co
       bool any = false;
       const KeyRange kr = p.key_range(i);
       for (index_t j = kr.begin; j < kr.end; ++j)
-        if (sees(b, h, i, j)) any = col_used[static_cast<std::size_t>(j)] = 1;
+        if (sees(b, h, i, j)) {
+          any = true;
+          col_used[static_cast<std::size_t>(j)] = 1;
+        }
       if (any) rows.push_back(i);
       else std::fill(p.out.row(b, h, i), p.out.row(b, h, i) + dv, 0.f);
     }
