@@ -82,7 +82,7 @@ def test_transform_equals_cli(model, short_text, run_cli):
     text, path = short_text
     spec = "mla(rank=64,rope_heads=1,calib_tokens=512)|bda(pairs=vo,coef=f32)"
     m = numattn.Model.load("default", threads=2, transform=spec)
-    assert m.transform == ("mla(rank=64,rope_heads=1,rope_dims=0,freqfold=1,budget=0,calib=default,calib_tokens=512,"
+    assert m.transform == ("mla(rank=64,rope_heads=1,rope_dims=0,freqfold=1,balance=0,budget=0,calib=default,calib_tokens=512,"
                            "calib_mode=two_pass,exec=absorbed,weights=f32)|"
                            "bda(pairs=vo,coef=f32)")
     assert model.transform == ""

@@ -71,6 +71,42 @@ std::vector<transform::MlaOptions> mla_budget_candidates(const ModelHParams& hp,
   return out;
 }
 
+namespace {
+
+/// The balance multiplier b of the latent's PCA (transform/mla.h step 4) with the lowest
+/// perplexity on the calibration tokens, among 1, √2, 2, 2√2 (1 when nothing is truncated).
+double choose_balance(const LlamaModel& model, const Tokenizer& tok, const std::vector<std::int32_t>& toks,
+                      const std::vector<transform::MlaCalibration>& cal, const transform::MlaOptions& opt,
+                      const transform::MlaStage& s, const ExecContext& ctx, MlaStageResult& r) {
+  const ModelHParams& hp = model.hparams();
+  const std::int64_t d_rope = transform::mla_rope_dims(hp, opt);
+  const std::int64_t full = 2 * hp.n_head_kv * hp.head_dim - d_rope;
+  if (opt.rank == 0 || opt.rank >= full) return 1;
+  // Scored on the statistics at hand (two-pass, or one-pass for calib_mode sequential, whose
+  // own statistics would cost a pass per layer and candidate); the choice then converts as
+  // calib_mode says.
+  PplOptions po;
+  po.ctx = std::min<std::int64_t>(kMlaCalibChunk, static_cast<std::int64_t>(toks.size()) / 2);
+  NUMATTN_CHECK_OPTION(po.ctx >= 4, "balance", "balance=0 scores candidates on the calibration tokens: {} are "
+                       "too few (calib_tokens >= 8), or give balance=b", toks.size());
+  double best = std::numeric_limits<double>::infinity(), pick = 1;
+  for (const double b : {1.0, std::sqrt(2.0), 2.0, 2 * std::sqrt(2.0)}) {
+    transform::MlaOptions c = opt;
+    c.balance = b;
+    LlamaModel m = model;
+    convert_model_to_mla(m, cal, c, ctx);
+    m.set_mla_exec(parse_mla_exec(s.exec));
+    const double ppl = evaluate_perplexity(m, toks, tok.bos_id(), tok.add_bos(), po, ctx).ppl;
+    r.balance_candidates.push_back({b, ppl});
+    fmt::print(stderr, "mla balance {:.4f}: calibration ppl {:.4f}\n", b, ppl);
+    if (ppl < best) best = ppl, pick = b;
+  }
+  fmt::print(stderr, "mla balance: chose {:.4f}\n", pick);
+  return pick;
+}
+
+}  // namespace
+
 MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const transform::MlaStage& s,
                                const ExecContext& ctx, bool progress) {
   NUMATTN_CHECK_OPTION(!model.has_mla(), "transform", "mla: the model is already an MLA model");
@@ -84,7 +120,7 @@ MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const tr
   const MlaCalibMode calib_mode = parse_mla_calib_mode(s.calib_mode);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<transform::MlaCalibration> cal;
-  if (calib_mode != MlaCalibMode::kSequential || s.budget > 0) {
+  if (calib_mode != MlaCalibMode::kSequential || s.budget > 0 || s.options.balance == 0) {
     ProgressBar bar("mla calibration", (n + kMlaCalibChunk - 1) / kMlaCalibChunk, mode);
     cal = calibrate_mla(model, toks, kMlaCalibChunk, ctx, [&](std::int64_t done, std::int64_t) { bar.set(done); });
   }
@@ -108,7 +144,8 @@ MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const tr
                          "too few (calib_tokens >= 8)", n);
     const std::vector<transform::MlaOptions> cands = mla_budget_candidates(model.hparams(), s.budget);
     double best = std::numeric_limits<double>::infinity();
-    for (const transform::MlaOptions& c : cands) {
+    for (transform::MlaOptions c : cands) {
+      c.balance = 1;  // the balance is chosen after, for the winner only
       LlamaModel m = model;
       convert_model_to_mla(m, cal, c, ctx);
       m.set_mla_exec(parse_mla_exec(s.exec));
@@ -119,6 +156,7 @@ MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const tr
       if (ppl < best) {
         best = ppl;
         opt = c;
+        opt.balance = s.options.balance;
       }
     }
     fmt::print(stderr, "mla budget {}: chose rank={} rope_dims={} freqfold={}\n", s.budget, opt.rank,
@@ -126,9 +164,12 @@ MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const tr
   }
   if (calib_mode == MlaCalibMode::kTwoPass && opt.rank != 0) {
     const auto t1 = std::chrono::steady_clock::now();
-    add_latent_statistics(model, cal, toks, kMlaCalibChunk, opt, ctx);
+    transform::MlaOptions removal = opt;  // only its RoPE removal is used
+    removal.balance = 1;
+    add_latent_statistics(model, cal, toks, kMlaCalibChunk, removal, ctx);
     r.calib_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   }
+  if (opt.balance == 0) opt.balance = choose_balance(model, tok, toks, cal, opt, s, ctx, r);
   ProgressBar bar("mla conversion", model.hparams().n_layer, mode);
   auto on_layer = [&](std::int64_t done, std::int64_t) { bar.set(done, "layers"); };
   r.report = calib_mode == MlaCalibMode::kSequential

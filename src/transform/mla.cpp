@@ -116,7 +116,7 @@ std::int64_t pair_row(std::int64_t head, std::int64_t d, std::int64_t f, int m_f
 MlaLayerWeights build(const ModelHParams& hp, const std::vector<double>& wq_v,
                       const std::vector<double>& wk_v, const std::vector<double>& wv_v,
                       const MlaCalibration& calib, const RoRopeBasis& basis, std::int64_t rope_dims,
-                      std::int64_t rank, MlaConversionStats* stats) {
+                      std::int64_t rank, double opt_balance, MlaConversionStats* stats) {
   const std::int64_t e = hp.n_embd, hq = hp.n_head, hkv = hp.n_head_kv, d = hp.head_dim;
   const std::int64_t group = hq / hkv, pairs = hp.n_rot / 2;
   const int mf = basis.freqfold;
@@ -183,8 +183,9 @@ MlaLayerWeights build(const ModelHParams& hp, const std::vector<double>& wq_v,
     const MlaCalibration& lc = latent_calib;
     const double ek = d_nope > 0 ? covariance(k_nope, lc).trace() : 0.0;
     const double ev = covariance(Matrix(wv), lc).trace();
-    // α = RMS‖k_nope‖ / RMS‖v‖ divides the keys, as in TransMLA: neither block dominates the PCA.
-    if (ek > 0 && ev > 0) alpha = std::sqrt(ek / ev);
+    // α = b · (RMS entry of k_nope) / (RMS entry of v) divides the keys (TransMLA's balance).
+    if (ek > 0 && ev > 0)
+      alpha = opt_balance * std::sqrt((ek / static_cast<double>(d_nope)) / (ev / static_cast<double>(vdim)));
     Matrix wbal = wz;
     wbal.topRows(d_nope) /= alpha;
     const decomp::dense::SymEig eig = eig_descending(covariance(wbal, lc), "latent covariance");
@@ -329,7 +330,7 @@ MlaLayerWeights rorope_merge(const ModelHParams& hp, const std::vector<double>& 
                              const RoRopeBasis& basis) {
   check_layer(hp, wq, wk, wv);
   check_freqfold(hp, basis.freqfold);
-  return build(hp, wq, wk, wv, MlaCalibration{}, basis, hp.n_head_kv * hp.n_rot, 0, nullptr);
+  return build(hp, wq, wk, wv, MlaCalibration{}, basis, hp.n_head_kv * hp.n_rot, 0, 1.0, nullptr);
 }
 
 MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<double>& wq,
@@ -341,6 +342,8 @@ MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<d
   NUMATTN_CHECK_OPTION(opt.rank >= 0, "mla_rank", "the latent rank must be >= 0 (0 = no truncation), got {}",
                        opt.rank);
   check_freqfold(hp, opt.freqfold);
+  NUMATTN_CHECK_OPTION(std::isfinite(opt.balance) && opt.balance > 0, "balance",
+                       "the key/value balance multiplier must be a positive number, got {}", opt.balance);
   const std::int64_t rope_dims = mla_rope_dims(hp, opt);
   NUMATTN_CHECK_OPTION(!opt.low_rank_query, "low_rank_query",
                        "a low-rank query is not implemented: the MLA layer has no query latent, so "
@@ -348,7 +351,7 @@ MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<d
   // With every component kept as RoPE no rotation is needed: the plain merge (U = I).
   const RoRopeBasis basis = rope_dims == hp.n_head_kv * hp.n_rot ? identity_basis(hp, opt.freqfold)
                                                                  : basis_unchecked(hp, wk, calib, opt.freqfold);
-  return build(hp, wq, wk, wv, calib, basis, rope_dims, opt.rank, stats);
+  return build(hp, wq, wk, wv, calib, basis, rope_dims, opt.rank, opt.balance, stats);
 }
 
 MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<double>& wq,

@@ -138,6 +138,18 @@ const std::vector<MethodInfo>& catalogue() {
          int_param("freqfold", "1", 1, 4096, "adjacent RoPE frequencies folded into one (must divide n_rot/2)"),
          [] {
            ParamSpec p;
+           p.name = "balance";
+           p.type = ParamType::kFloat;
+           p.default_value = "0";
+           p.min = 0;
+           p.max = 1000;
+           p.doc = "multiplier b of the key/value balance α = b·α₀ in the latent's PCA (α₀ = ratio of the "
+                   "RMS entries of the NoPE keys and the values; b > 1 favours the values); 0 = chosen "
+                   "by perplexity on the calibration tokens among 1, √2, 2, 2√2 (when rank truncates)";
+           return p;
+         }(),
+         [] {
+           ParamSpec p;
            p.name = "budget";
            p.type = ParamType::kFloat;
            p.default_value = "0";
@@ -248,6 +260,7 @@ TransformPipeline parse_transforms(std::string_view pipeline) {
       m.options.rope_heads = static_cast<int>(get(v, "rope_heads"));
       m.options.rope_dims = get(v, "rope_dims");
       m.options.freqfold = static_cast<int>(get(v, "freqfold"));
+      m.options.balance = v.get_float("balance");
       m.budget = v.get_float("budget");
       m.calib = v.get_string("calib");
       m.calib_tokens = get(v, "calib_tokens");

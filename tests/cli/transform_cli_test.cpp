@@ -4,9 +4,13 @@
 // records the pipeline in the file, `gguf-info` shows it, and the file runs as the pipeline does.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -114,7 +118,7 @@ TEST(TransformCli, OlderFlagsAreAliasesOfThePipeline) {
   const auto spec = json_of(base + " --transform 'mla(rank=64,rope_heads=1,calib_tokens=512)|bda(pairs=vo,coef=f32)'",
                             &err_new);
   const std::string canonical =
-      "mla(rank=64,rope_heads=1,rope_dims=0,freqfold=1,budget=0,calib=default,calib_tokens=512,calib_mode=two_pass,"
+      "mla(rank=64,rope_heads=1,rope_dims=0,freqfold=1,balance=0,budget=0,calib=default,calib_tokens=512,calib_mode=two_pass,"
       "exec=absorbed,weights=f32)|bda(pairs=vo,coef=f32)";
   EXPECT_EQ(alias.at("transform"), canonical);
   EXPECT_EQ(spec.at("transform"), canonical);
@@ -123,6 +127,27 @@ TEST(TransformCli, OlderFlagsAreAliasesOfThePipeline) {
     EXPECT_EQ(alias.at(k), spec.at(k)) << k;
   EXPECT_NE(err_alias.find("deprecated; the same: --transform \"" + canonical + "\""), std::string::npos) << err_alias;
   EXPECT_EQ(err_new.find("deprecated"), std::string::npos) << err_new;
+  // balance=0: four multipliers scored on the calibration tokens, the lowest chosen and reported.
+  std::istringstream lines(err_new);
+  std::string line;
+  std::vector<std::pair<double, double>> scored;
+  double chose = -1;
+  while (std::getline(lines, line)) {
+    double b = 0, ppl = 0;
+    if (std::sscanf(line.c_str(), "mla balance %lf: calibration ppl %lf", &b, &ppl) == 2) scored.emplace_back(b, ppl);
+    else if (std::sscanf(line.c_str(), "mla balance: chose %lf", &b) == 1) chose = b;
+  }
+  ASSERT_EQ(scored.size(), 4u) << err_new;
+  const auto best = std::min_element(scored.begin(), scored.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  EXPECT_EQ(chose, best->first) << err_new;
+  EXPECT_NEAR(spec.at("mla_balance").get<double>(), best->first, 1e-4);
+  for (const auto& [b, ppl] : scored) EXPECT_TRUE(std::isfinite(ppl) && ppl > 1) << b;
+  // A fixed balance runs no search.
+  std::string err_fixed;
+  const auto fixed = json_of(base + " --transform 'mla(rank=64,rope_heads=1,calib_tokens=512,balance=1.5)'", &err_fixed);
+  EXPECT_EQ(fixed.at("mla_balance"), 1.5);
+  EXPECT_EQ(err_fixed.find("mla balance"), std::string::npos) << err_fixed;
 }
 
 TEST(TransformCli, ConvertRecordsThePipeline) {

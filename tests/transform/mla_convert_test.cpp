@@ -492,6 +492,70 @@ TEST(MlaConvert, PcaExactAtFullRankErrorFallsWithRank) {
   EXPECT_GT(prev_s, 0.0);
 }
 
+TEST(MlaConvert, BalanceScalesAlphaAndTradesKeyErrorForValueError) {
+  // z = [k_nope/α; v] with α = b·α₀. The rank-r PCA minimises Ek/α² + Ev (errors in the
+  // calibration metric tr(ΔW·C·ΔWᵀ)), so as b grows the key error cannot fall and the value
+  // error cannot rise ((w1 − w2)(Ek1 − Ek2) <= 0 for the two optima).
+  const Layer L = make_layer(64, 6, 3, 16, 16, test::base_seed() + 35);
+  const std::int64_t e = 64, hq = 6, group = 2, d = 16;
+  MlaOptions opt;
+  opt.rope_heads = 1;
+  opt.freqfold = 2;
+  const MlaLayerWeights full = convert_layer_to_mla(L.hp, L.wq, L.wk, L.wv, L.calib, opt);
+  const std::int64_t dn = full.d_nope, r = full.rank / 4;
+  const Vec& c = L.calib.xn_cov;
+  // tr(D·C·Dᵀ) for D = A − B (rows of E).
+  const auto metric = [&](const std::vector<Vec>& a, const std::vector<Vec>& b) {
+    double t = 0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      for (std::int64_t x = 0; x < e; ++x)
+        for (std::int64_t y = 0; y < e; ++y)
+          t += (a[i][x] - b[i][x]) * c[x * e + y] * (a[i][y] - b[i][y]);
+    return t;
+  };
+  // Rows of the keys (head 0's view of the NoPE key: all heads share it) and of every group's
+  // values, as the layer computes them from xn: up·w_dkv.
+  const auto rows = [&](const MlaLayerWeights& w, bool keys) {
+    std::vector<Vec> out;
+    const std::int64_t n = keys ? dn : d;
+    for (std::int64_t g = 0; g < (keys ? 1 : hq / group); ++g)
+      for (std::int64_t i = 0; i < n; ++i) {
+        Vec row(static_cast<std::size_t>(e), 0.0);
+        const double* up = keys ? &w.w_uk[static_cast<std::size_t>(i * w.rank)]
+                                : &w.w_uv[static_cast<std::size_t>((g * group * d + i) * w.rank)];
+        for (std::int64_t k = 0; k < w.rank; ++k)
+          for (std::int64_t x = 0; x < e; ++x) row[x] += up[k] * w.w_dkv[static_cast<std::size_t>(k * e + x)];
+        out.push_back(row);
+      }
+    return out;
+  };
+  const std::vector<Vec> k_ref = rows(full, true), v_ref = rows(full, false);
+  double alpha1 = 0, prev_k = -1, prev_v = std::numeric_limits<double>::infinity();
+  for (const double b : {0.5, 1.0, 2.0, 4.0}) {
+    opt.rank = r;
+    opt.balance = b;
+    MlaConversionStats st;
+    const MlaLayerWeights w = convert_layer_to_mla(L.hp, L.wq, L.wk, L.wv, L.calib, opt, &st);
+    if (b == 1.0) alpha1 = st.alpha;
+    const double ek = metric(rows(w, true), k_ref), ev = metric(rows(w, false), v_ref);
+    EXPECT_GE(ek, prev_k * (1 - 1e-9)) << "b=" << b;
+    EXPECT_LE(ev, prev_v * (1 + 1e-9)) << "b=" << b;
+    prev_k = ek;
+    prev_v = ev;
+    if (b == 4.0) {
+      EXPECT_NEAR(st.alpha, 4 * alpha1, 1e-12 * alpha1);
+      EXPECT_GT(ek, 0.0);
+    }
+  }
+  // At full rank any balance is an exact change of basis.
+  opt.rank = full.rank;
+  opt.balance = 3;
+  const Vec xn = tokens(L, 8, test::base_seed() + 36);
+  const Attn ref = mla(full, e, xn, 8, 500), got = mla(convert_layer_to_mla(L.hp, L.wq, L.wk, L.wv, L.calib, opt), e, xn, 8, 500);
+  EXPECT_LE(rel_err(got.scores, ref.scores), kRewriteTol);
+  EXPECT_LE(rel_err(got.out, ref.out), kRewriteTol);
+}
+
 TEST(MlaConvert, ExactMergeThroughPcaAtFullRank) {
   // rope_heads = Hkv and rank = full: the PCA path on the exact merge still equals GQA.
   const Layer L = make_layer(48, 6, 2, 8, 8, test::base_seed() + 40);
@@ -530,6 +594,12 @@ TEST(MlaConvert, RefusesBadOptionsByName) {
   expect_refused(L, opt, L.calib, "rope_dims: must be an even number in 2..16");
   opt.rope_dims = -2;
   expect_refused(L, opt, L.calib, "rope_dims");
+  opt.rope_dims = 0;
+  for (const double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    opt.balance = bad;
+    expect_refused(L, opt, L.calib, "balance: the key/value balance multiplier must be a positive number");
+  }
+  opt.balance = 1;
   opt.rope_dims = 0;
   opt.freqfold = 3;
   expect_refused(L, opt, L.calib, "freqfold: 3 does not divide the 4 RoPE frequencies");

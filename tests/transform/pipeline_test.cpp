@@ -33,7 +33,7 @@ TEST(TransformPipeline, EmptyIsNoTransform) {
 TEST(TransformPipeline, CanonicalFillsDefaultsAndRoundTrips) {
   const auto p = parse_transforms(" mla( rank = 128 , rope_heads=1 ) | bda(pairs=qk) ");
   EXPECT_EQ(p.canonical(),
-            "mla(rank=128,rope_heads=1,rope_dims=0,freqfold=1,budget=0,calib=default,calib_tokens=2048,"
+            "mla(rank=128,rope_heads=1,rope_dims=0,freqfold=1,balance=0,budget=0,calib=default,calib_tokens=2048,"
             "calib_mode=two_pass,exec=absorbed,weights=f32)|"
             "bda(pairs=qk,coef=q8_0)");
   ASSERT_TRUE(p.mla && p.bda);

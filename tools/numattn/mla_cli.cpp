@@ -54,6 +54,7 @@ void add_mla_columns(Row& row, const transform::MlaStage& s, const MlaStageResul
   row["mla_freqfold"] = r.report.options.freqfold;
   row["mla_rope_dims"] = r.report.d_rope;
   row["mla_budget"] = s.budget;
+  row["mla_balance"] = r.report.options.balance;
   row["mla_calib_mode"] = s.calib_mode;
   row["mla_latent"] = r.report.rank;
   row["mla_d_nope"] = r.report.d_nope;

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "numattn/arch/hparams.h"
 #include "numattn/core/exec.h"
@@ -53,6 +55,7 @@ std::vector<transform::MlaOptions> mla_budget_candidates(const ModelHParams& hp,
 struct MlaStageResult {
   MlaModelReport report;            ///< report.options: what was converted (the budget's choice)
   std::vector<MlaBudgetCandidate> candidates;  ///< the budget search, in order (empty without one)
+  std::vector<std::pair<double, double>> balance_candidates;  ///< (b, calibration ppl) of the balance search
   std::int64_t calib_tokens = 0;  ///< tokens actually used (the text may be shorter)
   double calib_s = 0;
 };
@@ -62,7 +65,10 @@ struct MlaStageResult {
 /// execution. With a budget, first the search: every candidate (mla_budget_candidates) is
 /// converted with one-pass statistics and scored by perplexity on the calibration tokens alone
 /// (chunks of min(512, T/2) tokens, the protocol of model/ppl.h), each line printed on stderr;
-/// the lowest is converted. Progress on stderr when `progress` and stderr is a terminal.
+/// the lowest is converted. With balance 0 (the default) and a truncating rank, the balance
+/// multiplier b (transform/mla.h step 4) is chosen the same way among 1, √2, 2, 2√2, on the
+/// two-pass statistics (one-pass for calib_mode sequential), each line
+/// printed on stderr. Progress on stderr when `progress` and stderr is a terminal.
 MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const transform::MlaStage& s,
                                const ExecContext& ctx, bool progress);
 

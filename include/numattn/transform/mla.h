@@ -38,9 +38,14 @@
 ///    identity, and every rotation of freqfold 1), and keeps the spread of frequencies that a
 ///    shared mean frequency would collapse (measured: docs/latent.md).
 /// 4. **Balanced joint PCA** (lossy when truncated). The NoPE key and the values, z = [k_nope/α; v]
-///    with α = sqrt(E‖k_nope‖² / E‖v‖²) (TransMLA *divides* the keys by α > 1, so both
-///    blocks carry the same energy; we use root-mean-square norms, what the covariance gives), are
-///    compressed to the top r principal directions P_r of Cov(z) = W_z·C·W_zᵀ:
+///    with α = b·α₀, α₀ = sqrt((E‖k_nope‖²/d_nope) / (E‖v‖²/(Hkv·D))) the ratio of their
+///    root-mean-square entries (TransMLA *divides* the keys, whose entries are the larger, by the
+///    ratio of mean per-dimension norms; RMS is what the covariance gives), are compressed to the
+///    top r principal directions P_r of Cov(z) = W_z·C·W_zᵀ. The multiplier b (`balance`) trades
+///    key error for value error: b > 1 shrinks the keys' share of the PCA. Equal energy per
+///    entry (b = 1) is not optimal for the model's loss — on SmolLM2-135M b = √2–2 gave 1–2.5%
+///    lower perplexity at 25–50% caches (docs/latent.md) — so the model-level default chooses b
+///    on the calibration tokens (model/transform_model.h):
 ///    w_dkv = P_rᵀ·W_z, w_uk[h] = α·P_r[key rows], w_uv[h] = P_r[rows of group g(h)'s values].
 ///    The error in z is the sum of the discarded eigenvalues (it decreases with r). rank 0, or
 ///    rank >= d_nope + Hkv·D, keeps the latent [k_nope; v] as it is (no PCA, exact).
@@ -79,6 +84,7 @@ namespace numattn::transform {
 /// `freqfold`, `rope_heads`, `rope_dims`, `low_rank_query`.
 struct MlaOptions {
   std::int64_t rank = 0;   ///< latent rank r of the NoPE-key + value latent; 0 = exact (no truncation)
+  double balance = 1;      ///< b > 0: the keys' balance factor α = b·α₀ of step 4 (unused without truncation)
   int freqfold = 1;        ///< M adjacent RoPE frequencies folded together (1 = none)
   std::int64_t rope_dims = 0;  ///< dims of the decoupled RoPE key: even, 2..Hkv·n_rot; 0 = rope_heads·n_rot
   int rope_heads = 1;      ///< used when rope_dims = 0: KV heads' worth of RoPE dims (1..Hkv);
@@ -116,7 +122,7 @@ MlaLayerWeights convert_layer_to_mla(const ModelHParams& hp, const std::vector<d
 struct MlaConversionStats {
   double rope_energy_kept = 1;   ///< share of the calibrated RoPE-key energy E‖k_rot‖² left in
                                  ///< k_rope (1 when rope_dims = Hkv·n_rot; without damping)
-  double alpha = 1;              ///< the balance factor α = sqrt(E‖k_nope‖² / E‖v‖²)
+  double alpha = 1;              ///< the balance factor α = b·α₀ (step 4)
   double latent_energy_kept = 1; ///< share of E‖[k_nope/α; v]‖² in the kept principal directions
   std::int64_t full_width = 0;   ///< d_nope + Hkv·D, the latent width without truncation
 };

@@ -56,7 +56,8 @@ const MethodInfo* find_transform(std::string_view name);
 
 /// `mla(...)`, bound.
 struct MlaStage {
-  MlaOptions options;        ///< rank (-1 with a budget), freqfold, rope_dims / rope_heads
+  MlaOptions options;        ///< rank (-1 with a budget), freqfold, rope_dims / rope_heads,
+                             ///< balance (0 = chosen on the calibration tokens)
   double budget = 0;         ///< > 0: cache fraction; rank, rope_dims, freqfold are searched
   std::string calib;         ///< calibration text path, or "default"
   std::int64_t calib_tokens = 2048;
