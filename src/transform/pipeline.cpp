@@ -13,15 +13,23 @@ namespace numattn::transform {
 namespace {
 
 // A parameter whose default is empty must be given (a rank has no sensible default).
-ParamSpec int_param(std::string name, std::string def, double lo, double hi, std::string doc) {
+ParamSpec number_param(ParamType type, std::string name, std::string def, double lo, double hi, std::string doc) {
   ParamSpec p;
   p.name = std::move(name);
-  p.type = ParamType::kInt;
+  p.type = type;
   p.default_value = std::move(def);
   p.min = lo;
   p.max = hi;
   p.doc = std::move(doc);
   return p;
+}
+
+ParamSpec int_param(std::string name, std::string def, double lo, double hi, std::string doc) {
+  return number_param(ParamType::kInt, std::move(name), std::move(def), lo, hi, std::move(doc));
+}
+
+ParamSpec float_param(std::string name, std::string def, double lo, double hi, std::string doc) {
+  return number_param(ParamType::kFloat, std::move(name), std::move(def), lo, hi, std::move(doc));
 }
 
 ParamSpec choice_param(std::string name, std::string def, std::vector<std::string> choices, std::string doc) {
@@ -136,30 +144,14 @@ const std::vector<MethodInfo>& catalogue() {
                    "RoPE dims kept in the shared RoPE key, any even number up to Hkv·n_rot (0 = from "
                    "rope_heads)"),
          int_param("freqfold", "1", 1, 4096, "adjacent RoPE frequencies folded into one (must divide n_rot/2)"),
-         [] {
-           ParamSpec p;
-           p.name = "balance";
-           p.type = ParamType::kFloat;
-           p.default_value = "0";
-           p.min = 0;
-           p.max = 1000;
-           p.doc = "multiplier b of the key/value balance α = b·α₀ in the latent's PCA (α₀ = ratio of the "
-                   "RMS entries of the NoPE keys and the values; b > 1 favours the values); 0 = chosen "
-                   "by perplexity on the calibration tokens among 1, √2, 2, 2√2 (when rank truncates)";
-           return p;
-         }(),
-         [] {
-           ParamSpec p;
-           p.name = "budget";
-           p.type = ParamType::kFloat;
-           p.default_value = "0";
-           p.min = 0;
-           p.max = 1;
-           p.doc = "KV cache per token and layer as a fraction of GQA's 2·Hkv·D, in (0, 1]: rank, "
-                   "rope_dims and freqfold are chosen by perplexity on the calibration tokens "
-                   "(model/transform_model.h); 0 = off";
-           return p;
-         }(),
+         float_param("balance", "0", 0, 1000,
+                     "multiplier b of the key/value balance α = b·α₀ in the latent's PCA (α₀ = ratio of the "
+                     "RMS entries of the NoPE keys and the values; b > 1 favours the values); 0 = chosen "
+                     "by perplexity on the calibration tokens among 1, √2, 2, 2√2 (when rank truncates)"),
+         float_param("budget", "0", 0, 1,
+                     "KV cache per token and layer as a fraction of GQA's 2·Hkv·D, in (0, 1]: rank, "
+                     "rope_dims and freqfold are chosen by perplexity on the calibration tokens "
+                     "(model/transform_model.h); 0 = off"),
          [] {
            ParamSpec p;
            p.name = "calib";
