@@ -92,6 +92,21 @@ def test_layouts_strides_dtypes_are_the_same_computation():
     del base_nc
 
 
+def test_strided_kv_pack_into_a_kept_scratch_block():
+    # [B, N, H, D] memory read as [B, H, N, D]: exact.flash packs the strided K/V rows into one
+    # block (kept for the next call) and runs the contiguous kernels on it: the same bits.
+    rng = np.random.default_rng(11)
+    q, k, v = qkv(rng, b=1, hq=4, hkv=2, nq=300, nk=300, d=32)
+    qb, kb, vb = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v))
+    numattn.release_scratch_memory()
+    got = numattn.attention(qb.transpose(0, 2, 1, 3), kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3),
+                            causal="top-left", threads=2)
+    np.testing.assert_array_equal(got, numattn.attention(q, k, v, causal="top-left", threads=2))
+    kept = numattn.release_scratch_memory()
+    assert kept >= 2 * 300 * 2 * 32 * 4  # K and V of both kv heads in float32
+    assert numattn.release_scratch_memory() == 0
+
+
 def test_out_argument_and_threads():
     rng = np.random.default_rng(4)
     q, k, v = qkv(rng, hq=2, hkv=2, nq=20, nk=20, d=8)
