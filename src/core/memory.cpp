@@ -3,8 +3,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -149,17 +149,21 @@ ScratchBlock::ScratchBlock(std::size_t bytes) {
     if (k.p != nullptr && k.bytes >= want) {
       p_ = std::exchange(k.p, nullptr);
       cap_ = std::exchange(k.bytes, 0);
+      keep_ = true;  // it was within the limit when it was allocated
       return;
     }
   }
   p_ = ::operator new(want, std::align_val_t{64});
   cap_ = want;
+  // Decided here, with the allocation (whose page faults cost far more than reading the
+  // available memory), not at every release of a reused block.
+  keep_ = cap_ <= scratch_keep_limit();
 }
 
 ScratchBlock::~ScratchBlock() {
   if (p_ == nullptr) return;
   void* drop = p_;
-  if (cap_ <= scratch_keep_limit()) {
+  if (keep_) {
     KeptScratch& k = kept_scratch();
     const std::lock_guard<std::mutex> lock(k.mu);
     if (cap_ > k.bytes) {  // keep the larger of the two

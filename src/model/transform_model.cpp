@@ -77,7 +77,7 @@ namespace {
 /// perplexity on the calibration tokens, among 1, √2, 2, 2√2 (1 when nothing is truncated).
 double choose_balance(const LlamaModel& model, const Tokenizer& tok, const std::vector<std::int32_t>& toks,
                       const std::vector<transform::MlaCalibration>& cal, const transform::MlaOptions& opt,
-                      const transform::MlaStage& s, const ExecContext& ctx, MlaStageResult& r) {
+                      MlaExec exec, const ExecContext& ctx, MlaStageResult& r) {
   const ModelHParams& hp = model.hparams();
   const std::int64_t d_rope = transform::mla_rope_dims(hp, opt);
   const std::int64_t full = 2 * hp.n_head_kv * hp.head_dim - d_rope;
@@ -95,7 +95,7 @@ double choose_balance(const LlamaModel& model, const Tokenizer& tok, const std::
     c.balance = b;
     LlamaModel m = model;
     convert_model_to_mla(m, cal, c, ctx);
-    m.set_mla_exec(parse_mla_exec(s.exec));
+    m.set_mla_exec(exec);
     const double ppl = evaluate_perplexity(m, toks, tok.bos_id(), tok.add_bos(), po, ctx).ppl;
     r.balance_candidates.push_back({b, ppl});
     fmt::print(stderr, "mla balance {:.4f}: calibration ppl {:.4f}\n", b, ppl);
@@ -129,11 +129,15 @@ MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const tr
   // The source W_q of each layer (in place: bytes in the mapped file that the model keeps), which
   // the quantized MLA query reads through its factored form.
   const MlaWeights storage = parse_mla_weights(s.weights);
+  const MlaExec exec = parse_mla_exec(s.exec);
   std::vector<QuantMatrix> source_wq;
   const ModelHParams& hp = model.hparams();
   for (const LlamaLayer& L : model.weights().layers)
     source_wq.push_back(L.wqkv_q.empty() ? QuantMatrix{} : L.wqkv_q.first_rows(hp.n_head * hp.head_dim));
   transform::MlaOptions opt = s.options;
+  // balance 0 is chosen last, for the options converted; until then every conversion uses 1.
+  const bool search_balance = opt.balance == 0;
+  if (search_balance) opt.balance = 1;
   if (s.budget > 0) {
     // Candidates scored by perplexity on the calibration tokens only, each converted with the
     // one-pass statistics (one forward pass shared by all, where a sequential calibration per
@@ -144,11 +148,10 @@ MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const tr
                          "too few (calib_tokens >= 8)", n);
     const std::vector<transform::MlaOptions> cands = mla_budget_candidates(model.hparams(), s.budget);
     double best = std::numeric_limits<double>::infinity();
-    for (transform::MlaOptions c : cands) {
-      c.balance = 1;  // the balance is chosen after, for the winner only
+    for (const transform::MlaOptions& c : cands) {
       LlamaModel m = model;
       convert_model_to_mla(m, cal, c, ctx);
-      m.set_mla_exec(parse_mla_exec(s.exec));
+      m.set_mla_exec(exec);
       const double ppl = evaluate_perplexity(m, toks, tok.bos_id(), tok.add_bos(), po, ctx).ppl;
       r.candidates.push_back({c, ppl});
       fmt::print(stderr, "mla budget {}: rank={} rope_dims={} freqfold={}: calibration ppl {:.4f}\n", s.budget,
@@ -156,27 +159,25 @@ MlaStageResult apply_mla_stage(LlamaModel& model, const Tokenizer& tok, const tr
       if (ppl < best) {
         best = ppl;
         opt = c;
-        opt.balance = s.options.balance;
       }
     }
     fmt::print(stderr, "mla budget {}: chose rank={} rope_dims={} freqfold={}\n", s.budget, opt.rank,
                opt.rope_dims, opt.freqfold);
+    opt.balance = search_balance ? 1 : s.options.balance;  // the candidates were scored at 1
   }
   if (calib_mode == MlaCalibMode::kTwoPass && opt.rank != 0) {
     const auto t1 = std::chrono::steady_clock::now();
-    transform::MlaOptions removal = opt;  // only its RoPE removal is used
-    removal.balance = 1;
-    add_latent_statistics(model, cal, toks, kMlaCalibChunk, removal, ctx);
+    add_latent_statistics(model, cal, toks, kMlaCalibChunk, opt, ctx);
     r.calib_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   }
-  if (opt.balance == 0) opt.balance = choose_balance(model, tok, toks, cal, opt, s, ctx, r);
+  if (search_balance) opt.balance = choose_balance(model, tok, toks, cal, opt, exec, ctx, r);
   ProgressBar bar("mla conversion", model.hparams().n_layer, mode);
   auto on_layer = [&](std::int64_t done, std::int64_t) { bar.set(done, "layers"); };
   r.report = calib_mode == MlaCalibMode::kSequential
                  ? convert_model_to_mla_sequential(model, toks, kMlaCalibChunk, opt, ctx, on_layer)
                  : convert_model_to_mla(model, cal, opt, ctx, on_layer);
   quantize_mla_model(model, source_wq, storage);
-  model.set_mla_exec(parse_mla_exec(s.exec));
+  model.set_mla_exec(exec);
   return r;
 }
 

@@ -30,20 +30,17 @@ void check_weight(const std::vector<double>& w, std::int64_t rows, std::int64_t 
   NUMATTN_CHECK(all_finite(w), "MLA conversion: {} has a non-finite entry", name);
 }
 
+// One covariance of the calibration: [E, E] finite values, or none (`or_none` says what then).
+void check_covariance(const std::vector<double>& c, std::int64_t e, const char* what, const char* or_none) {
+  NUMATTN_CHECK(c.empty() || static_cast<std::int64_t>(c.size()) == e * e,
+                "MLA conversion: {} has {} values, expected [E, E] = [{}, {}] = {} (or none{})", what, c.size(), e, e,
+                e * e, or_none);
+  NUMATTN_CHECK(all_finite(c), "MLA conversion: {} has a non-finite entry", what);
+}
+
 void check_calibration(const ModelHParams& hp, const MlaCalibration& calib) {
-  const std::int64_t e = hp.n_embd;
-  NUMATTN_CHECK(calib.xn_cov.empty() || static_cast<std::int64_t>(calib.xn_cov.size()) == e * e,
-                "MLA conversion: the calibration covariance xn_cov has {} values, expected [E, E] = "
-                "[{}, {}] = {} (or none for the identity)",
-                calib.xn_cov.size(), e, e, e * e);
-  NUMATTN_CHECK(all_finite(calib.xn_cov),
-                "MLA conversion: the calibration covariance xn_cov has a non-finite entry");
-  NUMATTN_CHECK(calib.latent_xn_cov.empty() || static_cast<std::int64_t>(calib.latent_xn_cov.size()) == e * e,
-                "MLA conversion: the latent's calibration covariance latent_xn_cov has {} values, expected "
-                "[E, E] = [{}, {}] = {} (or none: xn_cov)",
-                calib.latent_xn_cov.size(), e, e, e * e);
-  NUMATTN_CHECK(all_finite(calib.latent_xn_cov),
-                "MLA conversion: the latent's calibration covariance latent_xn_cov has a non-finite entry");
+  check_covariance(calib.xn_cov, hp.n_embd, "the calibration covariance xn_cov", " for the identity");
+  check_covariance(calib.latent_xn_cov, hp.n_embd, "the latent's calibration covariance latent_xn_cov", ": xn_cov");
 }
 
 void check_freqfold(const ModelHParams& hp, int freqfold) {

@@ -87,10 +87,11 @@ class ScratchBlock {
  private:
   void* p_ = nullptr;
   std::size_t cap_ = 0;
+  bool keep_ = false;  ///< within scratch_keep_limit() when allocated
 };
 
 /// The most a released ScratchBlock keeps: 1 GiB, or a quarter of available_memory_bytes() at
-/// the time of release when that is less.
+/// the time the block was allocated when that is less.
 std::size_t scratch_keep_limit();
 
 /// Frees the block kept by ScratchBlock (if any); returns its size in bytes.
