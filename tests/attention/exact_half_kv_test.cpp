@@ -57,7 +57,9 @@ std::vector<Shape> shapes() {
       {4, 4, 1, 257, 127, 127, 1},  // G = 1, D = 127
       {6, 2, 2, 1, 16, 16, 1},      // Nq > Nk: row 0 sees no key
       {2, 1, 1, 333, 64, 33, 100},  // huge logits, Dk != Dv
-      {16, 2, 1, 200, 32, 32, 1},   // G = 8: query lanes, on the widened copy
+      {16, 2, 1, 200, 32, 32, 1},   // G = 8: one wide pass (AVX-512), passes of 3 (AVX2)
+      {9, 1, 1, 600, 192, 128, 1},  // an MLA decode step: 9 heads over one latent head
+      {13, 1, 1, 100, 70, 37, 30},  // two wide passes (6 + 7 rows), D and Dv tails, large logits
       {4, 2, 40, 90, 24, 24, 1},    // a prefill block: query lanes
   };
 }

@@ -216,16 +216,18 @@ INSTANTIATE_TEST_SUITE_P(Exact, ExactMatrix,
                          });
 
 TEST(ExactFlash, KeyLanesEqualQueryLanesOnDecodeShapes) {
-  // Decoding GQA groups (G = 3 as SmolLM2, 4, 1) over the KV cache's [position, head, dim]
-  // rows, one to three queries, several kv heads per block and, with 96 heads, two blocks per
-  // batch (21 kv heads fill 63 of the 64 rows, then 11); D with and without a SIMD tail; large
+  // Decoding GQA groups (G = 3 as SmolLM2, 4, 1; 9 and 13, the AVX-512 wide kernels' one and
+  // two passes) over the KV cache's [position, head, dim] rows, one to three queries, several kv
+  // heads per block and, with 96 heads, two blocks per batch (21 kv heads fill 63 of the 64
+  // rows, then 11); D with and without a SIMD tail; large
   // logits; split-KV forced; 1 and 2 threads. Key lanes and query lanes must each meet the
   // exact tolerance.
   struct Shape {
     index_t b, hq, hkv, nq, nk, d;
   };
   for (const Shape& s : {Shape{1, 9, 3, 1, 700, 64}, Shape{2, 12, 4, 2, 300, 40}, Shape{1, 96, 32, 1, 129, 64},
-                         Shape{1, 4, 1, 3, 1000, 128}, Shape{2, 2, 2, 1, 77, 5}}) {
+                         Shape{1, 4, 1, 3, 1000, 128}, Shape{2, 2, 2, 1, 77, 5}, Shape{1, 9, 1, 1, 500, 72},
+                         Shape{2, 26, 2, 1, 99, 33}}) {
     for (const char* split : {"0", "3"})
       for (int threads : {1, 2}) {
         ProblemConfig cfg;

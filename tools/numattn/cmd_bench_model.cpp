@@ -256,6 +256,7 @@ void add_bench_model(CLI::App& app) {
       std::int64_t L, n_prompt;
       double prefill, decode, split_share;
       double qkv_prefill, qkv_decode;  ///< seconds per token in the Q/K/V projections (median)
+      double attn_decode;              ///< seconds per decoded token in the attention phase (median)
     };
     std::vector<Measured> ms;
     for (const Form& f : forms) {
@@ -271,7 +272,7 @@ void add_bench_model(CLI::App& app) {
       const std::int64_t n_prompt = std::max<std::int64_t>(L, 1);
       std::vector<std::vector<double>> pre_f(forms.size()), dec_f(forms.size());
       std::vector<GemvSplitStats> split_f(forms.size());
-      std::vector<std::vector<double>> qkv_pre_f(forms.size()), qkv_dec_f(forms.size());
+      std::vector<std::vector<double>> qkv_pre_f(forms.size()), qkv_dec_f(forms.size()), attn_dec_f(forms.size());
       for (int r = 0; r < o->reps; ++r)
         for (std::size_t fi = 0; fi < forms.size(); ++fi) {
         const LlamaModel& model = forms[fi].model;
@@ -299,6 +300,7 @@ void add_bench_model(CLI::App& app) {
         dec_tps.push_back(static_cast<double>(o->decode) / seconds_since(t0));
         qkv_pre_f[fi].push_back(pre_prof.qkv_gemm / static_cast<double>(n_prompt));
         qkv_dec_f[fi].push_back(dec_prof.qkv_gemm / static_cast<double>(o->decode));
+        attn_dec_f[fi].push_back(dec_prof.attention / static_cast<double>(o->decode));
         const GemvSplitStats split1 = gemv_split_stats();
         split_f[fi].split += split1.split - split0.split;
         split_f[fi].single += split1.single - split0.single;
@@ -309,7 +311,7 @@ void add_bench_model(CLI::App& app) {
                           ? static_cast<double>(split_f[fi].split) /
                                 static_cast<double>(split_f[fi].split + split_f[fi].single)
                           : 0.0,
-                      median(qkv_pre_f[fi]), median(qkv_dec_f[fi])});
+                      median(qkv_pre_f[fi]), median(qkv_dec_f[fi]), median(attn_dec_f[fi])});
     }
     // Peak resident memory of the model's own work, before the bandwidth buffer below exists.
     const std::uint64_t rss = peak_resident_bytes();
@@ -378,6 +380,7 @@ void add_bench_model(CLI::App& app) {
       // The Q/K/V projections' share of the profile (the part BD Attention rewrites), per token.
       row["qkv_us_per_token_prefill"] = L > 0 ? Row(m.qkv_prefill * 1e6) : Row();
       row["qkv_us_per_token_decode"] = m.qkv_decode * 1e6;
+      row["attn_us_per_token_decode"] = m.attn_decode * 1e6;
       row["kv_bytes_per_token"] = kv_bytes;
       row["bytes_per_token"] = bytes_tok;
       row["read_bandwidth_gbs"] = bw * 1e-9;

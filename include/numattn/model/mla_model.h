@@ -211,8 +211,10 @@ void mla_attend(const MlaLayer& L, MlaExec exec, const float* q, std::int64_t n,
                 const HalfKv& half = {});
 
 /// Step 3, per token block, absorbed only: head outputs `att [n, Hq·d_v]` = W_uv[h]·o_lat_h
-/// (with uv_bd: o_lat_h[S_h] + C_h·o_lat_h[S_h^c] for BD heads; quantized: q_uv in place).
-void mla_up_values(const MlaLayer& L, const float* lat, std::int64_t n, float* att);
+/// (with uv_bd: o_lat_h[S_h] + C_h·o_lat_h[S_h^c] for BD heads; quantized: q_uv in place, a
+/// decode step's heads split over `ctx`'s threads).
+void mla_up_values(const MlaLayer& L, const float* lat, std::int64_t n, float* att,
+                   const ExecContext& ctx = ExecContext{1});
 
 /// Floats of `att`/`out` scratch per query token that mla_attend needs: absorbed Hq·r, naive Hq·d_v.
 std::int64_t mla_out_width(const MlaLayer& L, MlaExec exec);

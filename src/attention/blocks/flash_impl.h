@@ -13,6 +13,7 @@
 #include <memory>
 #include <new>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "attention/blocks/flash_ops.h"
@@ -92,6 +93,9 @@ index_t auto_key_lanes() { return W / 2; }
 constexpr double kMinParallelFlops = 8e6;
 constexpr double kMinParallelFlopsKeyLanes = 1e6;
 
+/// Fewest keys of a split-KV piece of a key-lane (decoding) block, see make_plan.
+constexpr index_t kMinKeysPerPiece = 1024;
+
 Plan make_plan(const AttentionProblem& p, const blocks::FlashConfig& cfg, int threads) {
   Plan pl;
   pl.G = p.group();
@@ -125,9 +129,15 @@ Plan make_plan(const AttentionProblem& p, const blocks::FlashConfig& cfg, int th
   if (s == 0) {
     // Few blocks (decoding): split each block's key range so that every thread gets about
     // eight pieces, fine enough for the shared-counter schedule to even out a thread that the
-    // OS delays; one thread gains nothing from splitting.
+    // OS delays; one thread gains nothing from splitting. Key-lane pieces keep at least
+    // kMinKeysPerPiece keys (but every thread gets one): each costs a few µs of setup and
+    // merging (an MLA decode step at Nk = 4096 on 2 threads: 16 pieces 132 µs, 4 pieces 114 µs).
     s = 1;
-    if (threads > 1 && pl.items < 2 * threads) s = (8 * threads + pl.items - 1) / pl.items;
+    if (threads > 1 && pl.items < 2 * threads) {
+      index_t want = 8 * threads;
+      if (pl.key_lanes) want = std::clamp<index_t>(p.n_kv() / kMinKeysPerPiece, threads, want);
+      s = (want + pl.items - 1) / pl.items;
+    }
   }
   pl.splits = std::clamp<index_t>(s, 1, std::max<index_t>(1, (p.n_kv() + pl.bk - 1) / pl.bk));
   return pl;
@@ -459,6 +469,17 @@ void mask_row(const Scratch& ws, index_t r, index_t j0, index_t cols, float* s) 
 
 /// attend_block in key lanes (flash_kernels.h, "Key lanes"): the same online softmax, per row,
 /// reading keys and values of type T in place, over the sorted disjoint ranges[0..nr) in turn.
+/// f.template operator()<n>() for a pass of n rows, kRowsPerPass < n ≤ kMaxWideRows (the wide
+/// kernels: AVX-512 only; elsewhere passes never exceed kRowsPerPass rows).
+template <class F>
+inline void wide_tile(index_t n, F&& f) {
+  if constexpr (kMaxWideRows > kRowsPerPass) {
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((n == kRowsPerPass + 1 + I ? (f.template operator()<kRowsPerPass + 1 + I>(), 0) : 0), ...);
+    }(std::make_integer_sequence<int, kMaxWideRows - kRowsPerPass>{});
+  }
+}
+
 template <KvType T>
 void attend_rows_over(const AttentionProblem& p, const Plan& pl, const Item& it, const KeyRange* ranges,
                       index_t nr, Scratch& ws, State st) {
@@ -485,9 +506,11 @@ void attend_rows_over(const AttentionProblem& p, const Plan& pl, const Item& it,
   constexpr int NR = kRowsPerPass;
   std::vector<RowPass>& passes = ws.passes;
   passes.clear();
-  // A kv head's rows in as few passes as NR allows, of balanced sizes (G = 4 on AVX2: 2 + 2,
-  // not 3 + 1, whose one-row pass would cost as many loads as a three-row one).
-  const index_t npass = (rpk + NR - 1) / NR;
+  // A kv head's rows in as few passes as NR allows (the wide kernels' kMaxWideRows beyond NR
+  // rows), of balanced sizes (G = 4 on AVX2: 2 + 2, not 3 + 1, whose one-row pass would cost
+  // as many loads as a three-row one).
+  const index_t per_pass = rpk <= NR ? NR : kMaxWideRows;
+  const index_t npass = (rpk + per_pass - 1) / per_pass;
   for (index_t h0 = 0; h0 < n; h0 += rpk) {
     const index_t kvh = it.hk + h0 / rpk;
     for (index_t i = 0; i < npass; ++i) {
@@ -511,7 +534,10 @@ void attend_rows_over(const AttentionProblem& p, const Plan& pl, const Item& it,
           case 1: qk_rows_tile<1, T>(qr, dk, dk, kt, ldk, c, sr, lds); break;
           case 2: qk_rows_tile<2, T>(qr, dk, dk, kt, ldk, c, sr, lds); break;
           case 3: qk_rows_tile<3, T>(qr, dk, dk, kt, ldk, c, sr, lds); break;
-          default: qk_rows_tile<NR, T>(qr, dk, dk, kt, ldk, c, sr, lds); break;
+          default:
+            if (ps.nr <= NR) qk_rows_tile<NR, T>(qr, dk, dk, kt, ldk, c, sr, lds);
+            else wide_tile(ps.nr, [&]<int N>() { qk_wide_tile<N, T>(qr, dk, dk, kt, ldk, c, sr, lds); });
+            break;
         }
       }
     }
@@ -570,7 +596,10 @@ void attend_rows_over(const AttentionProblem& p, const Plan& pl, const Item& it,
           case 1: pv_rows_tile<1, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); break;
           case 2: pv_rows_tile<2, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); break;
           case 3: pv_rows_tile<3, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); break;
-          default: pv_rows_tile<NR, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); break;
+          default:
+            if (ps.nr <= NR) pv_rows_tile<NR, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs);
+            else wide_tile(ps.nr, [&]<int N>() { pv_wide_tile<N, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); });
+            break;
         }
       }
     }
@@ -638,8 +667,13 @@ void attend_rows_over(const AttentionProblem& p, const Plan& pl, const Item& it,
   // merge_state and finish_block.
   for (index_t r = 0; r < n; ++r)
     if (low[r] == kNegInf) st.l[r] = std::numeric_limits<float>::quiet_NaN();
-  for (index_t d = 0; d < dv; ++d)
-    for (index_t r = 0; r < br; ++r) st.ot[d * br + r] = r < n ? o[r * dv + d] : 0.f;
+  for (index_t r = 0; r < br; ++r) {
+    const float* orow = o + r * dv;
+    if (r < n)
+      for (index_t d = 0; d < dv; ++d) st.ot[d * br + r] = orow[d];
+    else
+      for (index_t d = 0; d < dv; ++d) st.ot[d * br + r] = 0.f;
+  }
 }
 
 template <KvType T>

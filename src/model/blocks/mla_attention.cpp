@@ -84,7 +84,7 @@ void MlaAttention::output(const ForwardStep& st, std::int64_t t0, std::int64_t t
   const Layout l = layout(st);
   const std::int64_t aw = Hq_ * M.d_v;
   if (st.mla_exec == MlaExec::kAbsorbed) {
-    mla_up_values(M, scratch + l.lat + t0 * l.ow, t1 - t0, scratch + l.att + t0 * aw);
+    mla_up_values(M, scratch + l.lat + t0 * l.ow, t1 - t0, scratch + l.att + t0 * aw, st.rows_ctx);
     st.lap(main, &ForwardProfile::attention);
   }
   blocks::linear(st.rows_ctx, st.act, scratch + l.att + t0 * aw, t1 - t0, blocks::Weight{&L_->wo, &L_->wo_q, E_, aw},
