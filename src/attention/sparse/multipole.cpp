@@ -267,20 +267,27 @@ void MultipoleAttention::forward(const AttentionProblem& p, const ExecContext& c
         for (index_t c = 0; c < C; ++c) w[r * C + c] = sel[static_cast<std::size_t>(r * C + c)] ? kNegInf : u[r * C + c];
       cluster_detail::softmax_rows(w.data(), rows, C, C, far_inv.data(), far_lse.data());
       blas::sgemm(blas::Trans::kNo, blas::Trans::kNo, rows, dv, C, 1.f, w.data(), C, kv.vc.data(), dv, 0.f, far.data(), dv);
-      // Near field: per cluster, the rows that chose it, exactly; merged by log-sum-exp.
+      // Near field: the rows that chose a cluster, exactly, merged by log-sum-exp in cluster
+      // order. Causal problems take one row per product: a BLAS product's bits for a row can
+      // depend on how many rows it holds (OpenBLAS's SkylakeX sgemm changes kernels at 33 rows),
+      // and the rows that chose a cluster include later rows, whose choice depends on keys an
+      // earlier row must not see. Without a mask every row sees every key: one product per cluster.
       for (index_t c = 0; c < C; ++c) {
         who.clear();
         for (index_t r = 0; r < rows; ++r)
           if (sel[static_cast<std::size_t>(r * C + c)]) who.push_back(r);
         if (who.empty()) continue;
         const index_t j0 = kv.off[static_cast<std::size_t>(c)], nc = kv.off[static_cast<std::size_t>(c + 1)] - j0;
-        const auto m = static_cast<index_t>(who.size());
-        qg.resize(static_cast<std::size_t>(m * dk));
-        for (index_t e = 0; e < m; ++e) std::copy(p.q.row(b, h, i0 + who[e]), p.q.row(b, h, i0 + who[e]) + dk, qg.data() + e * dk);
-        sc.resize(static_cast<std::size_t>(m * nc));
-        blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, m, nc, dk, scale, qg.data(), dk, kv.kp.data() + j0 * dk, dk, 0.f,
-                    sc.data(), nc);
-        merge_partial(sc, m, nc, kv.vp.data() + j0 * dv, dv, who.data(), acc, acc_lse, o, inv, lse);
+        const index_t group = g.causal ? 1 : static_cast<index_t>(who.size());
+        for (std::size_t e0 = 0; e0 < who.size(); e0 += static_cast<std::size_t>(group)) {
+          qg.resize(static_cast<std::size_t>(group * dk));
+          for (index_t e = 0; e < group; ++e)
+            std::copy_n(p.q.row(b, h, i0 + who[e0 + static_cast<std::size_t>(e)]), dk, qg.data() + e * dk);
+          sc.resize(static_cast<std::size_t>(group * nc));
+          blas::sgemm(blas::Trans::kNo, blas::Trans::kYes, group, nc, dk, scale, qg.data(), dk, kv.kp.data() + j0 * dk,
+                      dk, 0.f, sc.data(), nc);
+          merge_partial(sc, group, nc, kv.vp.data() + j0 * dv, dv, who.data() + e0, acc, acc_lse, o, inv, lse);
+        }
       }
     }
     // Causal local part: each row's own segment up to its diagonal, exactly.
