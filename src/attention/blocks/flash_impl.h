@@ -598,7 +598,7 @@ void attend_rows_over(const AttentionProblem& p, const Plan& pl, const Item& it,
           case 3: pv_rows_tile<3, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); break;
           default:
             if (ps.nr <= NR) pv_rows_tile<NR, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs);
-            else wide_tile(ps.nr, [&]<int N>() { pv_wide_tile<N, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); });
+            else wide_tile(ps.nr, [&]<int N>() { pv_rows_tile<N, T>(pr, lds, c, vt, ldv, dv, orow, dv, cr, rs); });
             break;
         }
       }

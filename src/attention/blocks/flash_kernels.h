@@ -466,15 +466,19 @@ inline void pv_rows_kernel(const float* p, index_t ldp, index_t cols, const kv_e
 }
 
 /// The O-tile of NR rows over all `dv` value dims: blocks of DC vectors, NR·DC accumulators
-/// with DC value vectors in registers (AVX2: 8, 4, 3 vectors for 1, 2, 3 rows; AVX-512: 4),
-/// single vectors, then a scalar tail of dv mod W dims.
+/// with DC value vectors in registers (AVX2: 8, 4, 3 vectors for 1, 2, 3 rows; AVX-512: 4 up to
+/// 6 rows, ⌊27/NR⌋ for the wide kernels' 7 to 12), then two and single vectors, then a scalar
+/// tail of dv mod W dims.
 template <int NR, KvType T>
 inline void pv_rows_tile(const float* p, index_t ldp, index_t cols, const kv_elem<T>* v, index_t ldv,
                          index_t dv, float* o, index_t ldo, const float* corr, bool rescale) {
-  constexpr int DC = W >= 16 ? 4 : NR == 1 ? 8 : NR == 2 ? 4 : 3;
+  constexpr int DC = W >= 16 ? (27 / NR < 4 ? 27 / NR : 4) : NR == 1 ? 8 : NR == 2 ? 4 : 3;
   index_t d = 0;
   for (; d + DC * W <= dv; d += DC * W)
     pv_rows_kernel<NR, DC, T>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale, d == 0 ? dv : 0);
+  if constexpr (DC > 2)
+    if (d + 2 * W <= dv)
+      pv_rows_kernel<NR, 2, T>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale, d == 0 ? dv : 0), d += 2 * W;
   for (; d + W <= dv; d += W)
     pv_rows_kernel<NR, 1, T>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale, d == 0 ? dv : 0);
   for (; d < dv; ++d)
@@ -601,30 +605,6 @@ inline void qk_wide_tile(const float* q, index_t ldq, index_t dk, const kv_elem<
       }
     }
   }
-}
-
-/// The O-tile of NR (5..kMaxWideRows) rows over all `dv` value dims, as pv_rows_tile with
-/// blocks of DC = ⌊27/NR⌋ vectors (then 2, 1, a scalar tail), so that each value element is
-/// widened once per tile.
-template <int NR, KvType T>
-inline void pv_wide_tile(const float* p, index_t ldp, index_t cols, const kv_elem<T>* v, index_t ldv,
-                         index_t dv, float* o, index_t ldo, const float* corr, bool rescale) {
-  constexpr int DC = 27 / NR < 4 ? 27 / NR : 4;
-  index_t d = 0;
-  for (; d + DC * W <= dv; d += DC * W)
-    pv_rows_kernel<NR, DC, T>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale, d == 0 ? dv : 0);
-  if constexpr (DC > 2)
-    if (d + 2 * W <= dv)
-      pv_rows_kernel<NR, 2, T>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale, d == 0 ? dv : 0), d += 2 * W;
-  for (; d + W <= dv; d += W)
-    pv_rows_kernel<NR, 1, T>(p, ldp, cols, v + d, ldv, o + d, ldo, corr, rescale, d == 0 ? dv : 0);
-  for (; d < dv; ++d)
-    for (int r = 0; r < NR; ++r) {
-      float sum = 0.f;
-      for (index_t j = 0; j < cols; ++j) sum = std::fma(p[r * ldp + j], kv_f32<T>(v[j * ldv + d]), sum);
-      float& od = o[r * ldo + d];
-      od = rescale ? std::fma(od, corr[r], sum) : od + sum;
-    }
 }
 
 #else
