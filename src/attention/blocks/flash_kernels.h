@@ -370,12 +370,14 @@ inline void pv_tile(const float* p, index_t cols, const float* v, index_t ldv, i
 /// decode step at Nk = 4096 over 30 layers' caches from 199 to 145 µs on 2 threads.
 constexpr index_t kPrefetchKeys = 64;
 
-/// Prefetches the lines of n elements from p into L1 (a hint: never faults, so rows past the
-/// cache's end are harmless).
+/// Prefetches into L1 the lines of the n elements that start `row` rows of stride ld after p. A
+/// hint: it never faults, so rows past the cache's end are harmless; the address is formed as an
+/// integer, since a pointer that far past its array would be undefined.
 template <KvType T>
-inline void prefetch_row(const kv_elem<T>* p, index_t n) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  const std::uintptr_t end = a + sizeof(kv_elem<T>) * static_cast<std::size_t>(n);
+inline void prefetch_row(const kv_elem<T>* p, index_t row, index_t ld, index_t n) {
+  constexpr auto sz = static_cast<std::uintptr_t>(sizeof(kv_elem<T>));
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(row * ld) * sz;
+  const std::uintptr_t end = a + static_cast<std::uintptr_t>(n) * sz;
   for (std::uintptr_t l = a & ~std::uintptr_t{63}; l < end; l += 64) __builtin_prefetch(reinterpret_cast<const void*>(l), 0, 3);
 }
 
@@ -405,7 +407,7 @@ inline void qk_rows_kernel(const float* q, index_t ldq, index_t dk, const kv_ele
   static_assert(KJ >= 1 && KJ <= 4);
   R acc[NR][4];
   NUMATTN_UNROLL for (int r = 0; r < NR; ++r) NUMATTN_UNROLL for (int j = 0; j < 4; ++j) acc[r][j] = Vec::zero();
-  NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) prefetch_row<T>(k + (j + kPrefetchKeys) * ldk, dk);
+  NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) prefetch_row<T>(k, j + kPrefetchKeys, ldk, dk);
   index_t d = 0;
   for (; d + W <= dk; d += W) {
     R qv[NR];
@@ -450,7 +452,7 @@ inline void pv_rows_kernel(const float* p, index_t ldp, index_t cols, const kv_e
   R acc[NR][DC];
   NUMATTN_UNROLL for (int r = 0; r < NR; ++r) NUMATTN_UNROLL for (int c = 0; c < DC; ++c) acc[r][c] = Vec::zero();
   for (index_t j = 0; j < cols; ++j) {
-    if (prefetch > 0) prefetch_row<T>(v + (j + kPrefetchKeys) * ldv, prefetch);
+    if (prefetch > 0) prefetch_row<T>(v, j + kPrefetchKeys, ldv, prefetch);
     R vv[DC];
     NUMATTN_UNROLL for (int c = 0; c < DC; ++c) vv[c] = load_kv<T>(v + j * ldv + c * W);
     NUMATTN_UNROLL for (int r = 0; r < NR; ++r) {
@@ -550,7 +552,7 @@ inline void qk_wide_kernel(const float* q, index_t ldq, index_t dk, const kv_ele
                            float* part) {
   R acc[NR][KJ];
   NUMATTN_UNROLL for (int r = 0; r < NR; ++r) NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) acc[r][j] = Vec::zero();
-  NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) prefetch_row<T>(k + (j + kPrefetchKeys) * ldk, dk);
+  NUMATTN_UNROLL for (int j = 0; j < KJ; ++j) prefetch_row<T>(k, j + kPrefetchKeys, ldk, dk);
   index_t d = 0;
   for (; d + W <= dk; d += W) {
     R kv[KJ];
