@@ -467,8 +467,6 @@ void mask_row(const Scratch& ws, index_t r, index_t j0, index_t cols, float* s) 
   }
 }
 
-/// attend_block in key lanes (flash_kernels.h, "Key lanes"): the same online softmax, per row,
-/// reading keys and values of type T in place, over the sorted disjoint ranges[0..nr) in turn.
 /// f.template operator()<n>() for a pass of n rows, kRowsPerPass < n ≤ kMaxWideRows (the wide
 /// kernels: AVX-512 only; elsewhere passes never exceed kRowsPerPass rows).
 template <class F>
@@ -480,6 +478,8 @@ inline void wide_tile(index_t n, F&& f) {
   }
 }
 
+/// attend_block in key lanes (flash_kernels.h, "Key lanes"): the same online softmax, per row,
+/// reading keys and values of type T in place, over the sorted disjoint ranges[0..nr) in turn.
 template <KvType T>
 void attend_rows_over(const AttentionProblem& p, const Plan& pl, const Item& it, const KeyRange* ranges,
                       index_t nr, Scratch& ws, State st) {

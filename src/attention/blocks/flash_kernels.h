@@ -366,8 +366,9 @@ inline void pv_tile(const float* p, index_t cols, const float* v, index_t ldv, i
 /// KV cache from memory once per step (each layer's rows were evicted by the weights read since),
 /// and one core's outstanding misses on the hardware prefetcher's stream alone left an MLA layer's
 /// latent rows at 4 GB/s per core on a 2-core Xeon VM (a plain prefetched read reaches 14 GB/s):
-/// 32 rows ahead (12 KB of a 192-wide f16 cache, a few hundred ns of work) took a 9-head MLA
-/// decode step at Nk = 4096 over 30 layers' caches from 199 to 145 µs on 2 threads.
+/// 32 rows ahead took a 9-head MLA decode step at Nk = 4096 over 30 layers' caches from 199 to
+/// 145 µs on 2 threads. 64 rows: a GQA group's key and value passes spend only a few ns per row,
+/// and 32 of them are shorter than a memory latency.
 constexpr index_t kPrefetchKeys = 64;
 
 /// Prefetches into L1 the lines of the n elements that start `row` rows of stride ld after p. A
@@ -499,11 +500,11 @@ inline void pv_rows_tile(const float* p, index_t ldp, index_t cols, const kv_ele
 //
 // Five to twelve rows of one kv head (an MLA layer's query heads over its one latent head, or a
 // GQA group of G ≥ 5) in one pass, so that every key and value element is loaded and widened
-// once per tile instead of once per pass of kRowsPerPass rows. The S-tile keeps 2·NR
-// accumulators (the query rows are FMA memory operands), spills them unreduced to a scratch of
-// [NR][16 keys] vectors, and reduces sixteen of them at once into a vector of sixteen logits
-// (reduce16: 45 shuffles and adds for 16 sums, against ~6 per sum for one-by-one horizontal
-// sums). The O-tile is pv_rows_kernel with NR·DC ≤ 27 accumulators.
+// once per tile instead of once per pass of kRowsPerPass rows. The S-tile keeps NR·KJ
+// accumulators (three keys up to 9 rows, two beyond; each query vector loaded once for them),
+// spills them unreduced to a scratch of [NR][16 keys] vectors, and reduces sixteen of them at
+// once into a vector of sixteen logits (reduce16: 45 shuffles and adds for 16 sums, against ~6
+// per sum for one-by-one horizontal sums). The O-tile is pv_rows_tile's, NR·DC ≤ 27 accumulators.
 
 /// Most rows of one pass of the wide kernels; more run in balanced passes.
 constexpr int kMaxWideRows = 12;
@@ -546,7 +547,7 @@ inline R load_kv_tail(const kv_elem<T>* p, int n) {
   }
 }
 
-/// part[(r·16 + jj + j)·16 + ·] = lane partials of q_r · k_{jj+j} for NR rows, KJ (1, 2) keys.
+/// part[(r·16 + j)·16 + ·] = lane partials of q_r · k_j for NR rows and KJ (1..3) keys.
 template <int NR, int KJ, KvType T>
 inline void qk_wide_kernel(const float* q, index_t ldq, index_t dk, const kv_elem<T>* k, index_t ldk,
                            float* part) {
