@@ -298,16 +298,19 @@ KvCache::KvCache(const std::vector<CacheShape>& layers, std::int64_t max_tokens,
   check_memory(static_cast<std::uint64_t>(bytes),
                fmt::format("a KV cache of {} positions ({} elements per position over {} layers, {})", max_tokens,
                            per_token, layers.size(), to_string(type)));
-  auto alloc = [&](auto& k, auto& v) {
-    k.resize(layers.size());
-    v.resize(layers.size());
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-      k[l].resize(static_cast<std::size_t>(max_tokens * layers[l].k));
-      v[l].resize(static_cast<std::size_t>(max_tokens * layers[l].v));
-    }
+  // Layer after layer, K then V, each array on a 64-byte boundary.
+  std::size_t end = 0;
+  auto place = [&](std::int64_t width) {
+    if (width == 0) return static_cast<std::size_t>(-1);
+    const std::size_t at = end;
+    end += (static_cast<std::size_t>(max_tokens * width * elem) + 63) / 64 * 64;
+    return at;
   };
-  if (type == KvType::kF32) alloc(k_, v_);
-  else alloc(k16_, v16_);
+  for (const CacheShape& c : layers) {
+    k_at_.push_back(place(c.k));
+    v_at_.push_back(place(c.v));
+  }
+  store_.resize(end);
 }
 
 AttentionMethods make_attention_methods(const std::string& spec, std::int64_t n_layer,

@@ -166,20 +166,28 @@ class KvCache {
   /// Forget everything (positions restart at 0); keeps the memory.
   void clear() { n_past_ = 0; }
   /// Layer ℓ's keys / values, row-major (token-major): float32 (null for a half cache) ...
-  float* k(int layer) { return type_ == KvType::kF32 ? k_[static_cast<std::size_t>(layer)].data() : nullptr; }
-  float* v(int layer) { return type_ == KvType::kF32 ? v_[static_cast<std::size_t>(layer)].data() : nullptr; }
+  /// (null also for a layer that holds no such rows).
+  float* k(int layer) { return type_ == KvType::kF32 ? array<float>(k_at_, layer) : nullptr; }
+  float* v(int layer) { return type_ == KvType::kF32 ? array<float>(v_at_, layer) : nullptr; }
   /// ... or half precision (null for a float32 cache).
-  std::uint16_t* k16(int layer) { return type_ == KvType::kF32 ? nullptr : k16_[static_cast<std::size_t>(layer)].data(); }
-  std::uint16_t* v16(int layer) { return type_ == KvType::kF32 ? nullptr : v16_[static_cast<std::size_t>(layer)].data(); }
+  std::uint16_t* k16(int layer) { return type_ == KvType::kF32 ? nullptr : array<std::uint16_t>(k_at_, layer); }
+  std::uint16_t* v16(int layer) { return type_ == KvType::kF32 ? nullptr : array<std::uint16_t>(v_at_, layer); }
   const std::vector<CacheShape>& shapes() const { return shapes_; }
 
  private:
   friend class LlamaModel;
   std::int64_t n_past_ = 0, capacity_ = 0, bytes_per_token_ = 0;
   KvType type_ = KvType::kF32;
-  // Huge pages: a sparse decode reads a few rows of each page of positions.
-  std::vector<std::vector<float, HugePageAllocator<float>>> k_, v_;
-  std::vector<std::vector<std::uint16_t, HugePageAllocator<std::uint16_t>>> k16_, v16_;
+  // Every layer's arrays in one mapping on huge pages: a decode step streams each layer's rows
+  // once, and one layer's arrays (a few MiB or less) would each be too small for a huge page of
+  // their own, leaving a TLB miss every 4 KiB; a sparse decode reads a few rows of each page.
+  std::vector<std::byte, HugePageAllocator<std::byte>> store_;
+  std::vector<std::size_t> k_at_, v_at_;  ///< byte offset of each layer's array; npos when empty
+  template <class T>
+  T* array(const std::vector<std::size_t>& at, int layer) {
+    const std::size_t o = at[static_cast<std::size_t>(layer)];
+    return o == static_cast<std::size_t>(-1) ? nullptr : reinterpret_cast<T*>(store_.data() + o);
+  }
   std::vector<CacheShape> shapes_;
 };
 
