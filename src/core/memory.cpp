@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -92,7 +93,7 @@ constexpr std::size_t kHugePage = std::size_t{2} << 20;
 }  // namespace
 
 void* huge_page_alloc(std::size_t bytes) {
-  if (bytes < kHugePage) return ::operator new(bytes == 0 ? 1 : bytes);
+  if (bytes < kHugePage) return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{64});
   // Over-map by one huge page and trim both ends, so that the block starts on a 2 MiB boundary
   // (a huge page can only back an aligned 2 MiB range).
   const std::size_t len = (bytes + kHugePage - 1) / kHugePage * kHugePage;
@@ -111,7 +112,7 @@ void* huge_page_alloc(std::size_t bytes) {
 
 void huge_page_free(void* p, std::size_t bytes) noexcept {
   if (p == nullptr) return;
-  if (bytes < kHugePage) return ::operator delete(p);
+  if (bytes < kHugePage) return ::operator delete(p, std::align_val_t{64});
   munmap(p, (bytes + kHugePage - 1) / kHugePage * kHugePage);
 }
 

@@ -47,6 +47,49 @@ TEST(KvCacheHalf, BytesCountTheElementSize) {
   EXPECT_EQ(m.make_cache(10).bytes_per_token(), f32);
 }
 
+// Every layer's arrays share one mapping: each starts on a 64-byte boundary, holds
+// capacity·width elements of its type without touching another's, and a layer with no rows of
+// a kind (an MLA layer's values) or a cache of the other type gives null.
+TEST(KvCacheLayout, LayerArraysAreAlignedDisjointAndNullWhereAbsent) {
+  const std::vector<CacheShape> shapes{{3, 5}, {7, 0}, {0, 0}, {1, 64}, {33, 33}};
+  for (KvType t : {KvType::kF32, KvType::kF16, KvType::kBf16}) {
+    for (std::int64_t cap : {1, 3, 1000, 4000}) {  // 4000: float32 over 2 MiB, a huge-page mapping
+      KvCache c(shapes, cap, t);
+      const std::size_t elem = static_cast<std::size_t>(kv_type_bytes(t));
+      std::vector<std::pair<const char*, const char*>> spans;
+      for (int l = 0; l < static_cast<int>(shapes.size()); ++l) {
+        const bool f32 = t == KvType::kF32;
+        const void* k = f32 ? static_cast<void*>(c.k(l)) : static_cast<void*>(c.k16(l));
+        const void* v = f32 ? static_cast<void*>(c.v(l)) : static_cast<void*>(c.v16(l));
+        EXPECT_EQ(f32 ? static_cast<void*>(c.k16(l)) : static_cast<void*>(c.k(l)), nullptr);
+        EXPECT_EQ(f32 ? static_cast<void*>(c.v16(l)) : static_cast<void*>(c.v(l)), nullptr);
+        for (auto [p, w] : {std::pair{k, shapes[l].k}, std::pair{v, shapes[l].v}}) {
+          if (w == 0) {
+            EXPECT_EQ(p, nullptr) << "layer " << l;
+            continue;
+          }
+          ASSERT_NE(p, nullptr) << "layer " << l;
+          EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64, 0u) << "layer " << l;
+          const char* b = static_cast<const char*>(p);
+          spans.emplace_back(b, b + static_cast<std::size_t>(cap * w) * elem);
+          // Writable end to end (ASan would see an array running past the mapping).
+          std::fill(const_cast<char*>(b), const_cast<char*>(spans.back().second), char(l + 1));
+        }
+      }
+      std::sort(spans.begin(), spans.end());
+      for (std::size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].second, spans[i].first);
+      // Each array still holds its own bytes after every other was written.
+      for (int l = 0; l < static_cast<int>(shapes.size()); ++l) {
+        const char* k = t == KvType::kF32 ? reinterpret_cast<const char*>(c.k(l)) : reinterpret_cast<const char*>(c.k16(l));
+        if (k != nullptr)
+          EXPECT_TRUE(std::all_of(k, k + static_cast<std::size_t>(cap * shapes[l].k) * elem,
+                                  [&](char x) { return x == char(l + 1); }))
+              << "layer " << l;
+      }
+    }
+  }
+}
+
 TEST(KvCacheHalf, DecodeOverHalvesEqualsPrefillAndStaysNearFloat32) {
   const test::TinyTensors T = test::make_tiny(false);
   const ExecContext ctx{2};
